@@ -1,0 +1,5 @@
+import sys
+
+from npas.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""Analytic accounting of an allocation, without building it.
+
+`count(cfg)` must equal `sum(p.numel() for p in build_model(cfg).parameters())` exactly; the tests
+check this on random samples of every shipped space. Everything else (bytes, FLOPs, KV cache,
+training memory) derives from the same walk over blocks, banks and layers, so the search can rank
+and reject thousands of candidates per second before any of them is built.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+from npas.config import DTYPE_BYTES, ArchConfig, block_slots, reference_config, slot_shape
+from npas.errors import BudgetError
+
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+
+
+def parse_budget(spec: str | int | float, reference_params: int) -> int:
+    """`1.5M`, `250k`, `120000` (absolute) or `0.25x`, `2x` (relative to the reference) -> params."""
+    if isinstance(spec, bool):
+        raise BudgetError(f"budget {spec!r} is not a number; write e.g. 1.5M, 250k or 0.25x")
+    if isinstance(spec, int | float):
+        text = str(spec)
+    else:
+        text = str(spec)
+    m = _BUDGET_RE.match(text)
+    if not m:
+        raise BudgetError(f"budget {spec!r} does not parse; write an absolute count (1.5M, 250k) or a ratio (0.25x)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    params = value * reference_params if unit == "x" else value * _SUFFIX[unit]
+    if params < 1:
+        raise BudgetError(f"budget {spec!r} is {params:.3g} parameters; it must be at least 1")
+    return int(params)
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What an allocation costs. Parameters are exact; memory for training is an estimate."""
+
+    stored_params: int  # parameters held in memory (shared tensors once)
+    param_bytes: int  # stored_params x dtype size
+    materialised_params: int  # weights the forward pass actually multiplies with (untied-equivalent)
+    flops_per_token: int  # forward FLOPs per token: 2 x matmul MACs + causal attention + LM head
+    generation_flops_per_step: int  # template mixing, once per forward pass (not per token)
+    kv_cache_bytes_per_token: int  # K and V for every layer, at the parameter dtype
+    inference_bytes: int  # params + KV cache for one full context at batch 1
+    train_memory_bytes: int  # weights + grads + AdamW states + generated weights + activations
+    activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
+    embedding_params: int
+    block_params: int  # direct (unbanked) block weights
+    bank_params: int  # banks, templates and mixing coefficients
+    lora_params: int
+    norm_params: int
+    layer_stored: tuple[float, ...]  # each layer's share of stored params (shared ones split evenly)
+    layer_materialised: tuple[int, ...]  # weights each layer uses in its forward
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["layer_stored"] = list(self.layer_stored)
+        d["layer_materialised"] = list(self.layer_materialised)
+        return d
+
+
+def _lora_params(cfg: ArchConfig, layer: int) -> int:
+    d, w = cfg.chassis.d_model, cfg.mlp_widths[layer]
+    total = 0
+    ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
+    if ra:
+        total += ra * (d + 3 * d) + ra * (d + d)
+    if rm:
+        total += rm * (d + w) * len(block_slots(cfg.chassis.activation)[2:])
+    return total
+
+
+def _bank_params(cfg: ArchConfig) -> list[int]:
+    out = []
+    for bank in cfg.banks:
+        if bank.generator == "template_mix":
+            out.append(bank.templates * bank.size + len(bank.members) * bank.templates)
+        else:
+            out.append(bank.size)
+    return out
+
+
+def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> Accounting:
+    """Exact parameter accounting plus FLOP and memory estimates at (batch_size, seq_len)."""
+    c = cfg.chassis
+    d, L, V = c.d_model, c.n_layers, c.vocab_size
+    T = seq_len or c.context
+    nbytes = DTYPE_BYTES[cfg.dtype]
+    slots = block_slots(c.activation)
+    bank_of = cfg.bank_of()
+    members = [cfg.members_of(b) for b in range(cfg.n_blocks)]
+
+    embedding = V * d + c.context * d
+    norms = d  # ln_f
+    layer_stored = [0.0] * L
+    block_direct = 0
+    for b in range(cfg.n_blocks):
+        share = 1.0 / len(members[b])
+        if cfg.block_is_shared(b) and not cfg.untied_norms:
+            norms += 2 * d
+            for i in members[b]:
+                layer_stored[i] += 2 * d * share
+        for s in slots:
+            if (b, s) not in bank_of:
+                o, i_ = cfg.slot_shape(b, s)
+                block_direct += o * i_
+                for i in members[b]:
+                    layer_stored[i] += o * i_ * share
+    bank_sizes = _bank_params(cfg)
+    for bank, size in zip(cfg.banks, bank_sizes, strict=True):
+        numels = cfg.member_numels(bank)
+        for (b, _), n in zip(bank.members, numels, strict=True):
+            for i in members[b]:
+                layer_stored[i] += size * n / sum(numels) / len(members[b])
+    lora = 0
+    layer_mat = []
+    matmul_params = 0
+    for i in range(L):
+        if cfg.norms_in_layer(i):
+            norms += 2 * d
+            layer_stored[i] += 2 * d
+        lp = _lora_params(cfg, i)
+        lora += lp
+        layer_stored[i] += lp
+        used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots)
+        matmul_params += used + lp
+        layer_mat.append(used + lp + 2 * d)
+    stored = embedding + norms + block_direct + sum(bank_sizes) + lora
+
+    attention = 2 * L * T * d  # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC
+    flops = 2 * matmul_params + attention + 2 * V * d
+    gen_flops = sum(
+        2 * len(b.members) * b.templates * b.size for b in cfg.banks if b.generator == "template_mix"
+    )
+    generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks)  # materialised tensors per step
+    kv = 2 * L * d * nbytes
+    # activations saved for backward, fp32, per token: per layer ~ ln/qkv/attn-out/residuals (8d)
+    # + MLP pre/post activation (2-3 widths) + LoRA intermediates; attention probs B*nh*T*T on CPU
+    gate = 3 if c.activation == "swiglu" else 2
+    per_token = sum(8 * d + gate * w for w in cfg.mlp_widths) + 2 * d + 2 * V
+    act = 4 * batch_size * T * per_token + 4 * batch_size * c.n_heads * T * T * L
+    train = stored * nbytes * 2 + stored * 8 + generated * 4 * 2 + act
+    return Accounting(
+        stored_params=stored,
+        param_bytes=stored * nbytes,
+        materialised_params=embedding + d + sum(layer_mat),
+        flops_per_token=flops,
+        generation_flops_per_step=gen_flops,
+        kv_cache_bytes_per_token=kv,
+        inference_bytes=stored * nbytes + kv * c.context,
+        train_memory_bytes=train,
+        activation_bytes=act,
+        embedding_params=embedding,
+        block_params=block_direct,
+        bank_params=sum(bank_sizes),
+        lora_params=lora,
+        norm_params=norms,
+        layer_stored=tuple(round(x, 3) for x in layer_stored),
+        layer_materialised=tuple(layer_mat),
+    )
+
+
+def reference_params(cfg_or_chassis) -> int:
+    """N_ref: stored parameters of the untied uniform model of this chassis."""
+    chassis = getattr(cfg_or_chassis, "chassis", cfg_or_chassis)
+    return count(reference_config(chassis)).stored_params

@@ -1,0 +1,51 @@
+"""The `npas` command line. Each command lives in its own module with `register(subparsers)`.
+
+Only this package prints. Any `NpasError` becomes one line on stderr and exit code 2, so scripts
+and CI can tell a user mistake (2) from a crash (1) and from an interrupted search (130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib import import_module
+
+from npas.errors import NpasError
+
+# A closed registry: command modules are named here, never loaded from strings in user files.
+COMMAND_MODULES = ("count", "train", "search", "dashboard")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npas", description="Neural Parameter Allocation Search")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = import_module(f"npas.cli.{name}")
+        except ModuleNotFoundError as e:  # a command whose module is not part of this build yet
+            if e.name != f"npas.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except NpasError as e:
+        print(f"npas {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"npas {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""`npas count FILE.yaml`: accounting without training, for an allocation or a space's reference."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from npas.budget import Accounting, count
+from npas.config import ArchConfig, reference_config
+from npas.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("count", help="exact parameter, FLOP and memory accounting, without training")
+    p.add_argument("file", help="an allocation YAML (from export) or a search space YAML")
+    p.add_argument("--batch-size", type=int, default=32, help="batch for the training-memory estimate")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the chassis context)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=run)
+
+
+def _rows(acc: Accounting) -> list[tuple[str, str]]:
+    mib = 2**20
+    return [
+        ("stored params", f"{acc.stored_params:,}"),
+        ("  embeddings", f"{acc.embedding_params:,}"),
+        ("  block weights", f"{acc.block_params:,}"),
+        ("  banks + coefficients", f"{acc.bank_params:,}"),
+        ("  LoRA", f"{acc.lora_params:,}"),
+        ("  norms", f"{acc.norm_params:,}"),
+        ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
+        ("materialised params", f"{acc.materialised_params:,}"),
+        ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
+        ("weight generation FLOPs / step", f"{acc.generation_flops_per_step:,}"),
+        ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}"),
+        ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
+        ("training memory (estimate)", f"{acc.train_memory_bytes:,} ({acc.train_memory_bytes / mib:.1f} MiB)"),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file; give an allocation (npas export ... --out X.yaml) or a space")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML does not parse: {' '.join(str(e).split())}") from None
+    is_space = isinstance(data, dict) and "budget" in data and "chassis" in data and "block_of_layer" not in data
+    out: dict = {}
+    if is_space:
+        from npas.space import parse_space
+
+        space = parse_space(text, str(path))
+        cfg = reference_config(space.reference_chassis, space.dtype)
+        out["space"] = space.name
+        out["budget_params"] = space.budget_params
+        out["baselines"] = {}
+        for name, vals in space.baselines().items():
+            cand = space.candidate({**{k: kn.default for k, kn in space.chassis.items()}, **vals})
+            out["baselines"][name] = (
+                {"stored_params": cand.fit.stored, "fill": round(cand.fill, 5), "summary": cand.config.summary()}
+                if cand.feasible else {"infeasible": cand.reason}
+            )
+    else:
+        cfg = ArchConfig.from_yaml(text)
+    acc = count(cfg, batch_size=args.batch_size, seq_len=args.seq_len)
+    out.update({"allocation": cfg.summary(), "hash": cfg.hash, "accounting": acc.to_dict()})
+    if args.format == "json":
+        print(json.dumps(out, indent=2))
+        return 0
+    title = f"reference model of space '{out['space']}'" if is_space else f"allocation {cfg.hash}"
+    print(f"{title}: {cfg.summary()}")
+    width = max(len(k) for k, _ in _rows(acc))
+    for k, v in _rows(acc):
+        print(f"  {k:<{width}}  {v}")
+    if is_space:
+        print(f"  {'budget':<{width}}  {out['budget_params']:,} params ({space.budget_spec})")
+        for name, b in out["baselines"].items():
+            desc = f"{b['stored_params']:,} params, fill {b['fill']:.4f}, {b['summary']}" if "summary" in b \
+                else f"infeasible: {b['infeasible']}"
+            print(f"  baseline {name:<14} {desc}")
+    return 0

@@ -1,0 +1,247 @@
+"""Fit a candidate to the budget by construction: solve its one free size analytically.
+
+A sampled candidate fixes everything but one size (DESIGN §3):
+  * `slice` / `tile` pools  -> bank sizes (integers, distributed in proportion to each bank's cap),
+  * `template_mix` pools    -> the template count T,
+  * everything else         -> a width scale on the MLP (and, in `all` mode, on d_model too).
+Stored parameters are monotone in each of these, so the largest size with `stored <= budget` is
+found exactly; `step` records what the next increment would have cost, which is how close to the
+budget the shapes allow (`budget - stored < step` unless the size hit its cap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from npas.budget import count
+from npas.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
+
+TAPERS = ("uniform", "linear", "cosine", "step", "reverse", "hourglass")
+TYING = ("none", "all", "sequential", "cycle", "middle_loop", "explicit")
+BANK_RULES = ("by_type", "by_type_and_shape", "all", "explicit")
+GENERATORS = ("tie", "slice", "tile", "template_mix")
+
+
+# ---- taper and tying: pure maps from knobs to per-layer structure -----------------------------
+def taper_profile(schedule: str, n_layers: int, ratio: float) -> list[float]:
+    """Relative MLP width per layer with mean exactly 1 (so sum of widths = L * d_ff at scale 1).
+
+    `ratio` is first/last width (>= 1). cosine from 1.5x to 0.5x is ratio 3: front-heavy, mean 1x.
+    """
+    L = n_layers
+    if schedule == "uniform" or L == 1:
+        return [1.0] * L
+    a, b = 2 * ratio / (1 + ratio), 2 / (1 + ratio)  # first, last; (a + b) / 2 == 1
+    xs = [i / (L - 1) for i in range(L)]
+    if schedule == "linear":
+        prof = [a + (b - a) * x for x in xs]
+    elif schedule in ("cosine", "reverse"):
+        prof = [b + (a - b) * (1 + math.cos(math.pi * x)) / 2 for x in xs]
+        if schedule == "reverse":
+            prof.reverse()
+    elif schedule == "step":
+        prof = [a if i < L // 2 else b for i in range(L)]
+        if L % 2:
+            prof[L // 2] = 1.0
+    elif schedule == "hourglass":
+        prof = [b + (a - b) * (1 + math.cos(2 * math.pi * x)) / 2 for x in xs]
+    else:
+        raise ValueError(f"unknown taper {schedule!r}; known: {TAPERS}")
+    mean = sum(prof) / L
+    return [p / mean for p in prof]
+
+
+def tying_map(mode: str, n_layers: int, unique: int, groups: list[list[int]] | None = None) -> tuple[int, ...]:
+    """Layer -> block for a tying mode with `unique` blocks (U). Raises ValueError with the reason."""
+    L, U = n_layers, unique
+    if mode == "none":
+        return tuple(range(L))
+    if mode == "all":
+        return (0,) * L
+    if mode == "explicit":
+        if not groups:
+            raise ValueError("tying mode 'explicit' needs knobs.tying.groups")
+        assign = [-1] * L
+        for g, layers in enumerate(groups):
+            for i in layers:
+                assign[i] = g
+        return canonical_blocks(assign)
+    if not 1 <= U <= L:
+        raise ValueError(f"tying {mode} needs 1 <= unique_blocks <= n_layers={L}, got {U}")
+    if mode == "sequential":  # AABB
+        return canonical_blocks([i * U // L for i in range(L)])
+    if mode == "cycle":  # ABAB
+        return tuple(i % U for i in range(L))
+    if mode == "middle_loop":  # unique first and last, the middle loops over U - 2 blocks
+        if U < 3 or L < 3:
+            raise ValueError(f"tying middle_loop needs unique_blocks >= 3 and n_layers >= 3, got U={U}, L={L}")
+        return canonical_blocks([0] + [1 + (i - 1) % (U - 2) for i in range(1, L - 1)] + [U - 1])
+    raise ValueError(f"unknown tying mode {mode!r}; known: {TYING}")
+
+
+def bank_members(cfg: ArchConfig, rule: str, n_banks: int,
+                 explicit: list[list[int]] | None = None) -> list[tuple[tuple[int, str], ...]]:
+    """Group the block slots into banks by a layer -> bank rule, `n_banks` per group, in block order."""
+    slots = block_slots(cfg.chassis.activation)
+    items = [(b, s) for s in slots for b in range(cfg.n_blocks)]
+    if rule == "explicit":
+        if not explicit:
+            raise ValueError("bank rule 'explicit' needs knobs.pools.groups (lists of block indices)")
+        return [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
+                if any(b < cfg.n_blocks for b in grp)]
+    if rule == "all":
+        keys = {m: () for m in items}
+    elif rule == "by_type":
+        keys = {m: (m[1],) for m in items}
+    elif rule == "by_type_and_shape":
+        keys = {m: (m[1], cfg.slot_shape(*m)) for m in items}
+    else:
+        raise ValueError(f"unknown bank rule {rule!r}; known: {BANK_RULES}")
+    groups: dict[tuple, list] = {}
+    for m in items:
+        groups.setdefault(keys[m], []).append(m)
+    out = []
+    for members in groups.values():
+        k = min(n_banks, len(members))
+        for j in range(k):  # contiguous chunks, so neighbouring blocks share
+            out.append(tuple(members[j * len(members) // k:(j + 1) * len(members) // k]))
+    return out
+
+
+# ---- the fit itself -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fit:
+    """A fitted allocation, or the reason none fits."""
+
+    config: ArchConfig | None
+    reason: str | None = None
+    free: str = ""  # which size was solved: width_scale | bank_size | templates
+    stored: int = 0
+    step: int = 0  # params the next increment of the free size would add
+    capped: bool = False  # the free size hit its upper bound below the budget
+
+
+def _widths(base: list[float], scale: float) -> tuple[int, ...]:
+    return tuple(max(1, math.floor(scale * x + 0.5)) for x in base)
+
+
+def _largest(f: Callable[[float], int], lo: float, hi: float, budget: int) -> float:
+    """Largest x in [lo, hi] with f(x) <= budget, f monotone non-decreasing and f(lo) <= budget."""
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        if f(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _next_breakpoint(base: list[float], scale: float) -> float:
+    """Smallest scale above `scale` at which some width changes."""
+    return min((math.floor(scale * x + 0.5) + 0.5) / x for x in base) + 1e-12
+
+
+def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: Chassis, profile: list[float],
+              budget: int, mode: str = "all", max_scale: float = 4.0) -> Fit:
+    """Scale MLP widths (and in `all` mode step d_model down by n_heads) to fill the budget."""
+    d, H = chassis.d_model, chassis.n_heads
+
+    def at(ch: Chassis, scale: float) -> ArchConfig:
+        return make(ch, _widths([ch.d_ff * p for p in profile], scale))
+
+    def params(ch: Chassis, scale: float) -> int:
+        return count(at(ch, scale)).stored_params
+
+    ch, lo = chassis, 1e-9
+    if mode == "all":
+        for dm in range(d, 0, -H):
+            ch = replace(chassis, d_model=dm, d_ff=max(1, round(chassis.d_ff * dm / d)))
+            if params(ch, 1.0) <= budget:
+                lo = 1.0
+                break
+    floor_params = params(ch, lo)
+    if floor_params > budget:
+        return Fit(None, f"even the narrowest shape (d_model={ch.d_model}, MLP width 1) needs {floor_params:,} "
+                         f"params > budget {budget:,}; raise the budget, or enable tying or pools")
+    base = [ch.d_ff * p for p in profile]
+    if params(ch, max_scale) <= budget:
+        cfg = at(ch, max_scale)
+        return Fit(cfg, free="width_scale", stored=count(cfg).stored_params, capped=True)
+    s = _largest(lambda x: params(ch, x), lo, max_scale, budget)
+    cfg = at(ch, s)
+    stored = count(cfg).stored_params
+    step = params(ch, _next_breakpoint(base, s)) - stored
+    return Fit(cfg, free="width_scale", stored=stored, step=step)
+
+
+def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], generator: str,
+              budget: int, min_templates: int = 2, max_templates: int = 64) -> Fit:
+    """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T)."""
+    probe = replace(cfg, banks=tuple(
+        Bank(m, generator, size=max(cfg.member_numels(Bank(m, "tie", 1))), templates=1) for m in members))
+    numels = [probe.member_numels(b) for b in probe.banks]
+    if generator == "tie":
+        stored = count(probe).stored_params
+        if stored > budget:
+            return Fit(None, f"tied banks need {stored:,} params > budget {budget:,}")
+        return Fit(probe, free="none", stored=stored, capped=True)
+    if generator == "template_mix":
+        return _fit_templates(probe, numels, budget, min_templates, max_templates)
+    caps = [sum(n) if generator == "slice" else max(n) for n in numels]
+    fixed = count(replace(probe, banks=tuple(replace(b, size=1) for b in probe.banks))).stored_params - len(caps)
+    avail = budget - fixed
+    if avail < len(caps):
+        return Fit(None, f"{generator} banks leave {avail:,} params for {len(caps)} banks after the fixed "
+                         f"{fixed:,} (embeddings, norms, LoRA); raise the budget")
+    sizes = _proportional(avail, caps)
+    out = replace(probe, banks=tuple(replace(b, size=s) for b, s in zip(probe.banks, sizes, strict=True)))
+    stored = fixed + sum(sizes)
+    return Fit(out, free="bank_size", stored=stored, step=1, capped=sizes == caps)
+
+
+def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_min: int, t_max: int) -> Fit:
+    """template_mix: T >= t_min templates of full length if they fit (then T is the free size),
+    else t_min templates shortened in proportion and tiled to each member (then length is free)."""
+    caps = [max(n) for n in numels]
+    coefs = sum(len(n) for n in numels)
+    fixed = count(replace(probe, banks=())).stored_params - sum(
+        n for b in probe.banks for n in probe.member_numels(b))  # the probe's banked slots are not direct
+    per_t = sum(caps) + coefs
+    if fixed + t_min * per_t <= budget:
+        T = min(t_max, (budget - fixed) // per_t)
+        out = replace(probe, banks=tuple(replace(b, templates=T) for b in probe.banks))
+        return Fit(out, free="templates", stored=fixed + T * per_t, step=per_t, capped=T == t_max)
+    avail = (budget - fixed - t_min * coefs) // t_min
+    if avail < len(caps):
+        return Fit(None, f"template_mix with {t_min} templates leaves no room after the fixed {fixed:,} params "
+                         f"(embeddings, norms, LoRA, coefficients); lower templates or raise the budget {budget:,}")
+    sizes = _proportional(avail, caps)
+    out = replace(probe, banks=tuple(replace(b, size=s_, templates=t_min)
+                                     for b, s_ in zip(probe.banks, sizes, strict=True)))
+    return Fit(out, free="bank_size", stored=fixed + t_min * (sum(sizes) + coefs), step=t_min)
+
+
+def _proportional(total: int, caps: list[int]) -> list[int]:
+    """Split `total` into integers >= 1 in proportion to `caps`, none above its cap (largest remainder)."""
+    if total >= sum(caps):
+        return list(caps)
+    cap_sum = sum(caps)
+    raw = [max(1.0, total * c / cap_sum) for c in caps]
+    sizes = [min(c, math.floor(r)) for r, c in zip(raw, caps, strict=True)]
+    order = sorted(range(len(caps)), key=lambda i: raw[i] - math.floor(raw[i]), reverse=True)
+    left = total - sum(sizes)
+    while left > 0:
+        progressed = False
+        for i in order:
+            if left and sizes[i] < caps[i]:
+                sizes[i] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            break
+    while sum(sizes) > total:  # max(1, .) may overshoot when total is tiny
+        i = max(range(len(sizes)), key=lambda j: sizes[j])
+        sizes[i] -= 1
+    return sizes

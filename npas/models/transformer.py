@@ -1,0 +1,175 @@
+"""The transformer LM chassis, built from an allocation.
+
+Read top to bottom: weight holders (Block) -> one depth position (Layer) -> the model.
+Three kinds of module carry parameters, with stable state-dict names:
+  blocks.{b}.{slot}      a unique block's direct weight, e.g. blocks.0.attn_qkv (3d, d)
+  banks.{k}.weight/coef  a shared bank generating some blocks' slots (Shapeshifter pools)
+  h.{l}.ln_1 / lora_*    what belongs to one depth position: untied norms and LoRA deltas
+Every forward first *materialises* each block's weights once (views for direct and tied weights,
+one generation per bank), then runs the L layers over them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from npas.config import ArchConfig, block_slots
+from npas.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
+
+
+def _norm(d: int) -> nn.LayerNorm:
+    return nn.LayerNorm(d, bias=False)  # bias-free LayerNorm: d parameters
+
+
+class Block(nn.Module):
+    """A unique block: direct Parameters for its slots that no bank generates, and shared norms."""
+
+    def __init__(self, cfg: ArchConfig, b: int, direct: list[str], own_norms: bool) -> None:
+        super().__init__()
+        for slot in direct:
+            self.register_parameter(slot, nn.Parameter(torch.empty(cfg.slot_shape(b, slot))))
+        if own_norms:
+            self.ln_1 = _norm(cfg.chassis.d_model)
+            self.ln_2 = _norm(cfg.chassis.d_model)
+
+
+class Layer(nn.Module):
+    """One depth position: attention + MLP over weights handed in by the model (maybe shared)."""
+
+    def __init__(self, cfg: ArchConfig, layer: int) -> None:
+        super().__init__()
+        c = cfg.chassis
+        self.n_heads = c.n_heads
+        self.width = cfg.mlp_widths[layer]
+        self.gated = c.activation == "swiglu"
+        if cfg.norms_in_layer(layer):
+            self.ln_1 = _norm(c.d_model)
+            self.ln_2 = _norm(c.d_model)
+        self.lora = nn.ModuleDict()
+        ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
+        if ra:
+            self.lora["attn_qkv"] = LoRA(ra, c.d_model, 3 * c.d_model)
+            self.lora["attn_out"] = LoRA(ra, c.d_model, c.d_model)
+        if rm:
+            for slot in block_slots(c.activation)[2:]:
+                d_in, d_out = (self.width, c.d_model) if slot == "mlp_down" else (c.d_model, self.width)
+                self.lora[slot] = LoRA(rm, d_in, d_out)
+
+    def _linear(self, x: Tensor, slot: str, w: Tensor) -> Tensor:
+        y = F.linear(x, w)
+        if slot in self.lora:
+            y = y + self.lora[slot](x)
+        return y
+
+    def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module) -> Tensor:
+        B, T, C = x.shape
+        hs = C // self.n_heads
+        q, k, v = self._linear(ln_1(x), "attn_qkv", w["attn_qkv"]).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self._linear(y, "attn_out", w["attn_out"])
+        h = ln_2(x)
+        n = self.width  # tied blocks store the widest member; narrower layers take a nested slice
+        a = self._linear(h, "mlp_up", w["mlp_up"][:n])
+        a = F.silu(self._linear(h, "mlp_gate", w["mlp_gate"][:n])) * a if self.gated else F.gelu(a)
+        return x + self._linear(a, "mlp_down", w["mlp_down"][:, :n])
+
+
+class TransformerLM(nn.Module):
+    """Pre-norm causal transformer LM whose layers draw weights from blocks and banks."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        c = cfg.chassis
+        self.block_of_layer = list(cfg.block_of_layer)
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)  # tied with the output head
+        self.wpe = nn.Embedding(c.context, c.d_model)
+        bank_of = cfg.bank_of()
+        self.blocks = nn.ModuleList(
+            Block(
+                cfg,
+                b,
+                direct=[s for s in block_slots(c.activation) if (b, s) not in bank_of],
+                own_norms=cfg.block_is_shared(b) and not cfg.untied_norms,
+            )
+            for b in range(cfg.n_blocks)
+        )
+        resid_std = INIT_STD / math.sqrt(2 * c.n_layers)
+        self.banks = nn.ModuleList(
+            BankModule(
+                bank,
+                [cfg.slot_shape(*m) for m in bank.members],
+                resid_std if all(s in RESIDUAL_SLOTS for _, s in bank.members) else INIT_STD,
+            )
+            for bank in cfg.banks
+        )
+        self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
+        self.ln_f = _norm(c.d_model)
+        self._init_direct(resid_std)
+
+    def _init_direct(self, resid_std: float) -> None:
+        nn.init.normal_(self.wte.weight, std=INIT_STD)
+        nn.init.normal_(self.wpe.weight, std=INIT_STD)
+        for block in self.blocks:
+            for name, p in block.named_parameters(recurse=False):
+                nn.init.normal_(p, std=resid_std if name in RESIDUAL_SLOTS else INIT_STD)
+
+    def materialise(self) -> list[dict[str, Tensor]]:
+        """Each block's weights for this forward: direct Parameters as-is, banks generated once."""
+        weights = [dict(block.named_parameters(recurse=False)) for block in self.blocks]
+        for bank_cfg, bank in zip(self.cfg.banks, self.banks, strict=True):
+            for (b, slot), w in zip(bank_cfg.members, bank.generate(), strict=True):
+                weights[b][slot] = w
+        return weights
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        B, T = idx.shape
+        if T > self.cfg.chassis.context:
+            raise ValueError(f"sequence length {T} exceeds the chassis context {self.cfg.chassis.context}")
+        weights = self.materialise()
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
+        for layer, b in zip(self.h, self.block_of_layer, strict=True):
+            norms = layer if hasattr(layer, "ln_1") else self.blocks[b]
+            x = layer(x, weights[b], norms.ln_1, norms.ln_2)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def num_params(self) -> int:
+        """Stored parameters. Shared tensors count once because `.parameters()` de-duplicates them."""
+        return sum(p.numel() for p in self.parameters())
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: decay weight matrices, banks, templates and LoRA; not norms or mixing coefs."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            (no_decay if ".ln_" in f".{name}" or name.endswith(".coef") else decay).append(p)
+        return [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    @torch.no_grad()
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Sample `max_new_tokens` characters after `idx` (B, T), cropping to the context."""
+        ctx = self.cfg.chassis.context
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -ctx:])
+            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-6), dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        return idx
+
+
+def build_model(cfg: ArchConfig) -> TransformerLM:
+    """Build the exact module an allocation describes; init draws from torch's global RNG."""
+    return TransformerLM(cfg)

@@ -1,0 +1,152 @@
+"""Search-space loading, validation (every problem at once), sampling and fitting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from npas.errors import NpasError, SpaceError
+from npas.fit import taper_profile, tying_map
+from npas.space import load_space, parse_space
+
+from .conftest import SPACES
+
+GOOD = """
+chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 4, n_heads: 4, d_ff: 256}
+budget: 0.5x
+knobs:
+  tying: {mode: [none, cycle], unique_blocks: 2}
+"""
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_shipped_spaces_load_and_open_with_their_command(path):
+    space = load_space(path)
+    first = path.read_text().splitlines()[:3]
+    assert any(f"npas search search_spaces/{path.name}" in line for line in first)
+    assert 0 < space.budget_params
+    assert space.objectives[0] in ("val_loss", "val_bpc")
+
+
+def test_every_problem_reported_at_once_with_suggestions():
+    text = """
+chassis: {vocab_size: 68, context: 64, d_model: 66, n_layers: 4, n_heads: 4, d_ff: 256, activatoin: gelu}
+budget: 0.25y
+objectives: [val_loss, memroy]
+knobs:
+  taperr: {schedule: cosine}
+  tying: {mode: [cylce], unique_blocks: {low: 5, high: 2}}
+  relaxation: {rank: [-1, 4]}
+"""
+    with pytest.raises(SpaceError) as info:
+        parse_space(text, "bad.yaml")
+    msg = str(info.value)
+    assert msg.startswith("bad.yaml: 8 problems")
+    for fragment in ["chassis.activatoin: unknown key", "did you mean 'activation'", "does not divide d_model=66",
+                     "space.budget", "'memroy'", "knobs.taperr", "did you mean 'cycle'", "unique_blocks: 5 is out of range [1, 4]",
+                     "knobs.relaxation.rank: -1 is out of range"]:
+        assert fragment in msg, fragment
+    assert isinstance(info.value, NpasError)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("chassis: [1, 2", "YAML does not parse"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("budget: 1x\n", "space.chassis: missing"),
+    (GOOD.replace("0.5x", "0.001x"), None),  # parses: infeasibility is per candidate, with a reason
+])
+def test_malformed_files(text, fragment):
+    if fragment is None:
+        space = parse_space(text)
+        cand = space.sample(optuna.create_study().ask())
+        assert not cand.feasible and "budget" in cand.reason
+        return
+    with pytest.raises(SpaceError, match=fragment):
+        parse_space(text)
+
+
+def test_missing_file():
+    with pytest.raises(SpaceError, match="no such file"):
+        load_space("search_spaces/nope.yaml")
+
+
+def test_sampling_is_deterministic_and_define_by_run():
+    space = parse_space(GOOD)
+    a = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    b = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    for _ in range(6):
+        ta, tb = a.ask(), b.ask()
+        ca, cb = space.sample(ta), space.sample(tb)
+        assert ca.config.hash == cb.config.hash
+        # unique_blocks is only a parameter of trials whose tying needs it (conditional knobs)
+        assert ("unique_blocks" in ta.params) is False  # fixed in the file, never suggested
+        a.tell(ta, 0.0)
+        b.tell(tb, 0.0)
+
+
+def test_fixed_values_override_the_sampler():
+    space = parse_space(GOOD)
+    cand = space.sample(optuna.create_study().ask(), fixed={"tying": "cycle", "unique_blocks": 2})
+    assert cand.config.block_of_layer == (0, 1, 0, 1)
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "linear", "cosine", "step", "reverse", "hourglass"])
+@pytest.mark.parametrize("L", [1, 2, 5, 8])
+def test_taper_profiles_have_mean_one(schedule, L):
+    prof = taper_profile(schedule, L, 3.0)
+    assert sum(prof) / L == pytest.approx(1.0)
+    if schedule == "cosine" and L > 1:
+        assert prof[0] == pytest.approx(1.5) and prof[-1] == pytest.approx(0.5)  # 1.5x -> 0.5x of d_ff
+    if schedule == "reverse" and L > 1:
+        assert prof[0] < prof[-1]
+
+
+@pytest.mark.parametrize("mode, U, expected", [
+    ("none", 0, (0, 1, 2, 3, 4, 5)),
+    ("all", 0, (0,) * 6),
+    ("sequential", 2, (0, 0, 0, 1, 1, 1)),
+    ("cycle", 2, (0, 1, 0, 1, 0, 1)),
+    ("middle_loop", 3, (0, 1, 1, 1, 1, 2)),
+    ("middle_loop", 4, (0, 1, 2, 1, 2, 3)),
+])
+def test_tying_maps(mode, U, expected):
+    assert tying_map(mode, 6, U) == expected
+
+
+def test_baselines_fit_the_budget():
+    space = load_space(SPACES[0])
+    for name, vals in space.baselines().items():
+        cand = space.candidate({**{k: kn.default for k, kn in space.chassis.items()}, **vals})
+        assert cand.feasible, (name, cand.reason)
+        assert 0.99 <= cand.fill <= 1.0
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "npas", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_count_on_space_and_allocation(tmp_path):
+    out = run_cli("count", str(SPACES[0]))
+    assert out.returncode == 0, out.stderr
+    assert "stored params" in out.stdout and "baseline narrow_untied" in out.stdout
+    from npas.config import reference_config
+
+    cfg = reference_config(load_space(SPACES[0]).reference_chassis)
+    f = tmp_path / "a.yaml"
+    f.write_text(cfg.to_yaml())
+    out = run_cli("count", str(f), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert '"stored_params": 1600128' in out.stdout and cfg.hash in out.stdout
+
+
+def test_cli_bad_space_exits_2_with_every_problem(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 4, n_heads: 4, d_ff: 256}\n"
+                 "budget: 1x\nknobs: {tying: {mode: [cylce]}, taper: {ratio: 0.5}}\n")
+    out = run_cli("count", str(f))
+    assert out.returncode == 2
+    assert "2 problems" in out.stderr and "did you mean 'cycle'" in out.stderr
+    assert "Traceback" not in out.stderr
