@@ -18,8 +18,10 @@ class SpaceError(NpasError):
         self.source = source
         self.problems = list(problems)
         n = len(self.problems)
-        head = f"{source}: {n} problem{'s' if n != 1 else ''}"
-        super().__init__(head + "".join(f"\n  - {p}" for p in self.problems))
+        if n == 1:  # one problem reads best on one line
+            super().__init__(f"{source}: {self.problems[0]}")
+        else:
+            super().__init__(f"{source}: {n} problems" + "".join(f"\n  - {p}" for p in self.problems))
 
 
 class BudgetError(NpasError):

@@ -1,0 +1,161 @@
+"""Analytic accounting vs building the model: how much faster, and is it exact?
+
+    python bench/accounting.py            # 50 samples of every shipped space
+    python bench/accounting.py --quick    # 4 samples each, for the smoke test
+
+The search ranks and rejects candidates by `npas.count(cfg)` without building them, so the count
+must equal `sum(p.numel() for p in build_model(cfg).parameters())` on every allocation a space can
+produce, and be much cheaper. Both are timed side by side on the same random samples (Optuna
+RandomSampler, fixed seed, infeasible samples skipped): for each allocation, `count` is repeated a
+few times and the model is built once, so machine noise hits both rates alike. `space.sample`
+(which fits the budget with a few dozen counts) is timed on its own.
+
+Target: analytic >= 1000x the build-and-count rate, and exact on every sample. A mismatch exits 1;
+a speed miss prints MISS and exits 0 (the machine is shared and noisy; speed is reported, not gated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import optuna
+import torch
+
+import npas
+import npas.budget
+import npas.fit
+from npas.space import load_space
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
+TARGET_RATIO = 1000.0
+
+
+@dataclass
+class SpaceResult:
+    name: str
+    sampled: int = 0
+    feasible: int = 0
+    count_s: float = 0.0  # seconds per analytic count, summed over feasible samples
+    build_s: float = 0.0  # seconds per build-and-count, summed over feasible samples
+    sample_s: list[float] = field(default_factory=list)  # each space.sample call
+    counts_per_sample: list[int] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def _counting(calls: list[int]):
+    """Count the `count` calls one space.sample makes (the fit's, and the reference's for the budget)."""
+    real = npas.budget.count
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    with mock.patch.object(npas.fit, "count", wrapped), mock.patch.object(npas.budget, "count", wrapped):
+        yield
+
+
+def bench_space(path: Path, n: int, seed: int, repeats: int) -> SpaceResult:
+    space = load_space(path)
+    res = SpaceResult(space.name)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    calls = [0]
+    for _ in range(n):
+        trial = study.ask()  # Optuna's own bookkeeping is not part of sampling cost
+        calls[0] = 0
+        with _counting(calls):
+            t0 = time.perf_counter()
+            cand = space.sample(trial)
+            res.sample_s.append(time.perf_counter() - t0)
+        res.counts_per_sample.append(calls[0])
+        res.sampled += 1
+        if not cand.feasible:
+            continue
+        res.feasible += 1
+        cfg = cand.config
+
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            analytic = npas.count(cfg).stored_params
+        res.count_s += (time.perf_counter() - t0) / repeats
+
+        t0 = time.perf_counter()
+        built = sum(p.numel() for p in npas.build_model(cfg).parameters())
+        res.build_s += time.perf_counter() - t0
+
+        if analytic != built:
+            res.mismatches.append(f"{space.name} {cfg.hash} ({cfg.summary()}): count={analytic:,} built={built:,} "
+                                  f"values={cand.values}")
+        elif cand.fit.stored != analytic:
+            res.mismatches.append(f"{space.name} {cfg.hash} ({cfg.summary()}): fit.stored={cand.fit.stored:,} "
+                                  f"but count={analytic:,} values={cand.values}")
+    return res
+
+
+def _rate(allocs: int, seconds: float) -> float:
+    return allocs / seconds if seconds > 0 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=50, help="random samples per space (default 50)")
+    ap.add_argument("--seed", type=int, default=0, help="RandomSampler seed (default 0)")
+    ap.add_argument("--repeats", type=int, default=20, help="analytic counts timed per allocation (default 20)")
+    ap.add_argument("--quick", action="store_true", help="4 samples per space, 5 repeats: a smoke run")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.repeats = 4, 5
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(2)
+
+    # warm up lazy imports and allocator paths so neither side pays them inside the timing
+    warm = npas.reference_config(load_space(SPACES[0]).reference_chassis)
+    npas.count(warm)
+    npas.build_model(warm)
+
+    print(f"npas bench: analytic accounting vs build-and-count ({args.n} random samples per space, "
+          f"seed {args.seed}, {len(SPACES)} spaces)")
+    header = (f"{'space':<16}{'sampled':>8}{'feasible':>9}{'analytic/s':>12}{'build/s':>10}{'ratio':>9}"
+              f"{'sample ms':>11}{'counts/sample':>15}")
+    print(header)
+    results = []
+    for path in SPACES:
+        r = bench_space(path, args.n, args.seed, args.repeats)
+        results.append(r)
+        a, b = _rate(r.feasible, r.count_s), _rate(r.feasible, r.build_s)
+        print(f"{r.name:<16}{r.sampled:>8}{r.feasible:>9}{a:>12,.0f}{b:>10,.1f}{a / b:>8,.0f}x"
+              f"{1e3 * statistics.median(r.sample_s):>11.2f}{statistics.mean(r.counts_per_sample):>15.1f}")
+
+    feasible = sum(r.feasible for r in results)
+    count_s, build_s = sum(r.count_s for r in results), sum(r.build_s for r in results)
+    a, b = _rate(feasible, count_s), _rate(feasible, build_s)
+    sample_s = [s for r in results for s in r.sample_s]
+    counts = [c for r in results for c in r.counts_per_sample]
+    mismatches = [m for r in results for m in r.mismatches]
+    ratio = a / b
+    print(f"{'all':<16}{sum(r.sampled for r in results):>8}{feasible:>9}{a:>12,.0f}{b:>10,.1f}{ratio:>8,.0f}x")
+    print()
+    print(f"sample: space.sample {1e3 * statistics.median(sample_s):.2f} ms median "
+          f"({1e3 * statistics.mean(sample_s):.2f} mean) = {len(sample_s) / sum(sample_s):,.0f} samples/s, "
+          f"{statistics.mean(counts):.1f} counts per sample (max {max(counts)}); "
+          f"one analytic count = {1e6 * count_s / feasible:.0f} us, one build = {1e3 * build_s / feasible:.1f} ms")
+    print(f"ratio: analytic {a:,.0f} allocations/s vs build-and-count {b:,.1f} allocations/s = {ratio:,.0f}x "
+          f"(target >= {TARGET_RATIO:,.0f}x and exact) {'PASS' if ratio >= TARGET_RATIO else 'MISS'}")
+    print(f"exact: {feasible - len(mismatches)}/{feasible} allocations agree "
+          f"(count(cfg).stored_params == sum(p.numel() for p in build_model(cfg).parameters()) == fit.stored) "
+          f"{'PASS' if not mismatches else 'FAIL'}")
+    for m in mismatches:
+        print(f"  mismatch: {m}")
+    return 1 if mismatches or feasible == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""How close npas's proxy loop comes to a hand-written PyTorch training loop, and to the machine's peak.
+
+Prints, in one run:
+  1. the dense fp32 matmul peak (GFLOP/s) of this machine at the thread count used;
+  2. a minimal hand-written training loop (nanoGPT-style: embedding, pre-norm blocks with
+     F.scaled_dot_product_attention, AdamW, warmup+cosine, grad clipping) at the shape of an untied
+     npas allocation;
+  3. npas's proxy loop (npas.proxy.run_proxy) on that untied allocation and on tied, pooled and
+     relaxed allocations of (nearly) equal per-token FLOPs.
+For each: tokens/s, fraction of the matmul peak (training FLOPs = 3 x forward FLOPs from npas.count,
+i.e. 6N per token plus attention), and the ratio npas / hand-written. Targets: >= 0.95x untied,
+>= 0.90x shared. Measurements are interleaved (hand, npas, hand, npas, ...) and the median is kept,
+because a shared 2-core machine drifts by more than the differences being measured.
+
+    python bench/proxy_efficiency.py            # ~3 minutes on 2 cores
+    python bench/proxy_efficiency.py --quick    # ~30 seconds, smaller model and fewer steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import npas
+from npas.config import ArchConfig, Bank, Chassis, reference_config
+from npas.data import load_corpus
+from npas.proxy import run_proxy
+from npas.recipe import Recipe
+
+
+# ----------------------------------------------------------------------------- matmul peak
+def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
+    """Best-of-reps dense fp32 (n x n) @ (n x n) throughput: the ceiling any training loop can reach."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)  # warm the thread pool and allocator
+    best = math.inf
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+# ----------------------------------------------------------------------------- hand-written loop
+class HandBlock(nn.Module):
+    def __init__(self, d: int, n_heads: int, d_ff: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_1 = nn.LayerNorm(d, bias=False)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.ln_2 = nn.LayerNorm(d, bias=False)
+        self.up = nn.Linear(d, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.proj(y)
+        return x + self.down(F.gelu(self.up(self.ln_2(x))))
+
+
+class HandGPT(nn.Module):
+    def __init__(self, c: Chassis) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.context, c.d_model)
+        self.h = nn.ModuleList(HandBlock(c.d_model, c.n_heads, c.d_ff) for _ in range(c.n_layers))
+        self.ln_f = nn.LayerNorm(c.d_model, bias=False)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied head, as in nanoGPT
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def hand_loop(c: Chassis, recipe: Recipe, data: torch.Tensor) -> float:
+    """What a user writes by hand; returns training tokens/s over all steps (model build excluded)."""
+    torch.manual_seed(recipe.seed)
+    model = HandGPT(c)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas, fused=True)
+    B, T = recipe.batch_size, recipe.seq_len
+    t0 = time.perf_counter()
+    for step in range(recipe.steps):
+        for g in opt.param_groups:
+            g["lr"] = recipe.lr_at(step)
+        ix = torch.randint(len(data) - T, (B,))
+        x = torch.stack([data[i : i + T] for i in ix]).long()
+        y = torch.stack([data[i + 1 : i + 1 + T] for i in ix]).long()
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % 100 == 0:
+            loss.item()  # a hand loop logs now and then
+    loss.item()
+    return recipe.steps * B * T / (time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- allocations
+def allocations(c: Chassis) -> dict[str, ArchConfig]:
+    """Untied reference and shared variants with the same materialised shapes (equal FLOPs/token,
+    LoRA adds a little), so any throughput gap is overhead, not arithmetic."""
+    L, w = c.n_layers, (c.d_ff,) * c.n_layers
+    numel_up = c.d_ff * c.d_model
+    return {
+        "untied": reference_config(c),
+        "tied (all)": ArchConfig(chassis=c, mlp_widths=w, block_of_layer=(0,) * L),
+        "pooled (mlp tie bank)": ArchConfig(
+            chassis=c, mlp_widths=w, block_of_layer=tuple(range(L)),
+            banks=(Bank(members=tuple((b, s) for b in range(L) for s in ("mlp_up", "mlp_down")),
+                        generator="tie", size=numel_up),)),
+        "relaxed (cycle + LoRA 8)": ArchConfig(
+            chassis=c, mlp_widths=w, block_of_layer=tuple(i % 2 for i in range(L)),
+            lora_attn=(8,) * L, lora_mlp=(8,) * L),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller model and fewer steps (~30 s)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    ap.add_argument("--reps", type=int, default=None, help="interleaved repetitions per pair")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        c = Chassis(vocab_size=68, context=64, d_model=64, n_layers=2, n_heads=4, d_ff=256)
+        steps, batch, reps = 60, 16, args.reps or 2
+    else:
+        c = Chassis(vocab_size=68, context=64, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+        steps, batch, reps = 150, 32, args.reps or 3
+    recipe = Recipe(name="bench", seq_len=c.context, batch_size=batch, steps=steps, lr=3e-3, min_lr=3e-4,
+                    warmup_steps=10, eval_every=steps, eval_batches=1, threads=args.threads)
+    corpus = load_corpus()
+    data = corpus.train
+    peak = matmul_peak_gflops(1024 if args.quick else 2048)
+    print(f"machine: {args.threads} torch threads, torch {torch.__version__}")
+    print(f"dense fp32 matmul peak: {peak:,.1f} GFLOP/s")
+    print(f"shape: d_model={c.d_model} n_layers={c.n_layers} d_ff={c.d_ff} seq_len={c.context} "
+          f"batch={batch} steps={steps} reps={reps} (interleaved, median)\n")
+
+    warm = Recipe.from_dict({**recipe.to_dict(), "steps": 10, "eval_every": 10, "warmup_steps": 1})
+    hand_loop(c, warm, data)  # first-touch costs (thread pool, allocator) land on neither side
+    run_proxy(reference_config(c), warm, corpus, device="cpu")
+
+    header = f"{'allocation':<26}{'stored':>10}{'train GF/tok':>14}{'hand tok/s':>12}{'npas tok/s':>12}" \
+             f"{'% peak':>8}{'npas/hand':>11}{'target':>8}"
+    print(header)
+    print("-" * len(header))
+    for name, cfg in allocations(c).items():
+        acc = npas.count(cfg, batch_size=batch, seq_len=c.context)
+        hand, mine = [], []
+        for _ in range(reps):  # A, B, A, B: drift hits both sides alike
+            hand.append(hand_loop(c, recipe, data))
+            res = run_proxy(cfg, recipe, corpus, device="cpu")
+            mine.append(res.tokens_per_s)
+        h, m = statistics.median(hand), statistics.median(mine)
+        train_flops = 3 * acc.flops_per_token  # 6N + attention, from npas's exact accounting
+        target = 0.95 if name == "untied" else 0.90
+        print(f"{name:<26}{acc.stored_params:>10,}{train_flops / 1e9:>14.5f}{h:>12,.0f}{m:>12,.0f}"
+              f"{100 * m * train_flops / (peak * 1e9):>7.1f}%{m / h:>10.3f}x{target:>7.2f}x"
+              f"  {'ok' if m / h >= target else 'BELOW'}  (spread npas {min(mine):,.0f}-{max(mine):,.0f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Training-step overhead of sharing: tied, pooled, tapered and relaxed allocations vs the dense reference.
+
+    python bench/sharing_overhead.py            # d_model 128, 8 layers, batch 16 x seq 128
+    python bench/sharing_overhead.py --quick    # small shape, few steps: a smoke run
+
+Every variant runs on the reference's chassis (d_model, n_layers, d_ff), so the weights each token
+multiplies with, and hence its FLOPs, match the dense reference; sharing only changes where the
+weights are stored. That is checked analytically (`npas.count(...).flops_per_token`, printed as the
+FLOP ratio; LoRA adds its thin matmuls, template_mix its once-per-step generation). So any extra
+step time is the price of sharing itself: generating weights from banks, strided slices, gradient
+accumulation into shared tensors, LoRA's extra kernels.
+
+A step is forward + backward + AdamW step at fp32 on 2 threads, same batch for every variant.
+The machine is noisy, so measurements interleave (reference, variant, reference, variant, ...) for
+several rounds and the ratio is the median of the paired ratios.
+
+Target: each variant <= 1.10x the reference's step time. Prints PASS/MISS per variant; exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+import npas
+from npas.config import ArchConfig, Bank, Chassis, reference_config
+from npas.fit import bank_members, taper_profile, tying_map
+
+TARGET = 1.10
+
+
+@dataclass(frozen=True)
+class Shape:
+    chassis: Chassis
+    batch: int
+    seq_len: int
+
+
+FULL = Shape(Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=512), 16, 128)
+QUICK = Shape(Chassis(vocab_size=68, context=32, d_model=32, n_layers=4, n_heads=2, d_ff=128), 4, 32)
+
+
+def variants(ch: Chassis) -> dict[str, ArchConfig]:
+    """The sharing mechanisms, each at the reference's per-token shape."""
+    L = ch.n_layers
+    ref = reference_config(ch)
+    widths = (ch.d_ff,) * L
+    cycle = tying_map("cycle", L, L // 2)
+
+    def pooled(generator: str) -> ArchConfig:
+        members = bank_members(ref, "by_type", 1)  # one bank per slot type over all 8 blocks
+        banks = []
+        for m in members:
+            numels = ref.member_numels(Bank(m, "tie", 1))
+            if generator == "template_mix":  # 4 full-length templates, learned per-member mixing
+                banks.append(Bank(m, generator, size=max(numels), templates=4))
+            else:  # slice: a quarter of the untied size, so windows overlap (and wrap around)
+                banks.append(Bank(m, generator, size=sum(numels) // 4))
+        return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer, banks=tuple(banks))
+
+    taper = tuple(round(ch.d_ff * p) for p in taper_profile("cosine", L, 3.0))
+    return {
+        "tied_all": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=(0,) * L),
+        "tied_cycle": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle),
+        "pooled_template_mix": pooled("template_mix"),
+        "pooled_slice": pooled("slice"),
+        "tapered_cosine3": ArchConfig(chassis=ch, mlp_widths=taper, block_of_layer=ref.block_of_layer),
+        "relaxed_cycle_lora8": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle,
+                                          lora_attn=(8,) * L, lora_mlp=(8,) * L),
+    }
+
+
+class Runner:
+    """One model, its AdamW and a fixed batch; `time(steps)` returns seconds per training step."""
+
+    def __init__(self, cfg: ArchConfig, idx: torch.Tensor, targets: torch.Tensor) -> None:
+        torch.manual_seed(0)
+        self.model = npas.build_model(cfg).train()
+        self.opt = torch.optim.AdamW(self.model.param_groups(0.1), lr=1e-3, fused=False, foreach=True)
+        self.idx, self.targets = idx, targets
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        _, loss = self.model(self.idx, self.targets)
+        loss.backward()
+        self.opt.step()
+
+    def time(self, steps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        return (time.perf_counter() - t0) / steps
+
+
+def flop_ratios(cfg: ArchConfig, ref: ArchConfig, shape: Shape) -> tuple[float, float]:
+    """(per-token forward FLOPs, same plus bank generation amortised over the batch) vs the reference."""
+    a, r = npas.count(cfg, shape.batch, shape.seq_len), npas.count(ref, shape.batch, shape.seq_len)
+    tokens = shape.batch * shape.seq_len
+    return (a.flops_per_token / r.flops_per_token,
+            (a.flops_per_token + a.generation_flops_per_step / tokens) / r.flops_per_token)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved reference/variant rounds (default 7)")
+    ap.add_argument("--steps", type=int, default=2, help="training steps per timed block (default 2)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per model first (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2; --quick uses 1)")
+    ap.add_argument("--quick", action="store_true", help="small shape, 3 rounds of 1 step, 1 thread: a smoke run")
+    args = ap.parse_args(argv)
+    shape = QUICK if args.quick else FULL
+    if args.quick:
+        # one thread: a smoke run must not stall when other jobs hold the cores (OpenMP oversubscription)
+        args.rounds, args.steps, args.warmup, args.threads = 3, 1, 1, 1
+    torch.set_num_threads(args.threads)
+    ch = shape.chassis
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, ch.vocab_size, (shape.batch, shape.seq_len), generator=g)
+    targets = torch.randint(0, ch.vocab_size, (shape.batch, shape.seq_len), generator=g)
+
+    ref_cfg = reference_config(ch)
+    cfgs = variants(ch)
+    ref = Runner(ref_cfg, idx, targets)
+    runs = {name: Runner(cfg, idx, targets) for name, cfg in cfgs.items()}
+    for r in (ref, *runs.values()):
+        for _ in range(args.warmup):
+            r.step()
+
+    ref_times: list[float] = []
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    ratios: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            t_ref = ref.time(args.steps)
+            t_var = run.time(args.steps)
+            ref_times.append(t_ref)
+            times[name].append(t_var)
+            ratios[name].append(t_var / t_ref)
+
+    ref_acc = npas.count(ref_cfg, shape.batch, shape.seq_len)
+    print(f"npas bench: training-step overhead of sharing vs the dense reference "
+          f"(d_model {ch.d_model}, {ch.n_layers} layers, {ch.n_heads} heads, d_ff {ch.d_ff}, vocab {ch.vocab_size}; "
+          f"batch {shape.batch} x seq {shape.seq_len}; fp32, {torch.get_num_threads()} threads, AdamW)")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other jobs skew absolute times; "
+          f"the paired ratios less so)")
+    print(f"interleaved {args.rounds} rounds x {args.steps} steps per block; ratio = median of paired "
+          f"variant/reference ratios; target <= {TARGET:.2f}x")
+    print(f"{'variant':<22}{'ms/step':>9}{'ratio':>8}{'FLOP ratio':>12}{'+gen':>8}{'stored':>11}  result")
+    print(f"{'reference':<22}{1e3 * statistics.median(ref_times):>9.1f}{1.0:>8.3f}{1.0:>12.4f}{1.0:>8.4f}"
+          f"{ref_acc.stored_params:>11,}")
+    misses = []
+    for name, cfg in cfgs.items():
+        ratio = statistics.median(ratios[name])
+        fr, fr_gen = flop_ratios(cfg, ref_cfg, shape)
+        ok = ratio <= TARGET
+        if not ok:
+            misses.append(name)
+        print(f"{name:<22}{1e3 * statistics.median(times[name]):>9.1f}{ratio:>8.3f}{fr:>12.4f}{fr_gen:>8.4f}"
+              f"{npas.count(cfg).stored_params:>11,}  {'PASS' if ok else 'MISS'}  {cfg.summary()}")
+    print(f"result: {len(cfgs) - len(misses)}/{len(cfgs)} variants within {TARGET:.2f}x of the reference"
+          + (f"; MISS: {', '.join(misses)}" if misses else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

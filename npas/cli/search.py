@@ -1,0 +1,173 @@
+"""`npas search | resume | studies | front | export`: the search service's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from npas.errors import SpaceError
+
+STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="run a multi-objective search on a space")
+    p.add_argument("space", help="search space YAML, e.g. search_spaces/full.yaml")
+    p.add_argument("--budget", help="override the space's budget: 0.25x, 1.5M, 250k")
+    p.add_argument("--trials", type=int, default=20, help="proxy runs in the study (baselines included)")
+    p.add_argument("--study", help="study name (default: SPACE-DATE-TIME)")
+    _launch_args(p)
+    p.add_argument("--recipe", help="proxy recipe: trials/NAME.yaml or a bare name (default: the space's)")
+    p.add_argument("--data", help="a text file or a directory of .txt files (default: bundled Shakespeare)")
+    p.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default="tpe")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_search)
+
+    p = sub.add_parser("resume", help="continue a study from its database after any stop")
+    p.add_argument("name")
+    p.add_argument("--trials", type=int, help="new target total (default: the study's)")
+    p.add_argument("--space", help="the space file, checked against the one the study was created with")
+    p.add_argument("--allow-space-change", action="store_true", help="continue with a changed --space")
+    p.add_argument("--data", help="the corpus, if not the bundled one (must match the study's fingerprint)")
+    _launch_args(p)
+    p.set_defaults(func=run_resume)
+
+    p = sub.add_parser("studies", help="list the studies in a storage")
+    p.add_argument("--storage", help=STORAGE_HELP)
+    p.set_defaults(func=run_studies)
+
+    p = sub.add_parser("front", help="print a study's Pareto front")
+    p.add_argument("name")
+    p.add_argument("--storage", help=STORAGE_HELP)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(func=run_front)
+
+    p = sub.add_parser("export", help="write the chosen allocation as YAML")
+    p.add_argument("name")
+    p.add_argument("--storage", help=STORAGE_HELP)
+    p.add_argument("--pick", default="knee", help="knee | min-loss | max-memory=BYTES | trial=N")
+    p.add_argument("--out", required=True, help="where to write the allocation YAML")
+    p.set_defaults(func=run_export)
+
+
+def _launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", help=STORAGE_HELP)
+    p.add_argument("--ray-address", help="join a Ray cluster: auto, host:port or ray://host:port (default: local)")
+    p.add_argument("--workers", type=int, default=2, help="concurrent trials")
+    p.add_argument("--gpus-per-trial", type=float, default=0.0)
+    p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no ASHA)")
+
+
+def _launch(args: argparse.Namespace):
+    from npas.search import Launch
+
+    return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
+                  early_stop=not args.no_early_stop, on_progress=_progress_printer())
+
+
+def _progress_printer():
+    tty = sys.stderr.isatty()
+    last = {"line": ""}
+
+    def show(p) -> None:
+        eta = p.eta()
+        best = f"{p.best_loss:.4f}" if math.isfinite(p.best_loss) else "-"
+        line = (f"[npas] {p.study_counted}/{p.target} trials | done {p.done} running {p.running} "
+                f"stopped {p.stopped} failed {p.failed} infeasible {p.infeasible} | best loss {best} | "
+                f"front {p.front_size} | {p.elapsed:.0f}s" + (f" ETA {eta:.0f}s" if eta is not None else ""))
+        if line == last["line"]:
+            return
+        last["line"] = line
+        print(("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _print_front(study, fmt: str = "table") -> None:
+    from npas.study import front_frame
+
+    df = front_frame(study)
+    if fmt == "csv":
+        print(df.to_csv(index=False), end="")
+    elif fmt == "json":
+        print(json.dumps(json.loads(df.to_json(orient="records")), indent=2))
+    elif df.empty:
+        print(f"study {study.study_name}: no complete full-fidelity trial within budget yet")
+    else:
+        print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
+        print(df.drop(columns=["hash"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def run_search(args: argparse.Namespace) -> int:
+    import npas
+    from npas.search import search
+    from npas.storage import redact, resolve_url
+
+    if not Path(args.space).is_file():
+        raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
+    space = npas.load_space(args.space)
+    study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
+                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
+    print(file=sys.stderr)
+    _print_front(study)
+    print(f"study {study.study_name} in {redact(resolve_url(args.storage))}; "
+          f"export with: npas export {study.study_name} --out best.yaml")
+    return 0
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    from npas.search import resume
+
+    text = Path(args.space).read_text() if args.space else None
+    study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
+                   allow_space_change=args.allow_space_change, data=args.data, launch=_launch(args))
+    print(file=sys.stderr)
+    _print_front(study)
+    return 0
+
+
+def run_studies(args: argparse.Namespace) -> int:
+    from npas.storage import open_storage, redact, resolve_url
+    from npas.study import status
+
+    url = resolve_url(args.storage)
+    st = open_storage(url)
+    summaries = st.get_all_studies()
+    if not summaries:
+        print(f"no studies in {redact(url)}")
+        return 0
+    print(f"studies in {redact(url)}:")
+    for fs in summaries:
+        trials = st.get_all_trials(fs._study_id, deepcopy=False)
+        by: dict[str, int] = {}
+        for t in trials:
+            by[status(t)] = by.get(status(t), 0) + 1
+        states = ", ".join(f"{k} {v}" for k, v in sorted(by.items())) or "empty"
+        space = fs.user_attrs.get("space_name", "?")
+        print(f"  {fs.study_name:<32} space {space:<16} {len(trials):>4} trials ({states})")
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from npas.storage import open_storage, resolve_url
+    from npas.study import load
+
+    url = resolve_url(args.storage)
+    return load(args.name, open_storage(url), url)
+
+
+def run_front(args: argparse.Namespace) -> int:
+    _print_front(_load(args), args.format)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from npas.export import write_export
+
+    doc = write_export(_load(args), args.out, args.pick)
+    vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())
+    print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}, hash {doc['hash']}")
+    return 0

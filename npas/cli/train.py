@@ -1,0 +1,106 @@
+"""`npas train CONFIG.yaml` and `npas sample DIR`: train an exported allocation for real, then use it.
+
+Only this module prints; the work lives in ``npas.train`` so the Python API does the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from npas.errors import ConfigError, NpasError, TrialError
+
+DEFAULT_RECIPE = "long"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an exported allocation and save it (safetensors + vocab)")
+    p.add_argument("config", help="allocation YAML, e.g. from `npas export NAME --out best.yaml`")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE,
+                   help=f"recipe name in trials/ or a YAML path (default: {DEFAULT_RECIPE})")
+    p.add_argument("--data", default=None, help="text file or directory of .txt files (default: the "
+                   "recipe's data, else bundled Shakespeare)")
+    p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>)")
+    p.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
+    p.set_defaults(func=run_train)
+
+    s = sub.add_parser("sample", help="generate text from a model written by `npas train`")
+    s.add_argument("model_dir", help="the --out directory of `npas train`")
+    s.add_argument("--prompt", default="\n", help="text to continue (characters must be in the vocabulary)")
+    s.add_argument("--tokens", type=int, default=300, help="characters to generate (default: 300)")
+    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed, for reproducible output")
+    s.add_argument("--device", default="cpu", help="device to sample on (default: cpu)")
+    s.set_defaults(func=run_sample)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from npas.config import ArchConfig
+    from npas.data import load_corpus
+    from npas.recipe import load_recipe
+    from npas.train import MODEL_FILE, train_allocation
+
+    path = Path(args.config)
+    if not path.is_file():
+        raise ConfigError(f"allocation file {path} does not exist; write one with "
+                          "`npas export NAME --out best.yaml`")
+    cfg = ArchConfig.from_yaml(path.read_text(encoding="utf-8"))
+    recipe = load_recipe(args.recipe)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+        recipe = recipe.with_steps(args.steps)
+    corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction)
+    out = Path(args.out) if args.out else Path("trials") / "runs" / f"train-{cfg.hash}"
+    if (out / MODEL_FILE).exists() and not args.force:
+        raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
+
+    import npas
+
+    acc = npas.count(cfg)
+    print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params) on {corpus.source}, "
+          f"recipe {recipe.name}: {recipe.steps} steps x {recipe.tokens_per_step:,} tokens -> {out}")
+    bar = tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
+    post: dict[str, str] = {}
+
+    def progress(step: int, loss: float, tok_s: float) -> None:
+        bar.update(step - bar.n)
+        post.update({"loss": f"{loss:.3f}", "tok/s": f"{tok_s:,.0f}"})
+        bar.set_postfix(post, refresh=True)
+
+    def report(step: int, val_loss: float) -> bool:
+        post["val"] = f"{val_loss:.3f}"
+        bar.set_postfix(post, refresh=True)
+        return False
+
+    try:
+        result = train_allocation(cfg, recipe, corpus, out, device=args.device, progress=progress, report=report)
+    finally:
+        bar.close()
+    if result.status == "failed":
+        raise TrialError(f"training failed: {result.failure_reason}; metrics in {out / 'metrics.json'}")
+    print(f"{result.status}: val_loss {result.val_loss:.4f} nats ({result.val_bpc:.3f} bits/char), "
+          f"{result.steps_done} steps, {result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s")
+    print(f"wrote {out}/ (model.safetensors, vocab.json, config.yaml, metrics.json); try "
+          f"`npas sample {out} --prompt 'ROMEO:'`")
+    return 0
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    from npas.train import load_trained, sample
+
+    if args.tokens < 0:
+        raise ConfigError(f"--tokens must be >= 0, got {args.tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ConfigError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}")
+    model, tokenizer, _ = load_trained(args.model_dir, device=args.device)
+    text = sample(model, tokenizer, args.prompt, tokens=args.tokens, temperature=args.temperature,
+                  seed=args.seed)
+    print(args.prompt + text)
+    return 0

@@ -1,0 +1,53 @@
+"""Export a chosen trial as an allocation YAML that rebuilds the exact module it trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import yaml
+
+from npas import study as S
+from npas.config import ArchConfig
+from npas.errors import StudyError
+
+
+def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
+    """The allocation of the trial chosen by `pick` (knee | min-loss | max-memory=BYTES | trial=N)."""
+    trial = S.pick(study, pick)
+    cfg = ArchConfig.from_dict(trial.user_attrs[S.T_ALLOC])
+    if cfg.hash != trial.user_attrs.get(S.T_HASH):
+        raise StudyError(f"trial {trial.number}: stored allocation hash {trial.user_attrs.get(S.T_HASH)} does not "
+                         f"match its allocation ({cfg.hash}); the database was edited by hand")
+    return cfg
+
+
+def export_document(study: optuna.Study, pick: str = "knee") -> dict:
+    """The YAML document `npas export` writes: allocation first, then where it came from and how it did."""
+    trial = S.pick(study, pick)
+    cfg = export(study, f"trial={trial.number}")
+    names = list(study.metric_names or study.user_attrs.get(S.S_OBJECTIVES, []))
+    return {
+        "allocation": cfg.to_dict(),
+        "hash": cfg.hash,
+        "summary": cfg.summary(),
+        "study": study.study_name,
+        "trial": trial.number,
+        "pick": pick,
+        "baseline": trial.user_attrs.get(S.T_BASELINE),
+        "values": dict(zip(names, trial.values, strict=False)),
+        "accounting": trial.user_attrs.get(S.T_ACCOUNTING),
+        "proxy": {k: v for k, v in (trial.user_attrs.get(S.T_PROXY) or {}).items() if k != "curve"},
+        "recipe": study.user_attrs.get(S.S_RECIPE),
+        "data_fingerprint": study.user_attrs.get(S.S_FINGERPRINT),
+    }
+
+
+def write_export(study: optuna.Study, out: str | Path, pick: str = "knee") -> dict:
+    doc = export_document(study, pick)
+    header = ("# npas export: rebuild with npas.build_model(npas.ArchConfig.from_yaml(open(PATH).read()))\n"
+              f"# train for real: npas train {out}\n")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))
+    return doc

@@ -1,0 +1,240 @@
+"""Proxy recipes: how one candidate allocation is trained and scored.
+
+A recipe is plain data read from ``trials/<name>.yaml``. It is validated in one pass that collects
+every problem (unknown keys with a did-you-mean, wrong types, values out of range) and raises a
+single ConfigError, so a user fixes a file in one edit instead of one error per run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from npas.errors import ConfigError
+
+RECIPE_VERSION = 1
+DTYPES = ("float32", "bfloat16")
+Dtype = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One proxy training recipe; defaults are the ``proxy`` recipe's values."""
+
+    name: str = "proxy"
+    seq_len: int = 64  # tokens per training window; must be <= the chassis context
+    batch_size: int = 48  # windows per optimizer step
+    steps: int = 400  # maximum fidelity: optimizer steps of a full trial
+    lr: float = 6e-3  # peak learning rate after warmup
+    min_lr: float = 6e-4  # floor of the cosine decay
+    warmup_steps: int = 30  # linear warmup from lr/warmup_steps to lr
+    weight_decay: float = 0.1  # AdamW decay on weight matrices; norms and mixing coefficients get none
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    eval_every: int = 100  # steps between validation evaluations (and report() calls)
+    eval_batches: int = 8  # fixed validation batches per evaluation
+    seed: int = 0  # init, batch order and eval batches all derive from it
+    dtype: Dtype = "bfloat16"  # autocast dtype on GPU; CPU always trains in float32
+    threads: int = 1  # torch CPU threads per worker; 0 keeps torch's default
+    val_fraction: float = 0.1  # share of the text held out as contiguous validation chunks
+    data: str | None = None  # corpus path; None = bundled Shakespeare (--data overrides)
+    version: int = RECIPE_VERSION
+
+    def __post_init__(self) -> None:
+        problems = validate(asdict(self))
+        if problems:
+            raise ConfigError(_format(f"recipe {self.name!r}", problems))
+        for f in _FLOAT_FIELDS:  # YAML 1.1 reads 3e-4 as text; store numbers
+            object.__setattr__(self, f, float(getattr(self, f)))
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.batch_size
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for 0-based ``step``: linear warmup, then cosine from lr to min_lr at ``steps``."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        span = max(1, self.steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - self.min_lr)
+
+    def with_steps(self, steps: int) -> Recipe:
+        """This recipe cut to (or extended to) ``steps``, keeping warmup and eval cadence valid."""
+        return Recipe.from_dict({**self.to_dict(), "steps": steps,
+                                 "warmup_steps": min(self.warmup_steps, steps),
+                                 "eval_every": min(self.eval_every, steps)})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "recipe") -> Recipe:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: a recipe must be a mapping of keys to values, got "
+                              f"{type(d).__name__}; see trials/proxy.yaml for the layout")
+        problems = validate(d)
+        if problems:
+            raise ConfigError(_format(source, problems))
+        return cls(**d)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_FIELDS = {f.name: f for f in fields(Recipe)}
+_INT_FIELDS = ("seq_len", "batch_size", "steps", "warmup_steps", "eval_every", "eval_batches", "seed",
+               "threads", "version")
+_FLOAT_FIELDS = ("lr", "min_lr", "weight_decay", "grad_clip", "val_fraction")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _as_float(v: Any) -> float | None:
+    """Numbers, and strings such as ``3e-4`` that YAML 1.1 leaves as text, count as floats."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def validate(d: dict[str, Any]) -> list[str]:
+    """Every problem of a recipe mapping, one line each; empty when it is valid."""
+    problems: list[str] = []
+    for key in d:
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_FIELDS)}"
+            problems.append(f"unknown key {key!r}; {hint}")
+
+    def get(key: str) -> Any:
+        return d.get(key, _FIELDS[key].default)
+
+    ints: dict[str, int] = {}
+    for key in _INT_FIELDS:
+        v = get(key)
+        if _is_int(v):
+            ints[key] = v
+        else:
+            problems.append(f"{key}: expected an integer, got {v!r} ({type(v).__name__})")
+    floats: dict[str, float] = {}
+    for key in _FLOAT_FIELDS:
+        v = get(key)
+        f = _as_float(v)
+        if f is None or not math.isfinite(f):
+            problems.append(f"{key}: expected a finite number, got {v!r}")
+        else:
+            floats[key] = f
+
+    for key, low in (("seq_len", 1), ("batch_size", 1), ("steps", 1), ("warmup_steps", 0),
+                     ("eval_every", 1), ("eval_batches", 1), ("seed", 0), ("threads", 0)):
+        if key in ints and ints[key] < low:
+            problems.append(f"{key}: must be >= {low}, got {ints[key]}")
+    if "version" in ints and ints["version"] > RECIPE_VERSION:
+        problems.append(f"version: {ints['version']} is newer than this npas understands "
+                        f"({RECIPE_VERSION}); upgrade npas")
+    if "warmup_steps" in ints and "steps" in ints and ints["warmup_steps"] > ints["steps"]:
+        problems.append(f"warmup_steps: must be <= steps ({ints['steps']}), got {ints['warmup_steps']}")
+    if "lr" in floats and floats["lr"] <= 0:
+        problems.append(f"lr: must be > 0, got {floats['lr']}")
+    if "min_lr" in floats:
+        if floats["min_lr"] < 0:
+            problems.append(f"min_lr: must be >= 0, got {floats['min_lr']}")
+        elif "lr" in floats and floats["min_lr"] > floats["lr"]:
+            problems.append(f"min_lr: must be <= lr ({floats['lr']}), got {floats['min_lr']}")
+    for key in ("weight_decay", "grad_clip"):
+        if key in floats and floats[key] < 0:
+            problems.append(f"{key}: must be >= 0, got {floats[key]}")
+    if "val_fraction" in floats and not 0 < floats["val_fraction"] <= 0.5:
+        problems.append(f"val_fraction: must be in (0, 0.5], got {floats['val_fraction']}")
+
+    betas = get("betas")
+    if not (isinstance(betas, list | tuple) and len(betas) == 2
+            and all(_as_float(b) is not None and 0 <= _as_float(b) < 1 for b in betas)):
+        problems.append(f"betas: expected two numbers in [0, 1), e.g. [0.9, 0.95], got {betas!r}")
+    dtype = get("dtype")
+    if dtype not in DTYPES:
+        close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}{hint}")
+    name = get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(f"name: expected a non-empty string, got {name!r}")
+    data = get("data")
+    if data is not None and not isinstance(data, str):
+        problems.append(f"data: expected a path string or null, got {data!r}")
+    return problems
+
+
+def _format(source: str, problems: list[str]) -> str:
+    n = len(problems)
+    return f"{source}: {n} problem{'s' if n != 1 else ''}" + "".join(f"\n  - {p}" for p in problems)
+
+
+def repo_root() -> Path:
+    """The directory holding the ``npas`` package (the checkout root in development)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def recipe_search_dirs() -> list[Path]:
+    return [Path(os.getcwd()) / "trials", repo_root() / "trials"]
+
+
+def resolve_recipe(name_or_path: str | Path) -> Path:
+    """A YAML path as given, or a bare name looked up as ``trials/<name>.yaml`` in the working
+    directory and then beside the package, so ``--recipe smoke`` works from anywhere in a checkout."""
+    text = str(name_or_path)
+    looks_like_path = text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text
+    if looks_like_path:
+        p = Path(text).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"recipe file {p} does not exist; pass a YAML path or a name such as "
+                              f"'smoke' ({_available()})")
+        return p
+    tried = []
+    for d in recipe_search_dirs():
+        for ext in (".yaml", ".yml"):
+            p = d / f"{text}{ext}"
+            tried.append(str(p))
+            if p.is_file():
+                return p
+    raise ConfigError(f"recipe {text!r} not found (looked for {', '.join(tried[::2])}); "
+                      f"pass a YAML path or one of: {_available()}")
+
+
+def _available() -> str:
+    names = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    return ", ".join(names) if names else "no recipes found under trials/"
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Read, validate and return a recipe; every problem of the file is reported at once."""
+    path = resolve_recipe(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"recipe {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read recipe {path}: {err}; check the file") from None
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict):
+        raw = {"name": path.stem, **raw}
+    return Recipe.from_dict(raw, source=str(path))

@@ -1,0 +1,176 @@
+"""Ray Tune execution of proxy trials: Ray start-up, resource checks, the trainable, ASHA.
+
+The Optuna study is the source of truth; Ray Tune's experiment directory (trials/runs/) is scratch.
+Tune brings what is hard to do well by hand: placing trials on workers across a cluster, retrying a
+trial whose worker or node died (FailureConfig), and asynchronous successive halving on the
+validation loss (ASHA). The searcher in `npas.searcher` does the Optuna side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from npas.errors import NpasError
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = Path("trials") / "runs"
+
+
+class RayError(NpasError):
+    """Ray could not be started, reached, or lacks the resources asked for."""
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start an embedded Ray (default) or join a cluster (`auto`, `host:port`, `ray://host:port`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    try:
+        if address:
+            if address.startswith("ray://"):
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        where = f"Ray at {address!r}" if address else "an embedded Ray"
+        hint = ("start a head with `ray start --head` (and RAY_AUTH_MODE=token on joining nodes), or omit "
+                "--ray-address to run locally") if address else "check free memory and /tmp space"
+        raise RayError(f"cannot start or reach {where}: {' '.join(str(e).split())[:200]}; {hint}") from None
+
+
+def check_address_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a `host:port` nobody listens on (ray.init would retry for a minute)."""
+    import socket
+
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayError(f"--ray-address {address!r} is not auto, host:port or ray://host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise RayError(f"cannot reach Ray at {address!r}: {e.strerror or e}; start a head with "
+                       f"`ray start --head --port {port}` or omit --ray-address to run locally") from None
+
+
+def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) -> dict[str, float]:
+    """Validate the ask against `ray.cluster_resources()` before anything is launched."""
+    import ray
+
+    res = ray.cluster_resources()
+    cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
+    if workers < 1:
+        raise RayError(f"--workers must be >= 1, got {workers}")
+    if cpus_per_trial > cpus:
+        raise RayError(f"each trial needs {cpus_per_trial:g} CPUs but the Ray cluster has {cpus:g}; "
+                       f"lower the recipe's threads or add nodes")
+    if gpus_per_trial > 0 and gpus_per_trial > gpus:
+        raise RayError(f"--gpus-per-trial {gpus_per_trial:g} but the Ray cluster has {gpus:g} GPUs; "
+                       f"use --gpus-per-trial 0 on CPU machines")
+    if workers * cpus_per_trial > cpus:
+        log.warning("%d workers x %g CPUs exceed the cluster's %g CPUs; Ray will queue trials",
+                    workers, cpus_per_trial, cpus)
+    return {"CPU": cpus, "GPU": gpus}
+
+
+# ---- the trainable: runs inside a Ray worker process ----------------------------------------
+@functools.lru_cache(maxsize=4)
+def _worker_corpus(source: str | None, val_fraction: float, fingerprint: str):
+    """Load once per worker process (actors are reused); the fingerprint guards against drift."""
+    from npas.data import load_corpus
+
+    corpus = load_corpus(source, val_fraction=val_fraction)
+    if corpus.fingerprint != fingerprint:
+        raise NpasError(f"the corpus at {source} on this worker differs from the driver's "
+                        f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
+    return corpus
+
+
+def trainable(config: dict, data: dict) -> None:
+    """One proxy run. Reports the validation loss at each evaluation (for ASHA), then the metrics."""
+    from ray import tune
+
+    from npas.config import ArchConfig
+    from npas.proxy import run_proxy
+    from npas.recipe import Recipe
+
+    cfg = ArchConfig.from_dict(config["allocation"])
+    recipe = Recipe.from_dict(config["recipe"])
+    corpus = data.get("corpus") or _worker_corpus(data["source"], recipe.val_fraction, data["fingerprint"])
+
+    def report(step: int, val_loss: float) -> bool:
+        tune.report({"val_loss": val_loss if math.isfinite(val_loss) else math.inf, "step": step, "final": False})
+        return False  # ASHA stops a trial by ending it at a report, not through this return value
+
+    result = run_proxy(cfg, recipe, corpus, report=report)
+    loss = result.val_loss if result.val_loss is not None else math.inf
+    # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
+    tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "proxy": json.dumps(result.to_dict())})
+
+
+def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, corpus_payload: dict,
+               workers: int, cpus_per_trial: float, gpus_per_trial: float, early_stop: bool,
+               max_retries: int = 2) -> bool:
+    """Run Tune until the searcher finishes. Returns False if the run was interrupted."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    class _Errors(tune.Callback):
+        """Keep each failed trial's error text for the study (Tune's Searcher hook gets only a flag)."""
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            err = getattr(trial, "error_message", None) or ""
+            if not err and getattr(trial, "error_file", None):
+                with contextlib.suppress(OSError):
+                    err = Path(trial.error_file).read_text()[-1500:]
+            last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            searcher.errors[trial.trial_id] = "worker error: " + (last[-1] if last else "trial raised or worker died")
+
+    scheduler = (ASHAScheduler(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps,
+                               grace_period=max(1, min(eval_every, recipe_steps)), reduction_factor=3)
+                 if early_stop else FIFOScheduler())
+    resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
+    runs = (RUNS_DIR / "ray").resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(trainable, data=corpus_payload), resources),
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
+                                    max_concurrent_trials=workers, reuse_actors=True),
+        run_config=tune.RunConfig(name=f"{study_name}-{int(time.time())}", storage_path=str(runs), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=max_retries),
+                                  callbacks=[_Errors()]),
+    )
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    interrupted = False
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: Tune stops its trials, we record them
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        tuner.fit()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return not interrupted and not searcher.live

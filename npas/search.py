@@ -1,0 +1,201 @@
+"""`npas.search` and `npas.resume`: launch or continue a study, the Python API behind the CLI.
+
+Everything a resume needs is written into the study when it is created (space text and hash,
+budget, recipe, data fingerprint, objectives, sampler, seed), so `resume(name)` needs nothing but
+the name and the storage URL. Orphaned trials of a dead driver are failed and re-enqueued with
+their exact parameters before any new trial is asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from npas import __version__
+from npas import study as S
+from npas.errors import StudyError
+from npas.runner import check_address_reachable, check_resources, init_ray, run_trials
+from npas.searcher import NpasSearcher, Progress, requeue
+from npas.space import Space, parse_space
+from npas.storage import is_sqlite, open_storage, redact, resolve_url, study_names
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(StudyError):
+    """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How and where to run (Ray Tune's RunConfig concerns), apart from what to search."""
+
+    ray_address: str | None = None
+    workers: int = 2
+    gpus_per_trial: float = 0.0
+    early_stop: bool = True
+    max_retries: int = 2
+    on_progress: Callable[[Progress], None] | None = None
+
+
+def _orphan_callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Optuna calls this for a trial whose driver stopped beating: record it and run it again."""
+    storage = study._storage
+    storage.set_trial_user_attr(trial._trial_id, S.T_STATUS, "orphaned")
+    storage.set_trial_user_attr(trial._trial_id, S.T_REASON, "orphaned: its driver stopped while it ran")
+    requeue(study, trial)
+
+
+def recover_orphans(study: optuna.Study) -> list[int]:
+    """Fail + re-enqueue RUNNING trials whose driver is dead: at once if it ran on this host and its
+    process is gone, else once its heartbeat is older than the grace period (Optuna's own check)."""
+    here = socket.gethostname()
+    storage = study._storage
+    recovered = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        drv = t.user_attrs.get(S.T_DRIVER) or {}
+        if drv.get("host") == here and drv.get("pid") and not _alive(int(drv["pid"])):
+            try:
+                ok = storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            except Exception:  # another process failed it first
+                ok = False
+            if ok:
+                _orphan_callback(study, storage.get_trial(t._trial_id))
+                recovered.append(t.number)
+    before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+    optuna.storages.fail_stale_trials(study)
+    after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+    recovered.extend(sorted(after - before))
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def search(space: Space, *, trials: int = 20, study: str | None = None, storage: str | None = None,
+           recipe: str | None = None, data: str | None = None, budget: str | None = None,
+           sampler: str = "tpe", seed: int = 0, launch: Launch | None = None) -> optuna.Study:
+    """Create a study for `space` and run it to `trials` proxy runs. Returns the Optuna study."""
+    from npas.data import load_corpus
+    from npas.recipe import load_recipe
+
+    launch = launch or Launch()
+    url = resolve_url(storage)
+    if launch.ray_address:
+        check_address_reachable(launch.ray_address)
+    rec = load_recipe(recipe or space.recipe)
+    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction)
+    corpus.check_fits(rec.seq_len, rec.batch_size)
+    space = space.bind(vocab_size=corpus.vocab_size, budget=budget)
+    if rec.seq_len > space.reference_chassis.context:
+        raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
+                         f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
+    S.make_sampler(sampler, seed, len(space.objectives))  # validate the name before touching the database
+    name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    st = open_storage(url, stale_callback=_orphan_callback)
+    if name in study_names(st):
+        raise StudyError(f"study {name!r} already exists in {redact(url)}; continue it with `npas resume {name}` "
+                         f"or pick another --study name")
+    created = optuna.create_study(study_name=name, storage=st, directions=["minimize"] * len(space.objectives),
+                                  sampler=S.make_sampler(sampler, seed, len(space.objectives)))
+    created.set_metric_names(list(space.objectives))
+    attrs = {
+        S.S_VERSION: __version__, S.S_SPACE_TEXT: space.text, S.S_SPACE_HASH: space.hash,
+        S.S_SPACE_NAME: space.name, S.S_SPACE_SOURCE: space.source, S.S_BUDGET: space.budget_params,
+        S.S_BUDGET_SPEC: space.budget_spec, S.S_REFERENCE: space.reference_params, S.S_RECIPE: rec.to_dict(),
+        S.S_DATA: None if corpus.source.startswith("bundled") else corpus.source,
+        S.S_FINGERPRINT: corpus.fingerprint, S.S_VOCAB: corpus.vocab_size, S.S_OBJECTIVES: list(space.objectives),
+        S.S_SAMPLER: sampler, S.S_SEED: seed, S.S_EARLY_STOP: launch.early_stop, S.S_TARGET: trials,
+        "overrides": space.overrides,
+    }
+    for k, v in attrs.items():
+        created.set_user_attr(k, v)
+    for bname in space.baselines():
+        created.enqueue_trial({}, user_attrs={S.T_BASELINE: bname})
+    _run(created, space, rec.to_dict(), corpus, trials, url, launch)
+    return created
+
+
+def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
+           allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None) -> optuna.Study:
+    """Continue a study from the database alone: recover orphans, then run to the target total."""
+    from npas.data import load_corpus
+    from npas.recipe import Recipe
+
+    launch = launch or Launch()
+    url = resolve_url(storage)
+    if launch.ray_address:
+        check_address_reachable(launch.ray_address)
+    st = open_storage(url, stale_callback=_orphan_callback)
+    peek = S.load(name, st, url)
+    ua = peek.user_attrs
+    text = ua[S.S_SPACE_TEXT]
+    space = parse_space(text, ua.get(S.S_SPACE_SOURCE, name))
+    if space_text is not None and space_text != text and not allow_space_change:
+        raise StudyError(f"the space file differs from the one study {name!r} was created with; "
+                         f"resume without it, or pass --allow-space-change to use the new one")
+    if space_text is not None and allow_space_change:
+        space = parse_space(space_text, ua.get(S.S_SPACE_SOURCE, name))
+    over = ua.get("overrides", {})
+    space = space.bind(vocab_size=over.get("vocab_size"), budget=over.get("budget"))
+    rec = Recipe.from_dict(ua[S.S_RECIPE])
+    corpus = load_corpus(data or ua.get(S.S_DATA), val_fraction=rec.val_fraction)
+    if corpus.fingerprint != ua[S.S_FINGERPRINT]:
+        raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
+                         f"{corpus.fingerprint} != {ua[S.S_FINGERPRINT]}); pass --data with the original corpus")
+    sampler = S.make_sampler(ua.get(S.S_SAMPLER, "tpe"), ua.get(S.S_SEED), len(space.objectives))
+    study = optuna.load_study(study_name=name, storage=st, sampler=sampler)
+    target = int(trials if trials is not None else ua.get(S.S_TARGET, 20))
+    if trials is not None:
+        study.set_user_attr(S.S_TARGET, target)
+    recovered = recover_orphans(study)
+    if recovered:
+        log.warning("re-enqueued orphaned trials %s", recovered)
+    _run(study, space, rec.to_dict(), corpus, target, url, launch)
+    return study
+
+
+def _run(study: optuna.Study, space: Space, recipe: dict, corpus, target: int, url: str, launch: Launch) -> None:
+    others = {(d.get("host"), d.get("pid")) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+              if (d := t.user_attrs.get(S.T_DRIVER))}
+    if others and is_sqlite(url):
+        host, pid = sorted(others, key=str)[0]
+        raise StudyError(f"study {study.study_name!r} is being run by another driver ({host}, pid {pid}); SQLite "
+                         f"allows one driver per study: use a PostgreSQL --storage to run several")
+    init_ray(launch.ray_address, num_cpus=None)
+    cpus = float(max(1, recipe.get("threads") or 1))
+    check_resources(launch.workers, cpus, launch.gpus_per_trial)
+    payload = {"source": None if corpus.source.startswith("bundled") else corpus.source,
+               "fingerprint": corpus.fingerprint}
+    if launch.ray_address is None and payload["source"] is not None:
+        payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
+    searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress)
+    try:
+        finished = run_trials(searcher, study_name=study.study_name, recipe_steps=int(recipe["steps"]),
+                              eval_every=int(recipe["eval_every"]), corpus_payload=payload, workers=launch.workers,
+                              cpus_per_trial=cpus, gpus_per_trial=launch.gpus_per_trial,
+                              early_stop=launch.early_stop, max_retries=launch.max_retries)
+        if not finished:
+            numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
+            raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "
+                              f"continue with `npas resume {study.study_name} --storage {redact(url)}`")
+        if searcher.error:
+            raise StudyError(searcher.error)
+    finally:
+        searcher.close()

@@ -1,0 +1,149 @@
+"""Train an exported allocation for real, save it in safe formats, reload it, and sample from it.
+
+A trained-model directory is self-describing, so it can be reloaded anywhere without the search
+that produced it:
+  model.safetensors  weights (safetensors: no pickle, shared tensors stored once)
+  vocab.json         the character vocabulary (CharTokenizer.to_json)
+  config.yaml        the allocation (ArchConfig.to_yaml), which rebuilds the exact module
+  metrics.json       the ProxyResult, the recipe and the data fingerprint it was trained with
+``metrics.json`` is written last, so its presence marks a complete directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from npas.data import CharTokenizer, Corpus
+from npas.errors import DataError
+from npas.proxy import Progress, ProxyResult, Report, train_model
+from npas.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+VOCAB_FILE = "vocab.json"
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.json"
+OUTPUT_FILES = (MODEL_FILE, VOCAB_FILE, CONFIG_FILE, METRICS_FILE)
+
+
+def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Path,
+                     device: str | torch.device | None = None, progress: Progress | None = None,
+                     report: Report | None = None) -> ProxyResult:
+    """Train ``cfg`` under ``recipe`` and write the four output files to ``out_dir``.
+
+    A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth nothing);
+    the caller decides whether that is an error.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress)
+    if result.status != "failed":
+        save_trained(model, cfg, corpus.tokenizer, out)
+    else:
+        for name in (MODEL_FILE, VOCAB_FILE, CONFIG_FILE):  # never leave stale weights beside new metrics
+            (out / name).unlink(missing_ok=True)
+    write_metrics(out, result, recipe, corpus)
+    return result
+
+
+def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: str | Path) -> None:
+    """Weights, vocabulary and allocation. ``save_model`` (not ``save_file``) de-duplicates tied
+    Parameters, which safetensors would otherwise refuse; the rebuilt module re-ties them."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.to("cpu")
+    save_model(model, str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
+    (out / VOCAB_FILE).write_text(tokenizer.to_json() + "\n", encoding="utf-8")
+    (out / CONFIG_FILE).write_text(cfg.to_yaml(), encoding="utf-8")
+
+
+def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus) -> dict:
+    import npas
+
+    doc = {"result": result.to_dict(), "recipe": recipe.to_dict(), "data": corpus.describe(),
+           "npas_version": npas.__version__}
+    (Path(out_dir) / METRICS_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return doc
+
+
+def read_metrics(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / METRICS_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing; {model_dir} is not a complete `npas train --out` directory "
+                        "(training may have been interrupted); train again") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path} is not valid JSON ({err}); train again") from None
+
+
+def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, CharTokenizer, Any]:
+    """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
+    import npas
+    from npas.config import ArchConfig
+
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise DataError(f"trained-model directory {d} does not exist; pass the --out of `npas train`")
+    missing = [name for name in (MODEL_FILE, VOCAB_FILE, CONFIG_FILE) if not (d / name).is_file()]
+    if missing:
+        raise DataError(f"{d} lacks {', '.join(missing)}; pass a directory written by `npas train` "
+                        "(a failed run leaves only metrics.json)")
+    cfg = ArchConfig.from_yaml((d / CONFIG_FILE).read_text(encoding="utf-8"))
+    tokenizer = CharTokenizer.from_json((d / VOCAB_FILE).read_text(encoding="utf-8"))
+    if tokenizer.vocab_size != cfg.chassis.vocab_size:
+        raise DataError(f"{d}: vocab.json has {tokenizer.vocab_size} characters but config.yaml's chassis "
+                        f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")
+    model = npas.build_model(cfg)
+    try:
+        load_model(model, str(d / MODEL_FILE), strict=True)
+    except (SafetensorError, RuntimeError, OSError) as err:
+        raise DataError(f"cannot load {d / MODEL_FILE}: {str(err).splitlines()[0]}; "
+                        "the weights do not match config.yaml or the file is damaged") from None
+    model.to(device).eval()
+    log.debug("loaded %s (%s)", d, cfg.hash)
+    return model, tokenizer, cfg
+
+
+@torch.no_grad()
+def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str, tokens: int = 200,
+           temperature: float = 1.0, seed: int = 0) -> str:
+    """Continue ``prompt`` by ``tokens`` characters; temperature 0 is greedy. Returns the continuation.
+
+    Characters outside the vocabulary raise a DataError that names them, rather than being dropped,
+    so a user learns the model cannot see them.
+    """
+    if tokens < 0:
+        raise DataError(f"--tokens must be >= 0, got {tokens}")
+    if temperature < 0:
+        raise DataError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    ids = tokenizer.encode(prompt)
+    if not ids:  # an empty prompt starts from a line break, the most neutral character
+        ids = [tokenizer.encode("\n")[0] if "\n" in tokenizer.chars else 0]
+    device = next(model.parameters()).device
+    context = model.cfg.chassis.context if hasattr(model, "cfg") else len(ids) + tokens
+    gen = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    was_training = model.training
+    model.eval()
+    out: list[int] = []
+    for _ in range(tokens):
+        logits = model(idx[:, -context:])[0][:, -1, :].float()  # (1, V)
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=gen)
+        idx = torch.cat([idx, nxt], dim=1)
+        out.append(int(nxt))
+    model.train(was_training)
+    return tokenizer.decode(out)

@@ -1,0 +1,165 @@
+"""The search service end to end: real Ray (num_cpus=2), real SQLite, the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import uuid
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import npas
+from npas import study as S
+from npas.budget import count
+from npas.config import ArchConfig
+from npas.export import export, write_export
+from npas.search import Launch, search
+
+from .conftest import ROOT
+
+TINY = ROOT / "tests" / "data" / "tiny.yaml"
+FAST = str(ROOT / "tests" / "data" / "fast.yaml")
+PG_URL = os.environ.get("NPAS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def pg_reachable() -> bool:
+    try:
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(PG_URL).connect():
+            return True
+    except Exception:
+        return False
+
+
+STORAGES = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.skipif(
+        not pg_reachable(), reason=f"no PostgreSQL server reachable at {PG_URL}")),
+]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def storage_url(kind: str, tmp_path) -> str:
+    return f"sqlite:///{tmp_path}/npas.db" if kind == "sqlite" else PG_URL
+
+
+@pytest.fixture(scope="module")
+def smoke_study(ray_local, tmp_path_factory):
+    """One small real search, shared by the read-only tests below."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('db')}/npas.db"
+    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
+                launch=Launch(workers=2, early_stop=False))
+    return st, url
+
+
+@pytest.mark.parametrize("kind", STORAGES)
+def test_search_persists_every_trial_and_plain_optuna_reads_the_front(kind, ray_local, tmp_path):
+    url = storage_url(kind, tmp_path)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    search(npas.load_space(TINY), trials=4, study=name, storage=url, recipe=FAST, launch=Launch(workers=2))
+    plain = optuna.load_study(study_name=name, storage=url)  # no npas involved in reading it back
+    counted = [t for t in plain.trials if S.counts_toward_target(t)]
+    assert len(counted) == 4
+    assert all(t.state != TrialState.RUNNING for t in plain.trials)
+    assert plain.metric_names == ["val_loss", "train_memory_bytes"]
+    assert plain.best_trials, "the front is empty"
+    for t in plain.best_trials:
+        assert t.user_attrs[S.T_FIDELITY] == t.user_attrs[S.T_MAX_FIDELITY] == 40
+    assert plain.user_attrs[S.S_SPACE_TEXT] == TINY.read_text()
+
+
+def test_front_is_feasible_full_fidelity_and_within_budget(smoke_study):
+    st, _ = smoke_study
+    budget = st.user_attrs[S.S_BUDGET]
+    front = S.front_trials(st)
+    assert front
+    for t in front:
+        cfg = ArchConfig.from_dict(t.user_attrs[S.T_ALLOC])
+        assert count(cfg).stored_params <= budget
+        assert t.constraints[S.C_BUDGET] <= 0 and t.constraints.get(S.C_FIDELITY, 0) <= 0
+        assert math.isfinite(t.values[0]) and t.values[0] < math.log(68)
+    # the front is non-dominated
+    for a in front:
+        assert not any(all(x <= y for x, y in zip(b.values, a.values, strict=True)) and b.values != a.values
+                       for b in front)
+
+
+def test_baselines_are_present_and_marked(smoke_study):
+    st, _ = smoke_study
+    marked = {t.user_attrs.get(S.T_BASELINE): t for t in st.trials if t.user_attrs.get(S.T_BASELINE)}
+    assert set(marked) == {"narrow_untied", "full_tying", "cycle_tying"}
+    assert marked["full_tying"].user_attrs[S.T_ALLOC]["block_of_layer"] == [0, 0, 0, 0]
+    assert min(t.number for t in marked.values()) == 0  # enqueued before the sampler's own trials
+
+
+def test_export_build_count_matches_the_trial(smoke_study, tmp_path):
+    st, _ = smoke_study
+    for how in ("knee", "min-loss"):
+        cfg = export(st, how)
+        trial = S.pick(st, how)
+        out = tmp_path / f"{how}.yaml"
+        write_export(st, out, how)
+        again = ArchConfig.from_yaml(out.read_text())
+        assert again == cfg and again.hash == trial.user_attrs[S.T_HASH]
+        model = npas.build_model(again)
+        assert model.num_params() == trial.user_attrs[S.T_ACCOUNTING]["stored_params"]
+
+
+def test_failed_trials_are_recorded_and_the_study_goes_on(ray_local, tmp_path):
+    diverge = tmp_path / "diverge.yaml"
+    diverge.write_text((ROOT / "tests" / "data" / "fast.yaml").read_text().replace("lr: 1.0e-2", "lr: 1.0e+6")
+                       .replace("min_lr: 1.0e-3", "min_lr: 1.0e+5"))
+    st = search(npas.load_space(TINY), trials=3, study="nan", storage=f"sqlite:///{tmp_path}/n.db",
+                recipe=str(diverge), launch=Launch(workers=2, early_stop=False))
+    failed = [t for t in st.trials if S.status(t) == "failed"]
+    assert len(failed) == 3
+    assert all(t.user_attrs[S.T_REASON].startswith("non-finite loss") for t in failed)
+
+
+def npas_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "npas", *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def test_cli_front_studies_export(smoke_study, tmp_path):
+    _, url = smoke_study
+    out = npas_cli("front", "smoke", "--storage", url, "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("trial,val_loss,train_memory_bytes")
+    out = npas_cli("studies", "--storage", url)
+    assert "smoke" in out.stdout and "trials" in out.stdout
+    out = npas_cli("export", "smoke", "--storage", url, "--pick", "min-loss", "--out", str(tmp_path / "b.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "b.yaml").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["front", "nope", "--storage", "sqlite:///{tmp}/x.db"], "no study 'nope'"),
+    (["studies", "--storage", "postgresql+psycopg://npas:s3cr3t@127.0.0.1:1/db"], "cannot open storage"),
+    (["studies", "--storage", "mongodb://h/db"], "unknown storage backend 'mongodb'"),
+    (["search", "search_spaces/nope.yaml", "--storage", "sqlite:///{tmp}/x.db"], "no such file"),
+    (["search", str(TINY), "--ray-address", "127.0.0.1:1", "--storage", "sqlite:///{tmp}/x.db"],
+     "cannot reach Ray at '127.0.0.1:1'"),
+])
+def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = npas_cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert fragment in out.stderr
+    assert "s3cr3t" not in out.stderr + out.stdout  # passwords are never printed
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists() or args[0] == "front"
