@@ -192,7 +192,7 @@ class Corpus:
     val: torch.Tensor  # (N_val,) held-out contiguous chunks, concatenated in order
     tokenizer: CharTokenizer
     fingerprint: str  # sha256 of the UTF-8 text, 16 hex chars: keys studies to the data they ran on
-    source: str  # "bundled:shakespeare" or the path that was loaded
+    source: str  # "bundled:shakespeare" or the path that was loaded; load_corpus(source) reloads it
     val_fraction: float
     n_chars: int
 
@@ -309,9 +309,10 @@ def _read_text(path: Path) -> str:
 
 
 def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1) -> Corpus:
-    """Load the bundled corpus (``None``), one text file (``.txt``, or gzipped ``.gz``), or every
-    ``*.txt`` file of a directory, sorted by name and concatenated."""
-    if path is None or str(path) == BUNDLED_NAME:
+    """Load the bundled corpus (``None`` or ``"bundled:shakespeare"``), one text file (``.txt``, or
+    gzipped ``.gz``), or every ``*.txt`` file of a directory, sorted by name and concatenated.
+    ``load_corpus(corpus.source)`` reloads the same corpus, which is how Ray workers get theirs."""
+    if path is None or str(path) in (BUNDLED_NAME, f"bundled:{BUNDLED_NAME}"):
         return _bundled_corpus(float(val_fraction))
     p = Path(path).expanduser()
     if not p.exists():
@@ -322,7 +323,8 @@ def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1) -> Co
         if not files:
             raise DataError(f"corpus directory {p} holds no .txt files; add some or pass a file")
         text = "".join(_read_text(f) for f in files)
-        source = f"{p} ({len(files)} files)"
+        log.info("corpus %s: %d .txt files", p, len(files))
+        source = str(p)
     else:
         text = _read_text(p)
         source = str(p)

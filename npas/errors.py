@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 class NpasError(Exception):
-    """Root of every error npas raises on purpose. The CLI prints ``str(err)`` and exits 2."""
+    """Root of every error npas raises on purpose. The CLI prints ``str(err)`` and exits `exit_code`."""
+
+    exit_code = 2  # a user mistake; distinct from a crash (1)
 
 
 class ConfigError(NpasError):

@@ -269,8 +269,8 @@ def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, r
                 losses = []
                 if is_eval and _evaluate(run, model, evals, dev, recipe, report, done):
                     break
-    except torch.OutOfMemoryError as err:
-        run.status, run.reason = "failed", f"out of memory at step {run.step + 1}: {str(err).splitlines()[0]}"
+    except torch.cuda.OutOfMemoryError as err:  # a too-large candidate fails; the worker lives on
+        run.status, run.reason = "failed", f"out of memory after step {run.step}: {str(err).splitlines()[0]}"
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     run.train_s = time.perf_counter() - t0

@@ -46,7 +46,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             else:
                 ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+            # "local": never attach to a cluster that `ray start` left on this machine
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
         where = f"Ray at {address!r}" if address else "an embedded Ray"
         hint = ("start a head with `ray start --head` (and RAY_AUTH_MODE=token on joining nodes), or omit "
@@ -123,8 +124,12 @@ def trainable(config: dict, data: dict) -> None:
 
     result = run_proxy(cfg, recipe, corpus, report=report)
     loss = result.val_loss if result.val_loss is not None else math.inf
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
     # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
-    tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "proxy": json.dumps(result.to_dict())})
+    tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,
+                 "proxy": json.dumps(result.to_dict())})
 
 
 def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, corpus_payload: dict,
@@ -145,6 +150,9 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
             last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
             searcher.errors[trial.trial_id] = "worker error: " + (last[-1] if last else "trial raised or worker died")
 
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            searcher.retries[trial.trial_id] = searcher.retries.get(trial.trial_id, 0) + 1
+
     scheduler = (ASHAScheduler(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps,
                                grace_period=max(1, min(eval_every, recipe_steps)), reduction_factor=3)
                  if early_stop else FIFOScheduler())
@@ -160,6 +168,8 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
                                   callbacks=[_Errors()]),
     )
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    # Tune's own "resume with Tuner.restore(...)" advice does not apply: `npas resume` restores from the study
+    logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
     interrupted = False
     previous = signal.getsignal(signal.SIGTERM)
 

@@ -8,6 +8,7 @@ their exact parameters before any new trial is asked.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -24,13 +25,15 @@ from npas.errors import StudyError
 from npas.runner import check_address_reachable, check_resources, init_ray, run_trials
 from npas.searcher import NpasSearcher, Progress, requeue
 from npas.space import Space, parse_space
-from npas.storage import is_sqlite, open_storage, redact, resolve_url, study_names
+from npas.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
 
 log = logging.getLogger(__name__)
 
 
 class Interrupted(StudyError):
     """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
+
+    exit_code = 130  # the shell's convention for a run stopped by Ctrl-C
 
 
 @dataclass(frozen=True)
@@ -43,36 +46,43 @@ class Launch:
     early_stop: bool = True
     max_retries: int = 2
     on_progress: Callable[[Progress], None] | None = None
+    on_trial_done: Callable[[optuna.Study], None] | None = None  # e.g. refresh the HTML report
 
 
-def _orphan_callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """Optuna calls this for a trial whose driver stopped beating: record it and run it again."""
+def _stale_ids(study: optuna.Study) -> set[int]:
+    """Trial ids whose heartbeat is older than the grace period (Optuna's own check on its table)."""
     storage = study._storage
-    storage.set_trial_user_attr(trial._trial_id, S.T_STATUS, "orphaned")
-    storage.set_trial_user_attr(trial._trial_id, S.T_REASON, "orphaned: its driver stopped while it ran")
-    requeue(study, trial)
+    check = getattr(storage, "_get_stale_trial_ids", None)  # RDBStorage; the public wrapper fails them too early
+    return set(check(study._study_id)) if check is not None else set()
 
 
 def recover_orphans(study: optuna.Study) -> list[int]:
     """Fail + re-enqueue RUNNING trials whose driver is dead: at once if it ran on this host and its
-    process is gone, else once its heartbeat is older than the grace period (Optuna's own check)."""
+    process is gone, else once its heartbeat is older than the grace period.
+
+    The status is written while the trial is still RUNNING (a finished trial cannot be updated),
+    then the state flips to FAIL; a trial some other process finished first is left alone.
+    """
     here = socket.gethostname()
     storage = study._storage
+    stale = _stale_ids(study)
     recovered = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         drv = t.user_attrs.get(S.T_DRIVER) or {}
-        if drv.get("host") == here and drv.get("pid") and not _alive(int(drv["pid"])):
-            try:
-                ok = storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-            except Exception:  # another process failed it first
-                ok = False
-            if ok:
-                _orphan_callback(study, storage.get_trial(t._trial_id))
-                recovered.append(t.number)
-    before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
-    optuna.storages.fail_stale_trials(study)
-    after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
-    recovered.extend(sorted(after - before))
+        local_dead = drv.get("host") == here and drv.get("pid") and not _alive(int(drv["pid"]))
+        unclaimed = not drv and t.datetime_start is not None and (
+            datetime.datetime.now() - t.datetime_start).total_seconds() > GRACE_S  # asked, never claimed
+        if not (local_dead or unclaimed or t._trial_id in stale):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, S.T_STATUS, "orphaned")
+            storage.set_trial_user_attr(t._trial_id, S.T_REASON, "orphaned: its driver stopped while it ran")
+            ok = storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            ok = False
+        if ok:
+            requeue(study, storage.get_trial(t._trial_id))
+            recovered.append(t.number)
     return recovered
 
 
@@ -108,12 +118,12 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
     S.make_sampler(sampler, seed, len(space.objectives))  # validate the name before touching the database
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    st = open_storage(url, stale_callback=_orphan_callback)
-    if name in study_names(st):
-        raise StudyError(f"study {name!r} already exists in {redact(url)}; continue it with `npas resume {name}` "
-                         f"or pick another --study name")
-    created = optuna.create_study(study_name=name, storage=st, directions=["minimize"] * len(space.objectives),
-                                  sampler=S.make_sampler(sampler, seed, len(space.objectives)))
+    st = open_storage(url)
+    try:
+        created = optuna.create_study(study_name=name, storage=st, directions=["minimize"] * len(space.objectives),
+                                      sampler=S.make_sampler(sampler, seed, len(space.objectives)))
+    except optuna.exceptions.DuplicatedStudyError:
+        return _join(name, st, url, space, trials, data, launch)
     created.set_metric_names(list(space.objectives))
     attrs = {
         S.S_VERSION: __version__, S.S_SPACE_TEXT: space.text, S.S_SPACE_HASH: space.hash,
@@ -132,6 +142,16 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     return created
 
 
+def _join(name: str, st, url: str, space: Space, trials: int, data: str | None, launch: Launch) -> optuna.Study:
+    """`npas search --study S` on an existing study: another driver joins it (PostgreSQL), or a
+    stopped one continues (SQLite), provided the space and its launch overrides are unchanged."""
+    existing = S.load(name, st, url)
+    if existing.user_attrs.get(S.S_SPACE_HASH) != space.hash:
+        raise StudyError(f"study {name!r} already exists in {redact(url)} with a different space, budget or data; "
+                         f"pick another --study name, or `npas resume {name}` to continue it as it was")
+    return resume(name, trials=trials, storage=url, data=data, launch=launch)
+
+
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
            allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None) -> optuna.Study:
     """Continue a study from the database alone: recover orphans, then run to the target total."""
@@ -142,7 +162,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     url = resolve_url(storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
-    st = open_storage(url, stale_callback=_orphan_callback)
+    st = open_storage(url)
     peek = S.load(name, st, url)
     ua = peek.user_attrs
     text = ua[S.S_SPACE_TEXT]
@@ -185,7 +205,8 @@ def _run(study: optuna.Study, space: Space, recipe: dict, corpus, target: int, u
                "fingerprint": corpus.fingerprint}
     if launch.ray_address is None and payload["source"] is not None:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
-    searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress)
+    searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,
+                            on_trial_done=launch.on_trial_done)
     try:
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=int(recipe["steps"]),
                               eval_every=int(recipe["eval_every"]), corpus_payload=payload, workers=launch.workers,

@@ -71,7 +71,8 @@ class NpasSearcher(Searcher):
     """Optuna ask/tell behind Ray Tune's Searcher protocol (suggest / on_trial_result / complete)."""
 
     def __init__(self, study: optuna.Study, space: Space, recipe: dict, fingerprint: str, target: int,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None,
+                 on_trial_done: Callable[[optuna.Study], None] | None = None) -> None:
         super().__init__(metric="val_loss", mode="min")
         self.study, self.space, self.recipe, self.fingerprint = study, space, recipe, fingerprint
         self.target = target
@@ -80,8 +81,10 @@ class NpasSearcher(Searcher):
         self.curves: dict[str, list[list[float]]] = {}
         self.accounting: dict[str, dict] = {}
         self.errors: dict[str, str] = {}  # filled by the runner's Tune callback
+        self.retries: dict[str, int] = {}  # restarts after a worker or node died (Tune FailureConfig)
         self.progress = Progress(target=target)
         self.on_progress = on_progress
+        self.on_trial_done = on_trial_done
         self.error: str | None = None  # set when the search must stop (space exhausted)
         self.baselines = space.baselines()
         self._skipped = 0
@@ -131,6 +134,9 @@ class NpasSearcher(Searcher):
             if self.error is not None or self._counted() >= self.target:
                 return Searcher.FINISHED
             trial = self.study.ask()
+            # claim it at once: a driver killed from here on leaves a trial that resume can attribute
+            trial.set_user_attr(S.T_DRIVER, driver_id())
+            self.study._storage.record_heartbeat(trial._trial_id)
             if self._counted(before=trial.number) >= self.target:  # another driver got there first
                 self._tell_skip(trial, "surplus", "the study reached its target while this trial was asked")
                 return Searcher.FINISHED
@@ -138,7 +144,6 @@ class NpasSearcher(Searcher):
             if config is not None:
                 with self._lock:
                     self.live[trial_id] = trial
-                self.study._storage.record_heartbeat(trial._trial_id)
                 self.progress.running += 1
                 self._emit()
                 return config
@@ -161,7 +166,7 @@ class NpasSearcher(Searcher):
         acc = count(cfg, batch_size=self.recipe["batch_size"], seq_len=self.recipe["seq_len"])
         key = S.trial_key(cfg, self.recipe, self.fingerprint)
         for attr, value in ((S.T_ALLOC, cfg.to_dict()), (S.T_HASH, cfg.hash), (S.T_ACCOUNTING, acc.to_dict()),
-                            (S.T_KEY, key), (S.T_FILL, round(cand.fill, 6)), (S.T_DRIVER, driver_id()),
+                            (S.T_KEY, key), (S.T_FILL, round(cand.fill, 6)),
                             (S.T_MAX_FIDELITY, self.recipe["steps"])):
             trial.set_user_attr(attr, value)
         trial.set_constraint(S.C_BUDGET, float(acc.stored_params - self.space.budget_params))
@@ -175,8 +180,9 @@ class NpasSearcher(Searcher):
         self.accounting[str(trial.number)] = acc.to_dict()
         return {"allocation": cfg.to_dict(), "recipe": self.recipe, "number": trial.number}
 
-    def _same_key(self, key: str, number: int) -> int | None:
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+    def _same_key(self, key: str | None, number: int,
+                  states: tuple[TrialState, ...] = (TrialState.COMPLETE, TrialState.RUNNING)) -> int | None:
+        for t in self.study.get_trials(deepcopy=False, states=states):
             if t.number != number and t.user_attrs.get(S.T_KEY) == key:
                 return t.number
         return None
@@ -199,11 +205,18 @@ class NpasSearcher(Searcher):
         self.progress.running -= 1
         curve = self.curves.pop(trial_id, [])
         trial.set_user_attr(S.T_CURVE, curve)
+        if trial_id in self.retries:
+            trial.set_user_attr(S.T_RETRIES, self.retries.pop(trial_id))
         if error or not result:
             self._fail(trial, self.errors.get(trial_id, "worker error: the trial raised or its worker died"))
         else:
             self._finish(trial, result, curve)
         self._emit(refresh_front=True)
+        if self.on_trial_done is not None:
+            try:
+                self.on_trial_done(self.study)
+            except Exception as e:  # a report that fails to render must never stop a search
+                log.warning("trial-done hook failed: %s", e)
 
     def _fail(self, trial: optuna.Trial, reason: str) -> None:
         self.progress.failed += 1
@@ -225,7 +238,16 @@ class NpasSearcher(Searcher):
             return
         if proxy is not None:
             trial.set_user_attr(S.T_PROXY, proxy)
+            trial.set_user_attr(S.T_NODE, result.get("node"))
+            if proxy.get("curve"):  # the worker's own record includes the last evaluation
+                trial.set_user_attr(S.T_CURVE, proxy["curve"])
             steps = int(proxy.get("steps_done", steps))
+        twin = self._same_key(trial.user_attrs.get(S.T_KEY), trial.number, states=(TrialState.COMPLETE,))
+        if twin is not None:  # another driver ran the same candidate concurrently: keep one result
+            self.progress.duplicates += 1
+            trial.set_user_attr("same_as", twin)
+            self._tell_skip(trial, "duplicate", f"ran concurrently with trial {twin}, whose result is kept")
+            return
         full = steps >= max_steps
         trial.set_user_attr(S.T_FIDELITY, steps)
         trial.set_user_attr(S.T_STATUS, "ok" if full else "stopped")

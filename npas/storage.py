@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -66,9 +65,7 @@ def _check(url: str) -> sqlalchemy.engine.URL:
     return parsed
 
 
-def open_storage(url: str | None = None,
-                 stale_callback: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
-                 ) -> optuna.storages.RDBStorage:
+def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
     """Optuna's RDBStorage for `url`; cached, so each process holds one engine per database."""
     raw = resolve_url(url)
     if raw in _CACHE:
@@ -80,9 +77,7 @@ def open_storage(url: str | None = None,
         engine_kwargs["connect_args"] = {"timeout": 60}  # wait for the lock rather than fail at once
     try:
         storage = optuna.storages.RDBStorage(
-            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=stale_callback,
-        )
+            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
     except Exception as e:  # sqlalchemy OperationalError, psycopg errors, alembic errors ...
         reason = " ".join(str(getattr(e, "orig", None) or e).split())
         reason = reason.replace(parsed.password or "\0", "***") if parsed.password else reason

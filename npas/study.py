@@ -36,7 +36,8 @@ T_REASON = "failure_reason"
 T_BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
 T_KNOBS, T_ALLOC, T_HASH, T_ACCOUNTING = "knobs", "allocation", "allocation_hash", "accounting"
 T_PROXY, T_FIDELITY, T_MAX_FIDELITY, T_CURVE = "proxy", "fidelity", "max_fidelity", "curve"
-T_KEY, T_FILL, T_DRIVER, T_RETRY_OF = "trial_key", "budget_fill", "driver", "retry_of"
+T_KEY, T_FILL, T_DRIVER, T_RETRY_OF, T_NODE = "trial_key", "budget_fill", "driver", "retry_of", "ray_node"
+T_RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
 C_BUDGET, C_FIDELITY = "budget", "fidelity"
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")

@@ -42,6 +42,7 @@ def test_bundled_corpus_shape_and_fingerprint():
     assert len(c.fingerprint) == 16 and int(c.fingerprint, 16) >= 0
     assert c.source == "bundled:shakespeare"
     assert load_corpus() is c  # cached in-process: many tests and trials load it
+    assert load_corpus(c.source) is c
     assert load_corpus(val_fraction=0.2) is not c
 
 
@@ -134,7 +135,8 @@ def test_load_text_file_directory_and_gzip(tmp_path):
     write(d, "1.txt", "hello\n" * 100)
     write(d, "ignored.md", "###")
     cd = load_corpus(d)
-    assert cd.n_chars == 1200 and "#" not in cd.tokenizer.chars and "2 files" in cd.source
+    assert cd.n_chars == 1200 and "#" not in cd.tokenizer.chars and cd.source == str(d)
+    assert load_corpus(cd.source).fingerprint == cd.fingerprint  # a source string reloads its corpus
     # sorted by name: 1.txt comes first, so the first chunk (train) starts with hello
     assert cd.tokenizer.decode(cd.train[:5]) == "hello"
     gz = write(tmp_path, "c.txt.gz", gzip.compress(TEXT.encode()))

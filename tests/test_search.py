@@ -163,3 +163,13 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_pa
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.db").exists() or args[0] == "front"
+
+
+def test_cli_search_refreshes_the_dashboard_and_prints_the_front(tmp_path):
+    url = f"sqlite:///{tmp_path}/d.db"
+    out = npas_cli("search", str(TINY), "--recipe", FAST, "--trials", "2", "--study", "dash", "--storage", url,
+                   "--dashboard", str(tmp_path / "report"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Pareto front of study dash" in out.stdout
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "dash" in page and "<img" in page

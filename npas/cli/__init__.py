@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except NpasError as e:
         print(f"npas {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"npas {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -59,13 +59,35 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2, help="concurrent trials")
     p.add_argument("--gpus-per-trial", type=float, default=0.0)
     p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no ASHA)")
+    p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
+                   help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 
 
 def _launch(args: argparse.Namespace):
     from npas.search import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
-                  early_stop=not args.no_early_stop, on_progress=_progress_printer())
+                  early_stop=not args.no_early_stop, on_progress=_progress_printer(),
+                  on_trial_done=_report_writer(args.dashboard))
+
+
+def _report_dir(study, where: str) -> Path:
+    return Path(where) if where else Path("dashboards") / study.study_name
+
+
+def _report_writer(where: str | None):
+    if where is None:
+        return None
+    from npas.dashboard import write_report
+
+    return lambda study: write_report(study, _report_dir(study, where))
+
+
+def _final_report(study, args: argparse.Namespace) -> None:
+    if args.dashboard is not None:
+        from npas.dashboard import write_report
+
+        print(f"report: {write_report(study, _report_dir(study, args.dashboard))}")
 
 
 def _progress_printer():
@@ -113,6 +135,7 @@ def run_search(args: argparse.Namespace) -> int:
                    data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
     print(file=sys.stderr)
     _print_front(study)
+    _final_report(study, args)
     print(f"study {study.study_name} in {redact(resolve_url(args.storage))}; "
           f"export with: npas export {study.study_name} --out best.yaml")
     return 0
@@ -126,6 +149,7 @@ def run_resume(args: argparse.Namespace) -> int:
                    allow_space_change=args.allow_space_change, data=args.data, launch=_launch(args))
     print(file=sys.stderr)
     _print_front(study)
+    _final_report(study, args)
     return 0
 
 

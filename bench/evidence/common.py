@@ -1,0 +1,467 @@
+"""Shared plumbing of the evidence scripts: chassis and recipes, budget fitting, a 2-process training
+pool, seed statistics, tables, JSON and figures.
+
+Every script in this folder trains small decoder-only LMs on the bundled Shakespeare corpus
+(character level, 68 symbols) with ``npas.run_proxy`` and compares allocations at a matched stored
+parameter count. Seeds are the recipe seed: it sets the initialisation, the batch order and the
+(fixed) validation batches, so configurations that share a seed are scored on the same text and
+their difference is a *paired* comparison. Tables report mean +- sample std over seeds and the
+paired difference against the comparison's reference row.
+
+    --quick        tiny chassis, ~1 minute, 1 seed, output to a temp dir (a smoke test)
+    (default)      the report's setting: d_model 64, 8 layers, 3 seeds, output to
+                   bench/evidence/results/*.json and docs/figures/*.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import npas
+from npas.config import ArchConfig, Chassis
+from npas.recipe import Recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench" / "evidence" / "results"
+FIG_DIR = ROOT / "docs" / "figures"
+VOCAB = 68  # distinct characters of the bundled corpus
+
+# The report's chassis: big enough for depth/width allocation to matter (8 layers), small enough for
+# ~100 proxy runs on 2 shared CPU cores inside the time box. Quick mode is a smoke test only.
+FULL_CHASSIS = Chassis(vocab_size=VOCAB, context=64, d_model=64, n_layers=8, n_heads=4, d_ff=256)
+QUICK_CHASSIS = Chassis(vocab_size=VOCAB, context=32, d_model=32, n_layers=4, n_heads=4, d_ff=128)
+
+# 200 steps x 768 tokens: what ~100 runs on 2 shared cores allow (~35 s a run when the machine is busy).
+FULL_RECIPE = Recipe(name="evidence", seq_len=64, batch_size=12, steps=200, lr=1e-2, min_lr=1e-3, warmup_steps=20,
+                     eval_every=100, eval_batches=12, threads=1)
+QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
+                      warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
+
+
+@dataclass
+class Setup:
+    """What one script run uses: chassis, recipe, seeds, workers and where outputs go."""
+
+    name: str
+    quick: bool
+    chassis: Chassis
+    recipe: Recipe
+    seeds: tuple[int, ...]
+    workers: int
+    out_dir: Path
+    fig_dir: Path
+    t0: float = field(default_factory=time.perf_counter)
+
+    def recipe_for(self, seed: int, **changes: Any) -> Recipe:
+        return Recipe.from_dict({**self.recipe.to_dict(), "seed": seed, **changes})
+
+    def describe(self) -> str:
+        c, r = self.chassis, self.recipe
+        return (f"[{self.name}] mode={'quick' if self.quick else 'full'} chassis: d_model={c.d_model} "
+                f"n_layers={c.n_layers} n_heads={c.n_heads} d_ff={c.d_ff} context={c.context} "
+                f"vocab={c.vocab_size} (reference {npas.count(npas.reference_config(c)).stored_params:,} params) | "
+                f"recipe: {r.steps} steps x {r.batch_size}x{r.seq_len} tokens, lr {r.lr:g}->{r.min_lr:g}, "
+                f"eval {r.eval_batches} batches | seeds {list(self.seeds)} | workers {self.workers}")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def arg_parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny chassis and recipe, 1 seed: a 1-3 minute smoke run")
+    p.add_argument("--seeds", type=int, default=None, help="number of recipe seeds (default: 1 quick, 3 full)")
+    p.add_argument("--steps", type=int, default=None, help="override the recipe's optimizer steps")
+    p.add_argument("--workers", type=int, default=2, help="training processes in parallel (1 thread each)")
+    p.add_argument("--out", type=Path, default=None, help="folder for the JSON (default: results/ or a temp dir)")
+    p.add_argument("--fig-dir", type=Path, default=None, help="folder for the PNG (default: docs/figures or --out)")
+    return p
+
+
+def setup_from(args: argparse.Namespace, name: str) -> Setup:
+    quick = bool(args.quick)
+    recipe = QUICK_RECIPE if quick else FULL_RECIPE
+    if args.steps:
+        recipe = recipe.with_steps(args.steps)
+        recipe = Recipe.from_dict({**recipe.to_dict(), "eval_every": max(1, args.steps // 2)})
+    n_seeds = args.seeds or (1 if quick else 3)
+    if quick:
+        out = args.out or Path(tempfile.gettempdir()) / "npas-evidence-quick"
+        figs = args.fig_dir or out
+    else:
+        out = args.out or RESULTS_DIR
+        figs = args.fig_dir or (args.out if args.out else FIG_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    figs.mkdir(parents=True, exist_ok=True)
+    s = Setup(name=name, quick=quick, chassis=QUICK_CHASSIS if quick else FULL_CHASSIS, recipe=recipe,
+              seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs)
+    print(s.describe(), flush=True)
+    return s
+
+
+# ---- fitting allocations to a budget ---------------------------------------------------------
+def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templates: int = 64):
+    """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
+    from npas.space import parse_space
+
+    text = yaml.safe_dump({"name": "evidence", "chassis": asdict(chassis), "budget": budget,
+                           "fit": {"width": width_fit, "max_width_scale": 4.0, "max_templates": max_templates},
+                           "knobs": {}}, sort_keys=False)
+    return parse_space(text, "<evidence>")
+
+
+def fit(chassis: Chassis, budget: str, *, width_fit: str = "all", **knobs: Any):
+    """Fit an allocation with these knob values to `budget`; raise if nothing fits."""
+    space = space_for(chassis, budget, width_fit)
+    values = {**asdict(chassis), "taper": "uniform", "tying": "none", "pools": False, "width_fit": width_fit,
+              **knobs}
+    cand = space.candidate(values)
+    if not cand.feasible:
+        raise SystemExit(f"{knobs} does not fit {budget}: {cand.reason}")
+    return cand
+
+
+def accounting_row(name: str, cfg: ArchConfig, ref: ArchConfig, budget: int | None = None, step: int = 0,
+                   recipe: Recipe | None = None) -> dict[str, Any]:
+    """The analytic costs of an allocation next to the reference's: what every comparison must hold equal."""
+    acc = npas.count(cfg, batch_size=recipe.batch_size if recipe else 1, seq_len=recipe.seq_len if recipe else None)
+    racc = npas.count(ref)
+    flops = npas.count(cfg).flops_per_token
+    return {
+        "name": name, "summary": cfg.summary(), "stored_params": acc.stored_params,
+        "budget": budget, "gap": None if budget is None else budget - acc.stored_params, "fit_step": step,
+        "flops_per_token": flops, "flops_ratio": flops / racc.flops_per_token,
+        "generation_flops_per_step": acc.generation_flops_per_step,
+        "mlp_widths": list(cfg.mlp_widths), "d_model": cfg.chassis.d_model, "n_layers": cfg.chassis.n_layers,
+        "unique_blocks": cfg.n_blocks, "hash": cfg.hash, "config": cfg.to_dict(),
+    }
+
+
+def print_accounting(rows: Sequence[dict[str, Any]]) -> None:
+    """Print the analytic check of each comparison: stored params, gap to budget, FLOPs ratio."""
+    headers = ["config", "stored params", "budget", "gap", "fit step", "FLOPs/token", "xref", "allocation"]
+    table = [[r["name"], f"{r['stored_params']:,}", "-" if r["budget"] is None else f"{r['budget']:,}",
+              "-" if r["gap"] is None else f"{r['gap']:,}", f"{r['fit_step']:,}" if r["fit_step"] else "-", f"{r['flops_per_token']:,}",
+              f"{r['flops_ratio']:.3f}", r["summary"]] for r in rows]
+    print("accounting (npas.count, analytic):")
+    print(format_table(headers, table), flush=True)
+
+
+# ---- the training pool -------------------------------------------------------------------------
+_CORPUS = None
+
+
+def _corpus():
+    global _CORPUS
+    if _CORPUS is None:
+        _CORPUS = npas.load_corpus(None)
+    return _CORPUS
+
+
+def train_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One proxy run in a worker process: returns the job's identity plus its measured metrics."""
+    from npas.proxy import run_proxy
+
+    cfg = ArchConfig.from_dict(job["config"])
+    recipe = Recipe.from_dict(job["recipe"])
+    res = run_proxy(cfg, recipe, _corpus(), device="cpu")
+    return {"name": job["name"], "seed": recipe.seed, "status": res.status, "val_loss": res.val_loss,
+            "train_loss": res.train_loss, "steps_done": res.steps_done, "wall_s": round(res.wall_s, 2),
+            "tokens": res.steps_done * recipe.tokens_per_step, "stored_params": res.stored_params,
+            "flops_per_token": res.flops_per_token, "tokens_per_s": round(res.tokens_per_s, 1),
+            "curve": [list(p) for p in res.curve], "recipe": recipe.name, "failure_reason": res.failure_reason}
+
+
+def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
+    """Every config x every seed, seed-major so a cut-short run still has whole seeds."""
+    base = recipe or setup.recipe
+    return [{"name": name, "config": cfg.to_dict(),
+             "recipe": {**base.to_dict(), "seed": seed}} for seed in setup.seeds for name, cfg in configs.items()]
+
+
+def run_jobs(jobs: list[dict[str, Any]], workers: int) -> list[dict[str, Any]]:
+    """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order."""
+    t0 = time.perf_counter()
+    out: list[dict[str, Any] | None] = [None] * len(jobs)
+    if workers <= 1:
+        for i, job in enumerate(jobs):
+            out[i] = train_job(job)
+            _progress(i + 1, len(jobs), out[i], t0)
+        return [r for r in out if r is not None]
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(train_job, job): i for i, job in enumerate(jobs)}
+        for n, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            out[i] = fut.result()
+            _progress(n, len(jobs), out[i], t0)
+    return [r for r in out if r is not None]
+
+
+def _progress(n: int, total: int, r: dict[str, Any], t0: float) -> None:
+    loss = "failed" if r["val_loss"] is None else f"{r['val_loss']:.4f}"
+    print(f"  [{n}/{total}] {r['name']} seed {r['seed']}: val_loss {loss}  ({r['wall_s']:.0f} s, "
+          f"elapsed {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else math.nan)
+
+
+def by_name(results: Iterable[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """name -> seed -> val_loss."""
+    out: dict[str, dict[int, float]] = {}
+    for r in results:
+        if r["val_loss"] is not None:
+            out.setdefault(r["name"], {})[r["seed"]] = r["val_loss"]
+    return out
+
+
+def summarize(results: list[dict[str, Any]], names: Sequence[str], ref: str | None) -> list[dict[str, Any]]:
+    """Per config: mean/std of val loss over seeds, and the paired (same-seed) difference to `ref`."""
+    losses = by_name(results)
+    walls: dict[str, list[float]] = {}
+    for r in results:
+        walls.setdefault(r["name"], []).append(r["wall_s"])
+    rows = []
+    for name in names:
+        per_seed = losses.get(name, {})
+        m, s = mean_std(list(per_seed.values()))
+        row = {"name": name, "mean": m, "std": s, "n": len(per_seed), "per_seed": per_seed,
+               "wall_s": statistics.fmean(walls.get(name, [math.nan]))}
+        if ref is not None and ref in losses:
+            diffs = [per_seed[k] - losses[ref][k] for k in per_seed if k in losses[ref]]
+            row["delta_mean"], row["delta_std"] = mean_std(diffs)
+            row["wins"] = sum(d < 0 for d in diffs)
+        rows.append(row)
+    return rows
+
+
+def fmt_pm(m: float, s: float, digits: int = 4) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if not math.isnan(s) else f"{m:.{digits}f} ± -"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], ref: str | None,
+                 extra: dict[str, dict[str, str]] | None = None) -> str:
+    """The main table: config, stored params, FLOPs ratio, val loss mean +- std, paired delta to ref."""
+    extra = extra or {}
+    extra_cols = sorted({k for v in extra.values() for k in v})
+    headers = ["config", *extra_cols, "stored params", "FLOPs xref", "val loss (nats)", f"Δ vs {ref or '-'}",
+               "wins", "seeds", "s/run"]
+    rows = []
+    for r in summary:
+        a = acc.get(r["name"], {})
+        delta = fmt_pm(r.get("delta_mean", math.nan), r.get("delta_std", math.nan)) if ref and r["name"] != ref \
+            else "-"
+        wins = f"{r.get('wins', 0)}/{r['n']}" if ref and r["name"] != ref and "wins" in r else "-"
+        rows.append([r["name"], *(extra.get(r["name"], {}).get(k, "") for k in extra_cols),
+                     f"{a.get('stored_params', 0):,}", f"{a.get('flops_ratio', math.nan):.3f}",
+                     fmt_pm(r["mean"], r["std"]), delta, wins, r["n"], f"{r['wall_s']:.0f}"])
+    return format_table(headers, rows)
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b between two rankings (ties handled as in scipy.stats.kendalltau)."""
+    n = len(x)
+    if n != len(y) or n < 2:
+        return math.nan
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denom = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+    return (concordant - discordant) / denom if denom else math.nan
+
+
+def hypervolume_2d(points: Iterable[tuple[float, float]], ref: tuple[float, float]) -> float:
+    """Area dominated by `points` (both objectives minimised) and bounded by `ref`."""
+    pts = sorted((a, b) for a, b in points if a < ref[0] and b < ref[1])
+    area, best_b = 0.0, ref[1]
+    for a, b in pts:
+        if b < best_b:
+            area += (ref[0] - a) * (best_b - b)
+            best_b = b
+    return area
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+def save_json(setup: Setup, payload: dict[str, Any]) -> Path:
+    path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
+    payload = {"experiment": setup.name, "quick": setup.quick, "chassis": asdict(setup.chassis),
+               "recipe": setup.recipe.to_dict(), "seeds": list(setup.seeds), "wall_s": round(setup.elapsed(), 1),
+               "cpu_count": os.cpu_count(), **payload}
+    path.write_text(json.dumps(_clean(payload), indent=1, default=str, allow_nan=False))
+    print(f"wrote {path}")
+    return path
+
+
+def _clean(o: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null, tuples lists, keys strings."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    return o
+
+
+def figure_path(setup: Setup) -> Path:
+    return setup.fig_dir / f"{setup.name}{'_quick' if setup.quick else ''}.png"
+
+
+def save_figure(setup: Setup, fig) -> Path:
+    path = figure_path(setup)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+    return path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def finish(setup: Setup) -> None:
+    print(f"wall: {setup.elapsed():.1f} s ({setup.name}, {'quick' if setup.quick else 'full'})", flush=True)
+
+
+# ---- searches (experiments 5 and 6) ----------------------------------------------------------------
+def search_space(setup: Setup, file_chassis: bool = False):
+    """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
+    chassis so a 16-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
+    from npas.space import parse_space
+
+    path = ROOT / "search_spaces" / "full.yaml"
+    data = yaml.safe_load(path.read_text())
+    if not file_chassis:
+        data["chassis"] = asdict(setup.chassis)
+    L = int(data["chassis"]["n_layers"])
+    ub = data["knobs"]["tying"].get("unique_blocks")
+    if isinstance(ub, dict) and ub.get("high", 0) > L:
+        data["knobs"]["tying"]["unique_blocks"] = {"low": min(int(ub["low"]), L), "high": L}
+    label = f"{path.relative_to(ROOT)}" + ("" if file_chassis else " (knobs and budget; evidence chassis)")
+    return parse_space(yaml.safe_dump(data, sort_keys=False), label)
+
+
+def search_recipe(setup: Setup) -> Recipe:
+    """The proxy of the searches: the experiments' recipe with 4 evaluations (the ASHA rungs)."""
+    r = setup.recipe
+    return Recipe.from_dict({**r.to_dict(), "name": f"{r.name}-search", "eval_every": max(1, r.steps // 4),
+                             "eval_batches": max(2, r.eval_batches * 2 // 3)})
+
+
+def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, workdir: Path | None = None,
+               seed: int = 0) -> dict[str, Any]:
+    """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    recipe = search_recipe(setup)
+    rpath = work / "recipe.yaml"
+    rpath.write_text(recipe.to_yaml())
+    url = f"sqlite:///{work / 'study.db'}"
+    name = f"evidence-{tag}-{int(time.time())}"
+    t0 = time.perf_counter()
+    npas.search(space, trials=trials, study=name, storage=url, recipe=str(rpath), seed=seed,
+                launch=_launch(setup.workers, early_stop))
+    wall = time.perf_counter() - t0
+    return {"storage": url, "study": name, "wall_s": round(wall, 1), "trials": trials, "early_stop": early_stop,
+            "recipe": recipe.to_dict(), "space": space.source, "seed": seed, "workdir": str(work)}
+
+
+def _launch(workers: int, early_stop: bool):
+    from npas.search import Launch
+
+    return Launch(workers=workers, early_stop=early_stop)
+
+
+def shutdown_ray() -> None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort: a report must not fail on cleanup
+        pass
+
+
+def load_study(info: dict[str, Any]):
+    import optuna
+
+    return optuna.load_study(study_name=info["study"], storage=info["storage"])
+
+
+def trial_rows(study) -> list[dict[str, Any]]:
+    """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
+    from optuna.trial import TrialState
+
+    from npas import study as S
+
+    tokens_per_step = int(study.user_attrs[S.S_RECIPE]["seq_len"]) * int(study.user_attrs[S.S_RECIPE]["batch_size"])
+    front = {t.number for t in S.front_trials(study)}
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        proxy = t.user_attrs.get(S.T_PROXY) or {}
+        status = S.status(t)
+        if t.state != TrialState.COMPLETE and status != "failed":
+            continue
+        steps = int(proxy.get("steps_done", t.user_attrs.get(S.T_FIDELITY, 0)) or 0)
+        alloc = t.user_attrs.get(S.T_ALLOC)
+        rows.append({
+            "number": t.number, "status": status, "baseline": t.user_attrs.get(S.T_BASELINE, ""),
+            "values": list(t.values) if t.values else None, "steps_done": steps,
+            "tokens": steps * tokens_per_step, "wall_s": proxy.get("wall_s"),
+            "full_fidelity": S.is_full_fidelity(t), "on_front": t.number in front,
+            "summary": ArchConfig.from_dict(alloc).summary() if alloc else "", "allocation": alloc,
+            "stored_params": (t.user_attrs.get(S.T_ACCOUNTING) or {}).get("stored_params"),
+            "knobs": t.user_attrs.get(S.T_KNOBS),
+        })
+    return rows

@@ -1,0 +1,100 @@
+"""Low budgets: Shapeshifter pools with learned template mixing vs hand-crafted sharing.
+
+    python bench/evidence/low_budget.py            # report: 0.1x, 0.25x, 0.5x of the 8-layer chassis, 3 seeds
+    python bench/evidence/low_budget.py --quick    # smoke run
+
+Claim (Shapeshifter Networks / NPAS, DESIGN §2): parameter pools fit any budget without changing
+the architecture, and at low budgets (<< reference) learned template mixing does better than
+hand-crafted sharing. Arms, each fitted to the budget by npas (`fit.width: all` for the width fits):
+  narrow_untied   every layer unique; d_model steps down by n_heads, then the MLP fills the budget
+  full_tying      one block reused by all L layers; the fit narrows or widens it to the budget
+  cycle_tying     U = L/2 blocks, ABAB; same fit
+  pools_tmix      the reference shape (d_model, L, d_ff unchanged); each slot type's weights of all
+                  L blocks come from one bank of T learned templates mixed per layer (T >= 2; below
+                  the room for 2 full templates the templates shorten and tile)
+
+Stored params match the budget to within each fit's step (printed). FLOPs per token do NOT match
+and cannot: the narrow model is narrower, tied models run L layers at the fitted width, pools run
+the full reference shape. The table prints each arm's FLOPs relative to the 1x reference.
+"""
+
+from __future__ import annotations
+
+import common
+
+BUDGETS = ("0.1x", "0.25x", "0.5x")
+REF = "narrow_untied"
+
+
+def arm_knobs(L: int) -> dict[str, dict]:
+    return {
+        "narrow_untied": {"tying": "none", "width_fit": "all"},
+        "full_tying": {"tying": "all", "width_fit": "all", "lora_rank": 0},
+        "cycle_tying": {"tying": "cycle", "unique_blocks": max(1, L // 2), "width_fit": "all", "lora_rank": 0},
+        "pools_tmix": {"tying": "none", "pools": True, "bank_rule": "by_type", "n_banks": 1,
+                       "generator": "template_mix", "templates": 2},
+    }
+
+
+def main() -> None:
+    args = common.arg_parser(__doc__).parse_args()
+    setup = common.setup_from(args, "low_budget")
+    ch = setup.chassis
+    ref = common.fit(ch, "1x", width_fit="mlp").config
+    configs, acc, arms = {}, {}, arm_knobs(ch.n_layers)
+    for budget in BUDGETS:
+        for arm, knobs in arms.items():
+            cand = common.fit(ch, budget, **knobs)
+            name = f"{budget} {arm}"
+            configs[name] = cand.config
+            acc[name] = common.accounting_row(name, cand.config, ref, cand.budget, cand.fit.step)
+            t = [b.templates for b in cand.config.banks]
+            acc[name]["templates"] = t[0] if t else None
+            acc[name]["bank_sizes"] = [b.size for b in cand.config.banks]
+    common.print_accounting(list(acc.values()))
+    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
+          f"Δ is the paired same-seed difference to {REF} at the same budget (negative = better)")
+    summaries, verdict = {}, {}
+    for budget in BUDGETS:
+        names = [f"{budget} {arm}" for arm in arms]
+        summ = common.summarize(results, names, f"{budget} {REF}")
+        summaries[budget] = summ
+        print(f"\nbudget {budget} ({acc[names[0]]['budget']:,} params):")
+        print(common.result_table(summ, acc, f"{budget} {REF}"))
+        best = min(summ, key=lambda r: r["mean"])["name"].split(" ", 1)[1]
+        verdict[budget] = best
+        print(f"best at {budget}: {best}")
+    wins = sum(v == "pools_tmix" for v in verdict.values())
+    print(f"\npools_tmix best at {wins}/{len(BUDGETS)} budgets; best arm per budget: {verdict}")
+    common.save_json(setup, {"accounting": acc, "results": results, "summary": summaries, "best": verdict})
+    plot(setup, summaries, acc, list(arms))
+    common.finish(setup)
+
+
+def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, dict], arms: list[str]) -> None:
+    plt = common.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = list(range(len(BUDGETS)))
+    for k, arm in enumerate(arms):
+        rows = [next(r for r in summaries[bud] if r["name"] == f"{bud} {arm}") for bud in BUDGETS]
+        a.errorbar([x + 0.05 * (k - 1.5) for x in xs], [r["mean"] for r in rows],
+                   yerr=[0 if r["std"] != r["std"] else r["std"] for r in rows], marker="o", capsize=3, label=arm)
+        b.plot([acc[r["name"]]["flops_ratio"] for r in rows], [r["mean"] for r in rows], marker="o", label=arm)
+        for r in rows:
+            b.annotate(r["name"].split(" ")[0], (acc[r["name"]]["flops_ratio"], r["mean"]), fontsize=6,
+                       xytext=(3, 3), textcoords="offset points")
+    a.set_xticks(xs, list(BUDGETS))
+    a.set_xlabel("stored-parameter budget (x reference)")
+    a.set_ylabel("val loss (nats/char)")
+    a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
+    a.legend(fontsize=8)
+    b.set_xlabel("FLOPs/token relative to the 1x reference")
+    b.set_ylabel("val loss (nats/char)")
+    b.set_title("same runs against per-token compute")
+    b.legend(fontsize=8)
+    common.save_figure(setup, fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Taper schedules at a fixed budget: front-heavy cosine vs uniform vs reverse vs hourglass.
+
+    python bench/evidence/taper.py            # report: d_model 64, 8 layers, 3 seeds
+    python bench/evidence/taper.py --quick    # smoke run
+
+Claim (Tapered LMs, DESIGN §2): at equal parameters and compute, a front-heavy cosine taper of the
+MLP width (1.5x -> 0.5x of d_ff, ratio 3) beats the uniform model, and the reverse taper hurts:
+loss(cosine) < loss(uniform) < loss(reverse). Hourglass (><former: wide ends, narrow middle) is
+the fourth arm.
+
+Every arm is fitted to the 1x budget with `fit.width: mlp` (only MLP widths scale, d_model fixed),
+so stored parameters match the reference to within one width step, and since per-token FLOPs are
+linear in the summed MLP width they match too (printed).
+"""
+
+from __future__ import annotations
+
+import common
+
+ARMS = {  # name -> knob values (ratio 3 = 1.5x -> 0.5x of d_ff, mean 1x)
+    "uniform": {"taper": "uniform"},
+    "cosine": {"taper": "cosine", "taper_ratio": 3.0},
+    "reverse": {"taper": "reverse", "taper_ratio": 3.0},
+    "hourglass": {"taper": "hourglass", "taper_ratio": 3.0},
+}
+REF = "uniform"
+
+
+def main() -> None:
+    args = common.arg_parser(__doc__).parse_args()
+    setup = common.setup_from(args, "taper")
+    ch = setup.chassis
+    ref = common.fit(ch, "1x", width_fit="mlp").config
+    configs, acc = {}, {}
+    for name, knobs in ARMS.items():
+        cand = common.fit(ch, "1x", width_fit="mlp", **knobs)
+        configs[name] = cand.config
+        acc[name] = common.accounting_row(name, cand.config, ref, cand.budget, cand.fit.step)
+    common.print_accounting(list(acc.values()))
+    for name, row in acc.items():
+        print(f"  {name:10s} MLP widths {row['mlp_widths']}")
+    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    summary = common.summarize(results, list(ARMS), REF)
+    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
+          f"Δ is the paired same-seed difference to {REF} (negative = better)")
+    print(common.result_table(summary, acc, REF))
+    means = {r["name"]: r["mean"] for r in summary}
+    order = " < ".join(sorted(means, key=means.get))
+    claim = means["cosine"] < means["uniform"] < means["reverse"]
+    print(f"ordering by mean loss: {order}")
+    print(f"claim cosine < uniform < reverse: {'REPRODUCED' if claim else 'NOT REPRODUCED'}")
+    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ordering": order,
+                             "claim_reproduced": claim})
+    plot(setup, summary, acc)
+    common.finish(setup)
+
+
+def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None:
+    plt = common.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, row in acc.items():
+        a.plot(range(len(row["mlp_widths"])), row["mlp_widths"], marker="o", label=name)
+    a.set_xlabel("layer")
+    a.set_ylabel("MLP width")
+    a.set_title(f"taper profiles (1x = {setup.chassis.d_ff}, equal stored params)")
+    a.legend()
+    names = [r["name"] for r in summary]
+    b.bar(names, [r["mean"] for r in summary], yerr=[0 if r["std"] != r["std"] else r["std"] for r in summary],
+          capsize=4, color=["C0", "C1", "C2", "C3"][: len(names)])
+    for r in summary:
+        for v in r["per_seed"].values():
+            b.plot(names.index(r["name"]), v, "k.", ms=4)
+    lo = min(v for r in summary for v in r["per_seed"].values())
+    hi = max(v for r in summary for v in r["per_seed"].values())
+    b.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
+    b.set_ylabel("val loss (nats/char)")
+    b.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+    common.save_figure(setup, fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Study dashboards: a static HTML report (`write_report`) and, optionally, live optuna-dashboard.
+
+`info` computes what each figure shows (pure, tested), `render` draws it with matplotlib (Agg),
+`report` assembles one self-contained HTML page with the figures embedded as base64 PNG.
+"""
+
+from __future__ import annotations
+
+from npas.dashboard.info import (
+    AllocationInfo,
+    CurvesInfo,
+    HypervolumeInfo,
+    ImportanceInfo,
+    ParetoInfo,
+    ReferenceMark,
+    SummaryInfo,
+    TaperInfo,
+    allocation_info,
+    curves_info,
+    hypervolume_info,
+    importance_info,
+    pareto_info,
+    summary_info,
+    taper_info,
+    trials_frame,
+)
+from npas.dashboard.report import report_html, write_report
+
+__all__ = [
+    "AllocationInfo",
+    "CurvesInfo",
+    "HypervolumeInfo",
+    "ImportanceInfo",
+    "ParetoInfo",
+    "ReferenceMark",
+    "SummaryInfo",
+    "TaperInfo",
+    "allocation_info",
+    "curves_info",
+    "hypervolume_info",
+    "importance_info",
+    "pareto_info",
+    "report_html",
+    "summary_info",
+    "taper_info",
+    "trials_frame",
+    "write_report",
+]

@@ -1,0 +1,391 @@
+"""What each dashboard figure shows, computed from a study and nothing else (Optuna's info/render split).
+
+Every function here is pure: it reads trials and study attributes and returns plain data, so the
+tests assert on numbers, not pixels. `render.py` draws these; `report.py` assembles the page.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from npas import study as S
+from npas.config import ArchConfig
+from npas.errors import NpasError
+
+log = logging.getLogger(__name__)
+
+IMPORTANCE_MIN_TRIALS = 8  # fewer full-fidelity trials than this: importance is noise, and costs time
+
+
+def metric_names(study: optuna.Study) -> list[str]:
+    names = study.metric_names or study.user_attrs.get(S.S_OBJECTIVES) or []
+    return [str(n) for n in names] or [f"objective {i}" for i in range(len(study.directions))]
+
+
+def label(t: FrozenTrial) -> str:
+    """`#3`, or `#0 narrow_untied` for a baseline: how every figure names a trial."""
+    base = t.user_attrs.get(S.T_BASELINE)
+    return f"#{t.number} {base}" if base else f"#{t.number}"
+
+
+def within_budget(t: FrozenTrial) -> bool:
+    return t.constraints.get(S.C_BUDGET, 0.0) <= 0.0
+
+
+def feasible(t: FrozenTrial) -> bool:
+    """Complete, full fidelity and within budget: what Optuna's constrained front is drawn from."""
+    return t.state == TrialState.COMPLETE and all(v <= 0.0 for v in t.constraints.values())
+
+
+# ---- the header ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SummaryInfo:
+    study_name: str
+    space_name: str
+    objectives: list[str]
+    budget_params: int | None
+    budget_spec: str | None
+    reference_params: int | None
+    n_trials: int
+    by_status: dict[str, int]  # npas status -> count, over every trial
+    n_complete: int
+    n_front: int
+    reasons: dict[str, int]  # failure reason -> count, for trials that never gave values
+
+    @property
+    def empty_note(self) -> str | None:
+        """A sentence for a study with nothing to plot yet, else None."""
+        if self.n_trials == 0:
+            return "This study has no trials yet."
+        if self.n_complete == 0:
+            return (f"None of the {self.n_trials} trial(s) has completed yet "
+                    f"({', '.join(f'{n} {s}' for s, n in sorted(self.by_status.items()))}).")
+        return None
+
+
+def summary_info(study: optuna.Study) -> SummaryInfo:
+    ua = study.user_attrs
+    trials = study.get_trials(deepcopy=False)
+    by_status: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for t in trials:
+        by_status[S.status(t)] = by_status.get(S.status(t), 0) + 1
+        if t.state == TrialState.FAIL:
+            why = str(t.user_attrs.get(S.T_REASON) or "no reason recorded").splitlines()[0][:160]
+            reasons[why] = reasons.get(why, 0) + 1
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    return SummaryInfo(
+        study_name=study.study_name, space_name=str(ua.get(S.S_SPACE_NAME, "?")), objectives=metric_names(study),
+        budget_params=ua.get(S.S_BUDGET), budget_spec=ua.get(S.S_BUDGET_SPEC), reference_params=ua.get(S.S_REFERENCE),
+        n_trials=len(trials), by_status=by_status, n_complete=len(complete),
+        n_front=len(S.front_trials(study)) if complete else 0, reasons=reasons,
+    )
+
+
+# ---- Pareto front --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParetoPoint:
+    number: int
+    values: tuple[float, ...]
+    label: str
+    baseline: str  # "" unless a hand-crafted baseline
+    on_front: bool
+    full_fidelity: bool  # False: stopped early by ASHA, values at a lower fidelity
+    within_budget: bool
+
+
+@dataclass(frozen=True)
+class ReferenceMark:
+    """The untied uniform 1x model of the space, costed analytically on objective `metric`."""
+
+    metric: str
+    value: float
+    params: int
+
+
+@dataclass(frozen=True)
+class ParetoInfo:
+    names: list[str]  # objective names; the figure plots names[0] (loss) against names[1]
+    points: list[ParetoPoint]
+    front: list[int]  # trial numbers on the front, by increasing objective 0
+    no_values: dict[str, int]  # status -> count of trials without values (infeasible, failed, ...)
+    budget_params: int | None
+    budget_spec: str | None
+    reference: ReferenceMark | None
+
+
+def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | None:
+    """The reference model's cost on the second objective, if the space and recipe say it."""
+    if len(names) < 2:
+        return None
+    from npas.budget import count
+    from npas.config import reference_config
+    from npas.space import parse_space
+
+    ua = study.user_attrs
+    try:
+        over = ua.get("overrides") or {}
+        space = parse_space(ua[S.S_SPACE_TEXT], str(ua.get(S.S_SPACE_SOURCE, study.study_name)))
+        space = space.bind(vocab_size=ua.get(S.S_VOCAB) or over.get("vocab_size"), budget=over.get("budget"))
+        rec = ua.get(S.S_RECIPE) or {}
+        acc = count(reference_config(space.reference_chassis, space.dtype),
+                    batch_size=int(rec.get("batch_size", 1)), seq_len=rec.get("seq_len"))
+    except (KeyError, TypeError, ValueError, NpasError) as e:
+        log.debug("no reference mark for %s: %s", study.study_name, e)
+        return None
+    value = acc.to_dict().get(names[1])
+    return None if value is None else ReferenceMark(names[1], float(value), acc.stored_params)
+
+
+def pareto_info(study: optuna.Study) -> ParetoInfo:
+    names = metric_names(study)
+    front = [t.number for t in S.front_trials(study)] if study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE,)) else []
+    on_front = set(front)
+    points, no_values = [], {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.COMPLETE and t.values is not None:
+            points.append(ParetoPoint(
+                number=t.number, values=tuple(float(v) for v in t.values), label=label(t),
+                baseline=str(t.user_attrs.get(S.T_BASELINE) or ""), on_front=t.number in on_front,
+                full_fidelity=S.is_full_fidelity(t), within_budget=within_budget(t)))
+        else:
+            no_values[S.status(t)] = no_values.get(S.status(t), 0) + 1
+    ua = study.user_attrs
+    return ParetoInfo(names=names, points=points, front=front, no_values=no_values,
+                      budget_params=ua.get(S.S_BUDGET), budget_spec=ua.get(S.S_BUDGET_SPEC),
+                      reference=reference_mark(study, names))
+
+
+# ---- hypervolume ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HypervolumeInfo:
+    names: list[str]  # objective names, for the reference point's units
+    trial_numbers: list[int]  # complete trials, in order
+    values: list[float]  # normalised hypervolume of the feasible trials up to each one, in [0, 1]
+    reference_point: list[float] | None  # worst x 1.1 over complete full-fidelity trials (raw units)
+    ideal_point: list[float] | None  # best over the same trials: normalisation maps [ideal, ref] -> [0, 1]
+    note: str | None = None
+
+
+def hypervolume_info(study: optuna.Study) -> HypervolumeInfo:
+    """Hypervolume after each complete trial, with Optuna's own exact algorithm (WFG).
+
+    Optuna 5 has no public hypervolume function; `optuna._hypervolume.compute_hypervolume` is the
+    one `optuna.visualization.plot_hypervolume_history` uses. Each objective is scaled so the best
+    value seen is 0 and the reference point (worst x 1.1) is 1: the result is the fraction of that
+    box the front dominates, comparable across studies of different scales.
+    """
+    from optuna._hypervolume import compute_hypervolume
+
+    names = metric_names(study)
+    complete = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    full = [t for t in complete if S.is_full_fidelity(t)]
+    if len(study.directions) < 2:
+        return HypervolumeInfo(names, [], [], None, None, "a single objective has no hypervolume; see the trials table")
+    if not full:
+        return HypervolumeInfo(names, [], [], None, None, "no complete full-fidelity trial yet")
+    signs = np.array([1.0 if d == optuna.study.StudyDirection.MINIMIZE else -1.0 for d in study.directions])
+    vals = np.array([t.values for t in full], dtype=float) * signs
+    worst, best = vals.max(axis=0), vals.min(axis=0)
+    ref = np.where(worst > 0, worst * 1.1, worst * 0.9)  # "x 1.1" away from the front, whatever the sign
+    span = np.where(ref - best > 0, ref - best, 1.0)
+    numbers, hv, kept = [], [], []
+    current = 0.0
+    for t in complete:
+        if feasible(t):
+            p = (np.asarray(t.values, dtype=float) * signs - best) / span
+            if (p < 1.0).all():
+                kept.append(p)
+                current = float(compute_hypervolume(np.array(kept), np.ones(len(p))))
+        numbers.append(t.number)
+        hv.append(current)
+    note = None if kept else "no feasible (within budget, full fidelity) trial yet"
+    return HypervolumeInfo(names, numbers, hv, [float(x) for x in ref * signs], [float(x) for x in best * signs], note)
+
+
+# ---- where the front puts its parameters ----------------------------------------------------
+@dataclass(frozen=True)
+class LayerCell:
+    stored: float  # this layer's share of stored parameters (accounting.layer_stored)
+    block: int  # tying group: layers with the same block share its weights
+    shared: bool  # the block serves more than one layer
+    banks: tuple[tuple[int, tuple[str, ...]], ...]  # (bank index, slots of this block in that bank)
+    lora_attn: int
+    lora_mlp: int
+    width: int  # MLP width of this layer
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    number: int
+    label: str
+    summary: str
+    cells: list[LayerCell]
+
+
+@dataclass(frozen=True)
+class AllocationInfo:
+    n_layers: int
+    rows: list[AllocationRow]  # one per front trial, by increasing objective 0
+    note: str | None = None
+
+
+def allocation_row(t: FrozenTrial) -> AllocationRow | None:
+    alloc, acc = t.user_attrs.get(S.T_ALLOC), t.user_attrs.get(S.T_ACCOUNTING) or {}
+    if not alloc:
+        return None
+    try:
+        cfg = ArchConfig.from_dict(alloc)
+    except NpasError as e:  # written by another npas version: leave the row out, keep the page
+        log.warning("trial %d: allocation not readable (%s); left out of the allocation map", t.number, e)
+        return None
+    stored = list(acc.get("layer_stored") or [math.nan] * cfg.chassis.n_layers)
+    banks_of_block: dict[int, dict[int, list[str]]] = {}
+    for k, bank in enumerate(cfg.banks):
+        for blk, slot in bank.members:
+            banks_of_block.setdefault(blk, {}).setdefault(k, []).append(slot)
+    cells = []
+    for i, b in enumerate(cfg.block_of_layer):
+        banks = tuple((k, tuple(slots)) for k, slots in sorted(banks_of_block.get(b, {}).items()))
+        cells.append(LayerCell(stored=float(stored[i]), block=b, shared=cfg.block_is_shared(b), banks=banks,
+                               lora_attn=cfg.lora_attn[i], lora_mlp=cfg.lora_mlp[i], width=cfg.mlp_widths[i]))
+    return AllocationRow(t.number, label(t), cfg.summary(), cells)
+
+
+def allocation_info(study: optuna.Study) -> AllocationInfo:
+    rows = [r for t in _front(study) if (r := allocation_row(t)) is not None]
+    if not rows:
+        return AllocationInfo(0, [], "no front yet: no complete full-fidelity trial within budget")
+    return AllocationInfo(max(len(r.cells) for r in rows), rows)
+
+
+# ---- MLP taper by depth ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaperInfo:
+    reference_width: int | None  # d_ff of the space's chassis: the uniform reference
+    lines: list[tuple[int, str, list[int]]]  # (trial number, label, MLP width per layer)
+    note: str | None = None
+
+
+def taper_info(study: optuna.Study) -> TaperInfo:
+    lines = [(t.number, label(t), list(t.user_attrs[S.T_ALLOC]["mlp_widths"]))
+             for t in _front(study) if t.user_attrs.get(S.T_ALLOC)]
+    ref = None
+    try:
+        from npas.space import parse_space
+
+        ref = parse_space(study.user_attrs[S.S_SPACE_TEXT]).reference_chassis.d_ff
+    except (KeyError, NpasError):  # not an npas space: fall back on any sampled trial's chassis
+        knobs = next((t.user_attrs[S.T_KNOBS] for t in study.get_trials(deepcopy=False)
+                      if isinstance(t.user_attrs.get(S.T_KNOBS), dict) and not t.user_attrs.get(S.T_BASELINE)), {})
+        ref = knobs.get("d_ff") if isinstance(knobs.get("d_ff"), int) else None
+    return TaperInfo(ref, lines, None if lines else "no front yet")
+
+
+# ---- learning curves -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvesInfo:
+    max_fidelity: int | None
+    curves: list[tuple[int, str, list[int], list[float]]]  # (trial number, label, steps, validation losses)
+    note: str | None = None
+
+
+def curves_info(study: optuna.Study) -> CurvesInfo:
+    curves, top = [], None
+    for t in _front(study):
+        pts = t.user_attrs.get(S.T_CURVE) or []
+        top = t.user_attrs.get(S.T_MAX_FIDELITY, top)
+        if pts:
+            curves.append((t.number, label(t), [int(s) for s, _ in pts], [float(v) for _, v in pts]))
+    note = None if curves else "no front trial has a recorded learning curve yet"
+    return CurvesInfo(top, curves, note)
+
+
+# ---- parameter importance ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImportanceInfo:
+    per_objective: list[tuple[str, dict[str, float]]]  # (objective, param -> importance), each may be {}
+    n_trials: int  # the full-fidelity searched trials the importances come from
+    notes: dict[str, str] = field(default_factory=dict)  # objective -> why it has no importances
+
+
+def importance_info(study: optuna.Study, min_trials: int = IMPORTANCE_MIN_TRIALS) -> ImportanceInfo:
+    """`optuna.importance.get_param_importances` per objective (PED-ANOVA, conditional-aware).
+
+    Baselines are enqueued with fixed values and no sampled params, and ASHA-stopped trials hold
+    values at a lower fidelity, so both would bias the estimate: importances are computed on a
+    throw-away in-memory study holding the complete full-fidelity searched trials only.
+    """
+    names = metric_names(study)
+    usable = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if S.is_full_fidelity(t) and t.params]
+    if len(usable) < min_trials:
+        why = f"needs at least {min_trials} complete full-fidelity searched trials, the study has {len(usable)}"
+        return ImportanceInfo([(n, {}) for n in names], len(usable), {n: why for n in names})
+    out, notes = [], {}
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created in memory" line per report
+    try:
+        scratch = optuna.create_study(directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    scratch.add_trials(usable)
+    for i, name in enumerate(names):
+        try:
+            with warnings.catch_warnings():  # "fewer than 2 trials in a regime": the note below says so
+                warnings.simplefilter("ignore")
+                imp = optuna.importance.get_param_importances(scratch, target=lambda t, i=i: t.values[i])
+        except (ValueError, RuntimeError, ZeroDivisionError) as e:
+            imp, notes[name] = {}, f"not computable: {e}"
+        if not imp and name not in notes:
+            notes[name] = "no parameter varies across these trials"
+        out.append((name, {k: float(v) for k, v in imp.items()}))
+    return ImportanceInfo(out, len(usable), notes)
+
+
+def _front(study: optuna.Study) -> list[FrozenTrial]:
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return []
+    return S.front_trials(study)
+
+
+# ---- the trials table ------------------------------------------------------------------------------
+def trials_frame(study: optuna.Study):
+    """Every trial as one row of a pandas DataFrame, raw numbers (the renderer formats them)."""
+    import pandas as pd
+
+    names = metric_names(study)
+    budget = study.user_attrs.get(S.S_BUDGET)
+    records = []
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        acc, alloc = ua.get(S.T_ACCOUNTING) or {}, ua.get(S.T_ALLOC)
+        rec: dict = {"trial": t.number, "state": t.state.name.lower(), "status": S.status(t)}
+        for i, n in enumerate(names):
+            rec[n] = t.values[i] if t.values is not None and i < len(t.values) else None
+        stored = acc.get("stored_params")
+        rec["stored_params"] = stored
+        if S.C_BUDGET in t.constraints:  # the constraint as told: stored - budget
+            rec["budget_margin"] = -t.constraints[S.C_BUDGET]
+        else:
+            rec["budget_margin"] = budget - stored if budget is not None and stored is not None else None
+        rec["fidelity"] = ua.get(S.T_FIDELITY)
+        rec["max_fidelity"] = ua.get(S.T_MAX_FIDELITY)
+        rec["baseline"] = ua.get(S.T_BASELINE) or ""
+        try:
+            rec["allocation"] = ArchConfig.from_dict(alloc).summary() if alloc else ""
+        except NpasError:
+            rec["allocation"] = "(unreadable allocation)"
+        rec["reason"] = ua.get(S.T_REASON) or ""
+        records.append(rec)
+    columns = ["trial", "state", "status", *names, "stored_params", "budget_margin", "fidelity", "max_fidelity",
+               "baseline", "allocation", "reason"]
+    return pd.DataFrame.from_records(records, columns=columns)

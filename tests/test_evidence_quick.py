@@ -1,0 +1,50 @@
+"""The evidence scripts run: taper and low_budget in --quick mode exit 0 and print their tables.
+
+Losses are not asserted (a 60-step smoke run ranks nothing); the analytic accounting is: every arm
+of a comparison prints the same stored-parameter count (taper) or one within the fit's step (low_budget).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+NUM = r"[\d,]+"
+LOSS = r"\d\.\d{4} ± (?:-|\d\.\d{4})"
+
+
+def _run(script: str, tmp_path) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / script), "--quick", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_taper_quick(tmp_path):
+    out = _run("taper.py", tmp_path)
+    for arm in ("uniform", "cosine", "reverse", "hourglass"):
+        # accounting row: every arm stores exactly the 1x reference's parameters, at 1.000x its FLOPs
+        assert re.search(rf"^{arm}\s+52,640\s+52,640\s+0\s+{NUM}\s+{NUM}\s+1\.000\s", out, re.M), out
+        assert re.search(rf"^{arm}\s+52,640\s+1\.000\s+{LOSS}", out, re.M), out
+    assert re.search(r"^claim cosine < uniform < reverse: (NOT )?REPRODUCED$", out, re.M)
+    assert (tmp_path / "taper_quick.json").is_file() and (tmp_path / "taper_quick.png").is_file()
+
+
+@pytest.mark.slow
+def test_low_budget_quick(tmp_path):
+    out = _run("low_budget.py", tmp_path)
+    for budget in ("0.1x", "0.25x", "0.5x"):
+        assert re.search(rf"^budget {re.escape(budget)} \({NUM} params\):$", out, re.M), out
+        for arm in ("narrow_untied", "full_tying", "cycle_tying", "pools_tmix"):
+            m = re.search(rf"^{re.escape(budget)} {arm}\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s", out, re.M)
+            assert m, f"no accounting row for {budget} {arm}:\n{out}"
+            stored, cap, gap, step = (int(g.replace(",", "")) for g in m.groups())
+            assert stored <= cap and gap == cap - stored and gap < max(step, 1), m.group(0)
+            assert re.search(rf"^{re.escape(budget)} {arm}\s+{NUM}\s+\d\.\d{{3}}\s+{LOSS}", out, re.M), out
+    assert re.search(r"^pools_tmix best at \d/3 budgets", out, re.M)
