@@ -13,7 +13,7 @@ i.e. 6N per token plus attention), and the ratio npas / hand-written. Targets: >
 machine drifts by more than the differences being measured; the verdict uses tokens per CPU second
 at one thread, which other load on the machine disturbs far less than wall-clock time.
 
-    python bench/proxy_efficiency.py            # ~3 minutes on an idle core
+    python bench/proxy_efficiency.py            # ~4 minutes of CPU at one thread
     python bench/proxy_efficiency.py --quick    # ~30 seconds, smaller model and fewer steps
 """
 
@@ -159,7 +159,7 @@ def main() -> None:
         steps, batch, reps = 60, 16, args.reps or 3
     else:
         c = Chassis(vocab_size=68, context=64, d_model=128, n_layers=4, n_heads=4, d_ff=512)
-        steps, batch, reps = 100, 32, args.reps or 4
+        steps, batch, reps = 60, 32, args.reps or 3
     recipe = Recipe(name="bench", seq_len=c.context, batch_size=batch, steps=steps, lr=3e-3, min_lr=3e-4,
                     warmup_steps=10, eval_every=steps, eval_batches=1, threads=args.threads)
     corpus = load_corpus()

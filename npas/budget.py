@@ -45,7 +45,7 @@ class Accounting:
     param_bytes: int  # stored_params x dtype size
     materialised_params: int  # weights the forward pass actually multiplies with (untied-equivalent)
     flops_per_token: int  # forward FLOPs per token: 2 x matmul MACs + causal attention + LM head
-    generation_flops_per_step: int  # template mixing, once per forward pass (not per token)
+    generation_flops_per_step: int  # template mixing and LoRA merges, once per forward pass (not per token)
     kv_cache_bytes_per_token: int  # K and V for every layer, at the parameter dtype
     inference_bytes: int  # params + KV cache for one full context at batch 1
     train_memory_bytes: int  # weights + grads + AdamW states + generated weights + activations
@@ -74,6 +74,19 @@ def _lora_params(cfg: ArchConfig, layer: int) -> int:
     if rm:
         total += rm * (d + w) * len(block_slots(cfg.chassis.activation)[2:])
     return total
+
+
+def _lora_merge(cfg: ArchConfig, layer: int) -> tuple[int, int]:
+    """(FLOPs, elements) of merging this layer's LoRA deltas into its weights, once per forward."""
+    d, w = cfg.chassis.d_model, cfg.mlp_widths[layer]
+    flops = elems = 0
+    for slot in block_slots(cfg.chassis.activation):
+        r = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
+        if r:
+            n = math.prod(slot_shape(slot, d, w))
+            flops += 2 * r * n
+            elems += n
+    return flops, elems
 
 
 def _bank_params(cfg: ArchConfig) -> list[int]:
@@ -129,7 +142,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
         lora += lp
         layer_stored[i] += lp
         used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots)
-        matmul_params += used + lp
+        matmul_params += used  # LoRA is merged into these weights per step, not run per token
         layer_mat.append(used + lp + 2 * d)
     stored = embedding + norms + block_direct + sum(bank_sizes) + lora
 
@@ -138,7 +151,10 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     gen_flops = sum(
         2 * len(b.members) * b.templates * b.size for b in cfg.banks if b.generator == "template_mix"
     )
-    generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks)  # materialised tensors per step
+    merges = [_lora_merge(cfg, i) for i in range(L)]
+    gen_flops += sum(f for f, _ in merges)
+    # tensors materialised per step besides the stored ones: bank outputs and merged LoRA weights
+    generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks) + sum(e for _, e in merges)
     kv = 2 * L * d * nbytes
     # activations saved for backward, fp32, per token: per layer ~ ln/qkv/attn-out/residuals (8d)
     # + MLP pre/post activation (2-3 widths) + LoRA intermediates; attention probs B*nh*T*T on CPU

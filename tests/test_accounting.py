@@ -97,3 +97,15 @@ def test_kv_cache_and_flops_scale_with_depth():
     head = 2 * 20 * 16
     assert b.flops_per_token - head == 2 * (a.flops_per_token - head)
     assert torch.is_tensor(torch.zeros(1))  # torch imports alongside accounting without building anything
+
+
+def test_lora_is_merged_per_step_so_per_token_flops_match_the_untied_model():
+    ch = Chassis(vocab_size=20, context=16, d_model=16, n_layers=4, n_heads=2, d_ff=32)
+    relaxed = ArchConfig(chassis=ch, mlp_widths=(32,) * 4, block_of_layer=(0, 1, 0, 1), lora_attn=(4,) * 4,
+                         lora_mlp=(0, 2, 0, 2))
+    ref, acc = count(reference_config(ch)), count(relaxed)
+    assert acc.flops_per_token == ref.flops_per_token
+    per_layer_attn = 2 * 4 * (3 * 16 * 16 + 16 * 16)
+    per_layer_mlp = 2 * 2 * (32 * 16 + 16 * 32)
+    assert acc.generation_flops_per_step == 4 * per_layer_attn + 2 * per_layer_mlp
+    assert acc.lora_params == 4 * 4 * (16 + 48 + 16 + 16) + 2 * 2 * 2 * (16 + 32)

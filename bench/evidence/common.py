@@ -116,12 +116,16 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
 
 
 # ---- fitting allocations to a budget ---------------------------------------------------------
+MAX_WIDTH_SCALE = 8.0  # full.yaml uses 4; full tying at 0.5x needs ~5.4x the MLP width to fill its budget
+
+
 def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templates: int = 64):
     """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
     from npas.space import parse_space
 
     text = yaml.safe_dump({"name": "evidence", "chassis": asdict(chassis), "budget": budget,
-                           "fit": {"width": width_fit, "max_width_scale": 4.0, "max_templates": max_templates},
+                           "fit": {"width": width_fit, "max_width_scale": MAX_WIDTH_SCALE,
+                                   "max_templates": max_templates},
                            "knobs": {}}, sort_keys=False)
     return parse_space(text, "<evidence>")
 
@@ -135,6 +139,23 @@ def fit(chassis: Chassis, budget: str, *, width_fit: str = "all", **knobs: Any):
     if not cand.feasible:
         raise SystemExit(f"{knobs} does not fit {budget}: {cand.reason}")
     return cand
+
+
+POOL_KNOBS = {"tying": "none", "pools": True, "bank_rule": "by_type", "n_banks": 1, "generator": "template_mix"}
+
+
+def fit_pools(chassis: Chassis, budget: str, tolerance: float = 0.02):
+    """template_mix pools (one bank per slot type over all blocks) filling `budget`.
+
+    npas solves T, the template count, and a template costs one block's worth of every slot, so T
+    full-length templates can leave up to ~1/L of the reference unused (12% at L = 8). Asking for at
+    least `t` templates makes the fit shorten (and tile) them when t full ones do not fit, which hits
+    the budget to within t params. Use the smallest t >= 2 whose fit leaves <= `tolerance` unused."""
+    for t in range(2, 65):
+        cand = fit(chassis, budget, templates=t, **POOL_KNOBS)
+        if cand.budget - cand.fit.stored <= tolerance * cand.budget:
+            return cand
+    return fit(chassis, budget, templates=2, **POOL_KNOBS)
 
 
 def accounting_row(name: str, cfg: ArchConfig, ref: ArchConfig, budget: int | None = None, step: int = 0,
@@ -374,7 +395,7 @@ def finish(setup: Setup) -> None:
 # ---- searches (experiments 5 and 6) ----------------------------------------------------------------
 def search_space(setup: Setup, file_chassis: bool = False):
     """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
-    chassis so a 16-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
+    chassis so a 12-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
     from npas.space import parse_space
 
     path = ROOT / "search_spaces" / "full.yaml"
@@ -401,6 +422,8 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
     import optuna
 
+    from npas.search import search  # not npas.search: after the first import that name is the submodule
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -410,7 +433,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     url = f"sqlite:///{work / 'study.db'}"
     name = f"evidence-{tag}-{int(time.time())}"
     t0 = time.perf_counter()
-    npas.search(space, trials=trials, study=name, storage=url, recipe=str(rpath), seed=seed,
+    search(space, trials=trials, study=name, storage=url, recipe=str(rpath), seed=seed,
                 launch=_launch(setup.workers, early_stop))
     wall = time.perf_counter() - t0
     return {"storage": url, "study": name, "wall_s": round(wall, 1), "trials": trials, "early_stop": early_stop,

@@ -10,8 +10,10 @@ hand-crafted sharing. Arms, each fitted to the budget by npas (`fit.width: all` 
   full_tying      one block reused by all L layers; the fit narrows or widens it to the budget
   cycle_tying     U = L/2 blocks, ABAB; same fit
   pools_tmix      the reference shape (d_model, L, d_ff unchanged); each slot type's weights of all
-                  L blocks come from one bank of T learned templates mixed per layer (T >= 2; below
-                  the room for 2 full templates the templates shorten and tile)
+                  L blocks come from one bank of T learned templates mixed per layer. npas solves T;
+                  where T full-length templates would leave > 2% of the budget unused, the script asks
+                  for one more template, which the fit then shortens and tiles to hit the budget
+                  (`common.fit_pools`)
 
 Stored params match the budget to within each fit's step (printed). FLOPs per token do NOT match
 and cannot: the narrow model is narrower, tied models run L layers at the fitted width, pools run
@@ -31,8 +33,7 @@ def arm_knobs(L: int) -> dict[str, dict]:
         "narrow_untied": {"tying": "none", "width_fit": "all"},
         "full_tying": {"tying": "all", "width_fit": "all", "lora_rank": 0},
         "cycle_tying": {"tying": "cycle", "unique_blocks": max(1, L // 2), "width_fit": "all", "lora_rank": 0},
-        "pools_tmix": {"tying": "none", "pools": True, "bank_rule": "by_type", "n_banks": 1,
-                       "generator": "template_mix", "templates": 2},
+        "pools_tmix": {},  # common.fit_pools: the fewest templates that fill the budget
     }
 
 
@@ -44,14 +45,20 @@ def main() -> None:
     configs, acc, arms = {}, {}, arm_knobs(ch.n_layers)
     for budget in BUDGETS:
         for arm, knobs in arms.items():
-            cand = common.fit(ch, budget, **knobs)
+            cand = common.fit_pools(ch, budget) if arm == "pools_tmix" else common.fit(ch, budget, **knobs)
             name = f"{budget} {arm}"
             configs[name] = cand.config
             acc[name] = common.accounting_row(name, cand.config, ref, cand.budget, cand.fit.step)
-            t = [b.templates for b in cand.config.banks]
-            acc[name]["templates"] = t[0] if t else None
-            acc[name]["bank_sizes"] = [b.size for b in cand.config.banks]
+            if cand.config.banks:
+                b0 = cand.config.banks[0]
+                full = max(cand.config.member_numels(b0))
+                acc[name]["templates"] = b0.templates
+                acc[name]["template_fraction"] = b0.size / full  # < 1: shortened templates, tiled
     common.print_accounting(list(acc.values()))
+    for name, a in acc.items():
+        if "templates" in a:
+            print(f"  {name:18s} T={a['templates']} templates of {a['template_fraction']:.0%} of a full block's "
+                  f"length{' (tiled)' if a['template_fraction'] < 1 else ''}")
     results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} at the same budget (negative = better)")

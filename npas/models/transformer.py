@@ -60,10 +60,9 @@ class Layer(nn.Module):
                 self.lora[slot] = LoRA(rm, d_in, d_out)
 
     def _linear(self, x: Tensor, slot: str, w: Tensor) -> Tensor:
-        y = F.linear(x, w)
-        if slot in self.lora:
-            y = y + self.lora[slot](x)
-        return y
+        if slot in self.lora:  # this depth's relaxation, merged once per forward (see sharing.LoRA)
+            w = w + self.lora[slot].delta()
+        return F.linear(x, w)
 
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module) -> Tensor:
         B, T, C = x.shape

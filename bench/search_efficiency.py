@@ -1,0 +1,252 @@
+"""Search efficiency: hypervolume after N trials of the default sampler (TPE) vs random search at N and 3N.
+
+    python bench/search_efficiency.py            # N=40, 8 seeds, search_spaces/full.yaml (~1-2 minutes)
+    python bench/search_efficiency.py --quick    # N=12, 3 seeds: a smoke run (~15 s)
+    python bench/search_efficiency.py --real     # also a tiny real-training search per sampler (Ray, ~2 min)
+
+No model is trained by default. Each candidate is scored by a cheap, deterministic SYNTHETIC objective
+computed from its fitted allocation, so the bench measures the samplers, not the proxy's noise:
+  objective 1 (stands in for val_loss, nats/char):
+      surrogate = 1.35 + 30 * N_eff^-0.30 + taper_term
+      N_eff     = non-embedding stored params + beta * (materialised - stored params)
+      beta      = 0.25 + 0.20 * min(1, max LoRA rank / 8) + 0.05 if tied layers keep their own norms
+                  + 0.10 template_mix / 0.05 slice / 0.00 tile pools     (credit for reused weights)
+      taper_term: front = width-weighted depth position of the MLP widths in [-1, 1] (> 0 front-heavy);
+                  -0.06 front + 0.08 front^2 when front-heavy (best near front = 0.375),
+                  +0.10 |front| when back-heavy (taper `reverse` is penalised)
+  objective 2: train_memory_bytes, exact, from npas.count with the `proxy` recipe's batch and seq_len
+      (the value a real search records for that objective).
+Trials are asked and told in-process the way `npas.searcher.NpasSearcher` does (without Ray): the
+space's baselines are enqueued first, infeasible candidates and duplicates of an evaluated allocation
+are told FAIL and do not count, each counted trial gets the budget and fidelity constraints. Samplers
+come from `npas.study.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
+
+Hypervolume: Optuna's exact `optuna._hypervolume.compute_hypervolume` (what npas/dashboard/info.py
+uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
+reference point for every run (best and worst x 1.1 over all points of all runs), so all numbers are
+comparable. random@N is the first N counted trials of the random run that goes to 3N (a random
+sampler's first N draws do not depend on how many follow).
+
+Target: mean HV of tpe@N >= mean HV of random@3N (ratio >= 1.00x). Prints PASS/MISS; exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
+
+from npas import study as S  # noqa: E402
+from npas.budget import count  # noqa: E402
+from npas.config import ArchConfig  # noqa: E402
+from npas.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
+
+TARGET = 1.00
+SPACE = ROOT / "search_spaces" / "full.yaml"
+
+
+# ---- the synthetic objective --------------------------------------------------------------------
+def front_weight(widths: tuple[int, ...]) -> float:
+    """Width-weighted mean depth position mapped to [-1, 1]: > 0 when the MLP widths sit early."""
+    L = len(widths)
+    if L < 2:
+        return 0.0
+    pos = [1.0 - 2.0 * i / (L - 1) for i in range(L)]
+    mean = sum(widths) / L
+    return sum((w - mean) * p for w, p in zip(widths, pos, strict=True)) / (mean * sum(abs(p) for p in pos))
+
+
+def surrogate_loss(cfg: ArchConfig) -> float:
+    """Deterministic stand-in for the proxy's validation loss (see the module docstring)."""
+    acc = count(cfg)
+    stored = acc.stored_params - acc.embedding_params
+    reuse = max(0, acc.materialised_params - acc.stored_params)
+    shared = any(cfg.block_is_shared(b) for b in range(cfg.n_blocks))
+    lora = max((*cfg.lora_attn, *cfg.lora_mlp, 0))
+    beta = 0.25 + 0.20 * min(1.0, lora / 8)
+    if shared and cfg.untied_norms:
+        beta += 0.05
+    gens = {b.generator for b in cfg.banks}
+    beta += 0.10 if "template_mix" in gens else 0.05 if "slice" in gens else 0.0
+    n_eff = max(1.0, stored + beta * reuse)
+    front = front_weight(cfg.mlp_widths)
+    taper = -0.06 * front + 0.08 * front**2 if front >= 0 else 0.10 * -front
+    return 1.35 + 30.0 * n_eff**-0.30 + taper
+
+
+# ---- one search, in-process -------------------------------------------------------------------
+def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int) -> tuple[list[list[float]], dict]:
+    """Ask/tell until n trials count (as NpasSearcher does); returns their values in order and counts."""
+    study = optuna.create_study(directions=["minimize"] * 2, sampler=S.make_sampler(sampler, seed, 2))
+    baselines = space.baselines()
+    for name in baselines:
+        study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
+    seen: set[str] = set()
+    values: list[list[float]] = []
+    stats = {"infeasible": 0, "duplicate": 0, "exhausted": False}
+    in_a_row = 0
+    while len(values) < n:
+        trial = study.ask()
+        base = trial.user_attrs.get(S.T_BASELINE)
+        cand = space.sample(trial, fixed=baselines.get(base) if base else None)
+        if not cand.feasible or cand.config.hash in seen:
+            stats["infeasible" if not cand.feasible else "duplicate"] += 1
+            trial.set_user_attr(S.T_STATUS, "infeasible" if not cand.feasible else "duplicate")
+            study.tell(trial, state=TrialState.FAIL)
+            in_a_row += 1
+            if in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                stats["exhausted"] = True
+                break
+            continue
+        in_a_row = 0
+        cfg = cand.config
+        seen.add(cfg.hash)
+        acc = count(cfg, batch_size=batch, seq_len=seq)
+        trial.set_constraint(S.C_BUDGET, float(acc.stored_params - space.budget_params))
+        trial.set_constraint(S.C_FIDELITY, 0.0)
+        v = [surrogate_loss(cfg), float(acc.train_memory_bytes)]
+        study.tell(trial, v)
+        values.append(v)
+    return values, stats
+
+
+# ---- hypervolume with one reference point -----------------------------------------------------
+class SharedHV:
+    """Objectives scaled as npas/dashboard/info.py does, with one ideal/reference point for all runs."""
+
+    def __init__(self, all_points: list[list[float]]) -> None:
+        vals = np.asarray(all_points, dtype=float)
+        worst, self.best = vals.max(axis=0), vals.min(axis=0)
+        self.ref = np.where(worst > 0, worst * 1.1, worst * 0.9)
+        self.span = np.where(self.ref - self.best > 0, self.ref - self.best, 1.0)
+
+    def __call__(self, points: list[list[float]]) -> float:
+        from optuna._hypervolume import compute_hypervolume
+
+        p = (np.asarray(points, dtype=float) - self.best) / self.span
+        p = p[(p < 1.0).all(axis=1)]
+        return float(compute_hypervolume(p, np.ones(p.shape[1]))) if len(p) else 0.0
+
+
+def mean_std(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
+
+
+# ---- optional: a tiny real search per sampler ---------------------------------------------------
+def real_mode(trials: int, seed: int) -> None:
+    """Real training on tests/data/tiny.yaml with the fast test recipe: a smoke comparison only."""
+    import tempfile
+
+    import ray
+
+    import npas
+    from npas.search import Launch, search
+
+    print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
+          f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict)")
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="npas-seff-") as d:
+        os.chdir(d)  # Tune's scratch directory (trials/runs) goes to the temporary folder
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            studies = {}
+            for sampler in ("tpe", "random"):
+                t = time.perf_counter()
+                studies[sampler] = search(npas.load_space(ROOT / "tests" / "data" / "tiny.yaml"), trials=trials,
+                                          study=f"real-{sampler}", storage=f"sqlite:///{d}/real.db",
+                                          recipe=str(ROOT / "tests" / "data" / "fast.yaml"), sampler=sampler,
+                                          seed=seed, launch=Launch(workers=2, early_stop=False))
+                print(f"  {sampler}: search took {time.perf_counter() - t:.1f} s")
+        finally:
+            ray.shutdown()
+            os.chdir(cwd)
+        points = {k: [list(t.values) for t in st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                      if S.is_full_fidelity(t)] for k, st in studies.items()}
+        hv = SharedHV([p for ps in points.values() for p in ps])
+        for k, ps in points.items():
+            print(f"  real {k}@{trials}: HV {hv(ps):.4f} ({len(ps)} complete full-fidelity trials, "
+                  f"front {len(studies[k].best_trials)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N=12, 3 seeds: a smoke run")
+    ap.add_argument("--trials", type=int, default=None, help="N, counted trials of the default sampler (default 40)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 8, quick 3)")
+    ap.add_argument("--real", action="store_true", help="also run a tiny real-training search per sampler")
+    ap.add_argument("--real-trials", type=int, default=10)
+    args = ap.parse_args(argv)
+    n = args.trials or (12 if args.quick else 40)
+    seeds = list(range(args.seeds or (3 if args.quick else 8)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    from npas.recipe import load_recipe
+    from npas.space import load_space
+
+    space = load_space(SPACE)
+    rec = load_recipe(ROOT / "trials" / "proxy.yaml")
+    print("npas bench: search efficiency, hypervolume of the default sampler (tpe) vs random search")
+    print(f"space {SPACE.relative_to(ROOT)} (budget {space.budget_params:,} params), objectives "
+          f"[val_loss, train_memory_bytes]; N={n}, seeds {seeds[0]}..{seeds[-1]}")
+    print("objective: SYNTHETIC, nothing is trained: val_loss := 1.35 + 30 * N_eff^-0.30 + taper term "
+          "(N_eff = stored + beta * reused params; see the docstring); train_memory_bytes: exact npas.count "
+          f"at the proxy recipe's batch {rec.batch_size} x seq {rec.seq_len}")
+
+    t0 = time.perf_counter()
+    runs: dict[tuple[str, int], list[list[float]]] = {}
+    stats: dict[tuple[str, int], dict] = {}
+    for seed in seeds:
+        runs["tpe", seed], stats["tpe", seed] = run_search(space, "tpe", seed, n, rec.batch_size, rec.seq_len)
+        runs["random", seed], stats["random", seed] = run_search(space, "random", seed, 3 * n, rec.batch_size,
+                                                                 rec.seq_len)
+    elapsed = time.perf_counter() - t0
+    hv = SharedHV([p for ps in runs.values() for p in ps])
+    tpe_n = [hv(runs["tpe", s][:n]) for s in seeds]
+    rnd_n = [hv(runs["random", s][:n]) for s in seeds]
+    rnd_3n = [hv(runs["random", s][:3 * n]) for s in seeds]
+    # how many random trials reach the default's mean HV at N (on the mean curve)
+    rnd_curve = [statistics.mean(hv(runs["random", s][:k]) for s in seeds) for k in range(1, 3 * n + 1)]
+    reach = next((k for k, v in enumerate(rnd_curve, 1) if v >= statistics.mean(tpe_n)), None)
+
+    ref = hv.ref
+    print(f"hypervolume: Optuna's exact WFG on scaled objectives; shared ideal point "
+          f"[{hv.best[0]:.4f}, {hv.best[1]:,.0f}] -> 0 and reference point [{ref[0]:.4f}, {ref[1]:,.0f}] -> 1 "
+          f"for every run ({elapsed:.1f} s for {len(runs)} searches)")
+    print(f"\n{'seed':>4}{'tpe@N':>10}{'random@N':>10}{'random@3N':>11}{'tpe/rnd3N':>11}"
+          f"{'tpe skipped':>13}{'rnd skipped':>13}")
+    for i, s in enumerate(seeds):
+        st, sr = stats["tpe", s], stats["random", s]
+        print(f"{s:>4}{tpe_n[i]:>10.4f}{rnd_n[i]:>10.4f}{rnd_3n[i]:>11.4f}{tpe_n[i] / rnd_3n[i]:>10.3f}x"
+              f"{st['infeasible'] + st['duplicate']:>13}{sr['infeasible'] + sr['duplicate']:>13}")
+    print("(skipped: infeasible or duplicate asks, told FAIL and not counted, as the searcher does)")
+    print(f"\ntpe@{n}:       HV {mean_std(tpe_n)}")
+    print(f"random@{n}:    HV {mean_std(rnd_n)}")
+    print(f"random@{3 * n}:   HV {mean_std(rnd_3n)}")
+    ratio = statistics.mean(tpe_n) / statistics.mean(rnd_3n)
+    paired = statistics.median(a / b for a, b in zip(tpe_n, rnd_3n, strict=True))
+    wins = sum(a >= b for a, b in zip(tpe_n, rnd_3n, strict=True))
+    verdict = "PASS" if ratio >= TARGET else "MISS"
+    print(f"ratio: tpe@{n} / random@{3 * n} = {ratio:.3f}x (mean HV; paired median {paired:.3f}x, tpe ahead on "
+          f"{wins}/{len(seeds)} seeds) (target >= {TARGET:.2f}x) {verdict}")
+    print(f"ratio: tpe@{n} / random@{n} = {statistics.mean(tpe_n) / statistics.mean(rnd_n):.3f}x (mean HV)")
+    print("random search reaches tpe's mean HV at N after "
+          + (f"{reach} trials ({reach / n:.2f}x N)" if reach else f"more than {3 * n} trials (> 3x N)"))
+    if any(st["exhausted"] for st in stats.values()):
+        print(f"note: some runs stopped after {MAX_SKIPPED_IN_A_ROW} skipped asks in a row (space exhausted)")
+    if args.real:
+        real_mode(args.real_trials, seeds[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
