@@ -85,15 +85,20 @@ def surrogate_loss(cfg: ArchConfig) -> float:
 
 
 # ---- one search, in-process -------------------------------------------------------------------
-def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int) -> tuple[list[list[float]], dict]:
-    """Ask/tell until n trials count (as NpasSearcher does); returns their values in order and counts."""
+def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
+               skip_as: str = "fail") -> tuple[list[list[float]], dict]:
+    """Ask/tell until n trials count (as NpasSearcher does); returns their values in order and counts.
+
+    skip_as="fail" tells infeasible and duplicate asks FAIL, as npas/searcher.py does today; TPE never
+    sees FAIL trials. "pruned" tells them PRUNED (infeasible ones with a violated budget constraint),
+    which TPE puts in its "bad" group: the alternative this bench can evaluate (--skip-as pruned)."""
     study = optuna.create_study(directions=["minimize"] * 2, sampler=S.make_sampler(sampler, seed, 2))
     baselines = space.baselines()
     for name in baselines:
         study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
     seen: set[str] = set()
     values: list[list[float]] = []
-    stats = {"infeasible": 0, "duplicate": 0, "exhausted": False}
+    stats: dict = {"infeasible": 0, "duplicate": 0, "exhausted": False}
     in_a_row = 0
     while len(values) < n:
         trial = study.ask()
@@ -102,7 +107,12 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int) -> 
         if not cand.feasible or cand.config.hash in seen:
             stats["infeasible" if not cand.feasible else "duplicate"] += 1
             trial.set_user_attr(S.T_STATUS, "infeasible" if not cand.feasible else "duplicate")
-            study.tell(trial, state=TrialState.FAIL)
+            if skip_as == "pruned":
+                if not cand.feasible:
+                    trial.set_constraint(S.C_BUDGET, 1.0)
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, state=TrialState.FAIL)
             in_a_row += 1
             if in_a_row >= MAX_SKIPPED_IN_A_ROW:
                 stats["exhausted"] = True
@@ -185,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 8, quick 3)")
     ap.add_argument("--real", action="store_true", help="also run a tiny real-training search per sampler")
     ap.add_argument("--real-trials", type=int, default=10)
+    ap.add_argument("--skip-as", choices=("fail", "pruned"), default="fail",
+                    help="how infeasible/duplicate asks are told: fail (what npas/searcher.py does) or pruned")
     args = ap.parse_args(argv)
     n = args.trials or (12 if args.quick else 40)
     seeds = list(range(args.seeds or (3 if args.quick else 8)))
@@ -206,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, int], list[list[float]]] = {}
     stats: dict[tuple[str, int], dict] = {}
     for seed in seeds:
-        runs["tpe", seed], stats["tpe", seed] = run_search(space, "tpe", seed, n, rec.batch_size, rec.seq_len)
+        runs["tpe", seed], stats["tpe", seed] = run_search(space, "tpe", seed, n, rec.batch_size, rec.seq_len,
+                                                             args.skip_as)
         runs["random", seed], stats["random", seed] = run_search(space, "random", seed, 3 * n, rec.batch_size,
-                                                                 rec.seq_len)
+                                                                 rec.seq_len, args.skip_as)
     elapsed = time.perf_counter() - t0
     hv = SharedHV([p for ps in runs.values() for p in ps])
     tpe_n = [hv(runs["tpe", s][:n]) for s in seeds]
@@ -223,15 +236,18 @@ def main(argv: list[str] | None = None) -> int:
           f"[{hv.best[0]:.4f}, {hv.best[1]:,.0f}] -> 0 and reference point [{ref[0]:.4f}, {ref[1]:,.0f}] -> 1 "
           f"for every run ({elapsed:.1f} s for {len(runs)} searches)")
     print(f"\n{'seed':>4}{'tpe@N':>10}{'random@N':>10}{'random@3N':>11}{'tpe/rnd3N':>11}"
-          f"{'tpe skipped':>13}{'rnd skipped':>13}")
+          f"{'tpe counted':>13}{'infeas/dup':>12}{'rnd counted':>13}{'infeas/dup':>12}")
     for i, s in enumerate(seeds):
         st, sr = stats["tpe", s], stats["random", s]
         print(f"{s:>4}{tpe_n[i]:>10.4f}{rnd_n[i]:>10.4f}{rnd_3n[i]:>11.4f}{tpe_n[i] / rnd_3n[i]:>10.3f}x"
-              f"{st['infeasible'] + st['duplicate']:>13}{sr['infeasible'] + sr['duplicate']:>13}")
-    print("(skipped: infeasible or duplicate asks, told FAIL and not counted, as the searcher does)")
-    print(f"\ntpe@{n}:       HV {mean_std(tpe_n)}")
-    print(f"random@{n}:    HV {mean_std(rnd_n)}")
-    print(f"random@{3 * n}:   HV {mean_std(rnd_3n)}")
+              f"{len(runs['tpe', s]):>12}{'!' if st['exhausted'] else ' '}"
+              f"{st['infeasible']:>6}/{st['duplicate']:<5}"
+              f"{len(runs['random', s]):>12}{'!' if sr['exhausted'] else ' '}{sr['infeasible']:>6}/{sr['duplicate']:<5}")
+    how = "FAIL, as npas/searcher.py does" if args.skip_as == "fail" else "PRUNED (--skip-as pruned)"
+    print(f"(infeas/dup: asks told {how}; they do not count. '!': the run stopped early after "
+          f"{MAX_SKIPPED_IN_A_ROW} such asks in a row, as `npas search` would, with fewer than its target trials)")
+    for label, xs in ((f"tpe@{n}", tpe_n), (f"random@{n}", rnd_n), (f"random@{3 * n}", rnd_3n)):
+        print(f"{label + ':':<12} HV {mean_std(xs)}")
     ratio = statistics.mean(tpe_n) / statistics.mean(rnd_3n)
     paired = statistics.median(a / b for a, b in zip(tpe_n, rnd_3n, strict=True))
     wins = sum(a >= b for a, b in zip(tpe_n, rnd_3n, strict=True))
@@ -241,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio: tpe@{n} / random@{n} = {statistics.mean(tpe_n) / statistics.mean(rnd_n):.3f}x (mean HV)")
     print("random search reaches tpe's mean HV at N after "
           + (f"{reach} trials ({reach / n:.2f}x N)" if reach else f"more than {3 * n} trials (> 3x N)"))
-    if any(st["exhausted"] for st in stats.values()):
-        print(f"note: some runs stopped after {MAX_SKIPPED_IN_A_ROW} skipped asks in a row (space exhausted)")
+    stuck = sorted(f"{k[0]} seed {k[1]} ({len(runs[k])} trials)" for k, st in stats.items() if st["exhausted"])
+    if stuck:
+        print(f"stuck runs: {len(stuck)} stopped after {MAX_SKIPPED_IN_A_ROW} infeasible/duplicate asks in a row: "
+              + ", ".join(stuck) + "; their HV is at the trials they reached")
     if args.real:
         real_mode(args.real_trials, seeds[0])
     return 0

@@ -301,7 +301,13 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     try:  # syntax always; feasibility against the reference only when the chassis is valid
         chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
         ref = reference_params(Chassis(**{k: kn.default for k, kn in chassis.items()})) if chassis_ok else 10**9
-        parse_budget(budget_spec, ref)
+        cap = parse_budget(budget_spec, ref)
+        if chassis_ok:  # embeddings are never shared or narrowed below d_model: nothing fits under them
+            ch = Chassis(**{k: kn.default for k, kn in chassis.items()})
+            floor = ch.vocab_size * ch.d_model + ch.context * ch.d_model + ch.d_model
+            if cap <= floor:
+                problems.append(f"space.budget: {budget_spec} is {cap:,} params, not more than the {floor:,} the "
+                                f"embeddings alone need at d_model={ch.d_model}; raise the budget or lower d_model")
     except BudgetError as e:
         problems.append(f"space.budget: {e}")
     if problems:

@@ -56,7 +56,8 @@ knobs:
     ("chassis: [1, 2", "YAML does not parse"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("budget: 1x\n", "space.chassis: missing"),
-    (GOOD.replace("0.5x", "0.001x"), None),  # parses: infeasibility is per candidate, with a reason
+    (GOOD.replace("0.5x", "5k"), "embeddings alone need"),
+    (GOOD.replace("0.5x", "9k") + "fit: {width: mlp}\n", None),  # parses: infeasibility is per candidate, with a reason
 ])
 def test_malformed_files(text, fragment):
     if fragment is None:
