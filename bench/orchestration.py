@@ -1,7 +1,8 @@
 """Orchestration overhead of `npas search`: a real search on 2 workers vs the ideal of its trials run bare.
 
-    python bench/orchestration.py            # 8 trials of ~15 s each (~5 minutes in all)
+    python bench/orchestration.py            # 8 trials of ~15 s each (~4 minutes idle, ~7 on a loaded machine)
     python bench/orchestration.py --quick    # 4 trials of ~3 s each (~1 minute): a smoke run
+    python bench/orchestration.py --pairs    # also the trials bare 2 at a time in plain processes (no Ray)
 
 What is compared, in one run:
   * measured: the wall time of `python -m npas search SPACE --recipe R --trials N --workers 2
@@ -29,7 +30,12 @@ worker-measured `proxy.wall_s`) plus the timestamp of Optuna's "study created" l
                                      concurrency (sum of worker wall_s - sum of bare) / 2 + the rest
                                      (worker start and torch import, Tune dispatch, idle slots)
   last tell -> exit                  Tune and Ray shutdown, printing the front
-The machine is shared and noisy: load average and the bare runs' CPU/wall ratio are printed.
+The machine is shared and noisy: load average and the bare runs' CPU/wall ratio are printed. Because
+other jobs move wall times by 2x within minutes, the CPU seconds of the search's whole process tree
+(driver, Ray daemons, Ray workers; polled from /proc) are also compared with the bare trials' CPU
+seconds: that ratio barely depends on other load. Full mode then profiles the fixed costs apart: a
+Ray probe (ray.init, first task on fresh workers importing torch and npas, ray.shutdown) and the
+driver-side cost of `NpasSearcher.suggest` / `on_trial_complete` on SQLite without Ray.
 """
 
 from __future__ import annotations
@@ -320,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="trials in the search (default 8, quick 4)")
     ap.add_argument("--trial-seconds", type=float, default=None, help="bare seconds per trial (default 15, quick 3)")
     ap.add_argument("--steps", type=int, default=None, help="recipe steps (default: calibrated to --trial-seconds)")
-    ap.add_argument("--no-profile", action="store_true", help="skip the profile section (full mode runs it)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the Ray probe and searcher timing (full mode runs them)")
+    ap.add_argument("--pairs", action="store_true",
+                    help="also run the trials bare 2 at a time in plain processes (no Ray): +sum(bare)/2 seconds")
     args = ap.parse_args(argv)
     n = args.trials or (4 if args.quick else 8)
     target_s = args.trial_seconds or (3.0 if args.quick else 15.0)
@@ -363,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             r.bare_s, r.bare_cpu_s = time.perf_counter() - t, time.process_time() - c
             r.bare_loss = float(res.val_loss) if res.val_loss is not None else float("nan")
         profile = not args.quick and not args.no_profile
-        if profile:
+        if args.pairs:
             pair_walls, pair_makespan = bare_pairs([r.cfg.to_dict() for r in rows], steps)
+        if profile:
             probe = ray_probe()
             proxy = {"status": "ok", "val_loss": rows[0].val_loss, "wall_s": rows[0].wall_s, "curve": []}
             with warnings.catch_warnings():
@@ -407,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured wall: {wall:.1f} s (npas search as a subprocess, launch to exit)")
     verdict = "PASS" if ratio <= TARGET else "MISS"
     print(f"ratio: measured {wall:.1f} s / ideal {ideal:.1f} s = {ratio:.2f}x (target <= {TARGET:.2f}x) {verdict}")
+    if tree_cpu:
+        print(f"cpu ratio: search process tree {sum(tree_cpu.values()):.1f} CPU s / bare trials "
+              f"{sum(r.bare_cpu_s for r in rows):.1f} CPU s = "
+              f"{sum(tree_cpu.values()) / sum(r.bare_cpu_s for r in rows):.2f}x (robust to other jobs; see below)")
     print(f"ray start-up: {ray_start:.1f} s = {100 * ray_start / wall:.0f}% of measured wall "
           f"(study created -> first trial asked: ray.init + Tune set-up)")
     print("\nwhere the measured wall goes:")
@@ -433,15 +446,15 @@ def main(argv: list[str] | None = None) -> int:
               f"= {(total - bare_cpu) / WORKERS:.1f} s of wall on {WORKERS} cores if nothing else ran")
     print(f"bare ms/step: {1e3 * per_step:.1f} calibrating before the search (incl. build, short run) vs "
           f"{1e3 * statistics.mean(bare) / steps:.1f} after it (drift shows how the machine's load moved)")
-    if profile:
+    if args.pairs or profile:
         print("\nprofile (separate measurements after the search, same machine):")
+    if args.pairs:
         print(f"  2 bare trials at once in plain processes (no Ray): mean {statistics.mean(pair_walls):.2f} s/trial = "
               f"{statistics.mean(pair_walls) / statistics.mean(bare):.2f}x sequential bare; makespan "
               f"{pair_makespan:.1f} s = {pair_makespan / ideal:.2f}x ideal")
-        print(f"  ratio without the machine's contention: measured {wall:.1f} s / plain 2-process makespan "
-              f"{pair_makespan:.1f} s = {wall / pair_makespan:.2f}x (what Ray, Tune and npas add)")
-        print(f"  under Ray the same trials ran {statistics.mean(r.wall_s for r in rows) / statistics.mean(pair_walls):.2f}x "
-              f"the plain 2-process time (driver, raylet and GCS share the 2 cores)")
+        print(f"  measured wall / plain 2-process makespan = {wall / pair_makespan:.2f}x; worker wall_s under Ray / "
+              f"plain 2-process = {statistics.mean(r.wall_s for r in rows) / statistics.mean(pair_walls):.2f}x")
+    if profile:
         print(f"  searcher per trial (NpasSearcher on SQLite, no Ray): suggest {ask_ms:.1f} ms, on_trial_complete "
               f"{tell_ms:.1f} ms (median); importing ray.tune + npas.searcher {tune_import_s:.1f} s")
         for label, v in probe.items():

@@ -1,18 +1,21 @@
 """Training-step overhead of sharing: tied, pooled, tapered and relaxed allocations vs the dense reference.
 
     python bench/sharing_overhead.py            # d_model 128, 8 layers, batch 16 x seq 128
-    python bench/sharing_overhead.py --quick    # small shape, few steps: a smoke run
+    python bench/sharing_overhead.py --quick    # small shape, few steps, 1 thread: a smoke run
+    python bench/sharing_overhead.py --threads 1   # when other jobs hold the cores (see below)
 
 Every variant runs on the reference's chassis (d_model, n_layers, d_ff), so the weights each token
 multiplies with, and hence its FLOPs, match the dense reference; sharing only changes where the
 weights are stored. That is checked analytically (`npas.count(...).flops_per_token`, printed as the
-FLOP ratio; LoRA adds its thin matmuls, template_mix its once-per-step generation). So any extra
-step time is the price of sharing itself: generating weights from banks, strided slices, gradient
-accumulation into shared tensors, LoRA's extra kernels.
+FLOP ratio; the `+gen` column adds the once-per-step work amortised over the batch's tokens:
+template_mix generation and LoRA merges). So any extra step time is the price of sharing itself:
+generating weights from banks, strided slices, gradient accumulation into shared tensors, merges.
 
 A step is forward + backward + AdamW step at fp32 on 2 threads, same batch for every variant.
 The machine is noisy, so measurements interleave (reference, variant, reference, variant, ...) for
 several rounds, each block counts its fastest step, and the ratio is the median of the paired ratios.
+When other jobs keep the 2 cores busy, 2 OpenMP threads stall at every barrier (steps run 5-10x
+slower and the ratios are meaningless); `--threads 1` still gives usable ratios there.
 
 Target: each variant <= 1.10x the reference's step time. Prints PASS/MISS per variant; exits 0.
 """
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved reference/variant rounds (default 7)")
     ap.add_argument("--steps", type=int, default=3, help="training steps per timed block; its fastest counts (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per model first (default 2)")
+    ap.add_argument("--only", nargs="+", metavar="VARIANT", help="time only these variants (default: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2; --quick uses 1)")
     ap.add_argument("--quick", action="store_true", help="small shape, 3 rounds of 1 step, 1 thread: a smoke run")
     args = ap.parse_args(argv)
@@ -129,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ref_cfg = reference_config(ch)
     cfgs = variants(ch)
+    if args.only:
+        unknown = sorted(set(args.only) - set(cfgs))
+        if unknown:
+            ap.error(f"--only: unknown variants {unknown}; known: {', '.join(cfgs)}")
+        cfgs = {name: cfgs[name] for name in args.only}
     ref = Runner(ref_cfg, idx, targets)
     runs = {name: Runner(cfg, idx, targets) for name, cfg in cfgs.items()}
     for r in (ref, *runs.values()):

@@ -25,8 +25,9 @@ _LAZY = {
     "load_corpus": "npas.data",
     "load_recipe": "npas.recipe",
     "run_proxy": "npas.proxy",
-    "search": "npas.search",
-    "export": "npas.export",
+    "search": "npas.service",
+    "resume": "npas.service",
+    "export": "npas.exporter",
 }
 
 

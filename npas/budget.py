@@ -128,9 +128,10 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     bank_sizes = _bank_params(cfg)
     for bank, size in zip(cfg.banks, bank_sizes, strict=True):
         numels = cfg.member_numels(bank)
+        total = sum(numels)
         for (b, _), n in zip(bank.members, numels, strict=True):
             for i in members[b]:
-                layer_stored[i] += size * n / sum(numels) / len(members[b])
+                layer_stored[i] += size * n / total / len(members[b])
     lora = 0
     layer_mat = []
     matmul_params = 0

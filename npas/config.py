@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 import yaml
@@ -131,16 +132,29 @@ class ArchConfig:
             raise ConfigError("invalid allocation: " + "; ".join(problems))
 
     # ---- derived structure -------------------------------------------------------------------
-    @property
+    # Derived structure is cached on the (immutable) instance: accounting asks for it per slot and
+    # per bank member, and the budget fit counts dozens of candidates per sample.
+    @cached_property
     def n_blocks(self) -> int:
         return max(self.block_of_layer) + 1
 
+    @cached_property
+    def _members(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in range(self.n_blocks)]
+        for i, b in enumerate(self.block_of_layer):
+            out[b].append(i)
+        return tuple(tuple(m) for m in out)
+
+    @cached_property
+    def _block_widths(self) -> tuple[int, ...]:
+        return tuple(max(self.mlp_widths[i] for i in m) for m in self._members)
+
     def members_of(self, block: int) -> tuple[int, ...]:
-        return tuple(i for i, b in enumerate(self.block_of_layer) if b == block)
+        return self._members[block]
 
     def block_width(self, block: int) -> int:
         """A block stores the widest of its layers; narrower ones slice a nested sub-matrix."""
-        return max(self.mlp_widths[i] for i in self.members_of(block))
+        return self._block_widths[block]
 
     def block_is_shared(self, block: int) -> bool:
         return len(self.members_of(block)) > 1

@@ -137,7 +137,7 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
                max_retries: int = 2) -> bool:
     """Run Tune until the searcher finishes. Returns False if the run was interrupted."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
     class _Errors(tune.Callback):
         """Keep each failed trial's error text for the study (Tune's Searcher hook gets only a flag)."""
@@ -153,8 +153,18 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
         def on_trial_recover(self, iteration, trials, trial, **info):
             searcher.retries[trial.trial_id] = searcher.retries.get(trial.trial_id, 0) + 1
 
-    scheduler = (ASHAScheduler(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps,
-                               grace_period=max(1, min(eval_every, recipe_steps)), reduction_factor=3)
+    class _ASHA(ASHAScheduler):
+        """ASHA on validation loss, except for the enqueued baselines: they always run to full fidelity
+        so every front shows what hand-crafted sharing would have given (their results still feed the rungs)."""
+
+        def on_trial_result(self, tune_controller, trial, result):
+            action = super().on_trial_result(tune_controller, trial, result)
+            return TrialScheduler.CONTINUE if trial.config.get("baseline") else action
+
+    # max_t one past the last step: the last evaluation (at `steps`) must not end the trial before it
+    # sends its final report with the proxy metrics
+    scheduler = (_ASHA(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps + 1,
+                       grace_period=max(1, min(eval_every, recipe_steps)), reduction_factor=3)
                  if early_stop else FIFOScheduler())
     resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
     runs = (RUNS_DIR / "ray").resolve()

@@ -9,6 +9,7 @@ twice, and only this driver process writes to the database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from npas.storage import HEARTBEAT_S
 log = logging.getLogger(__name__)
 
 MAX_SKIPPED_IN_A_ROW = 200  # infeasible or duplicate asks before the space is called exhausted
+RANDOM_AFTER_SKIPS = 3  # skipped asks in a row after which the next ask is a random one
 
 
 @dataclass
@@ -133,14 +135,15 @@ class NpasSearcher(Searcher):
         while True:
             if self.error is not None or self._counted() >= self.target:
                 return Searcher.FINISHED
-            trial = self.study.ask()
-            # claim it at once: a driver killed from here on leaves a trial that resume can attribute
-            trial.set_user_attr(S.T_DRIVER, driver_id())
-            self.study._storage.record_heartbeat(trial._trial_id)
-            if self._counted(before=trial.number) >= self.target:  # another driver got there first
-                self._tell_skip(trial, "surplus", "the study reached its target while this trial was asked")
-                return Searcher.FINISHED
-            config = self._prepare(trial)
+            with self._sampler_for_next_ask():
+                trial = self.study.ask()
+                # claim it at once: a driver killed from here on leaves a trial that resume can attribute
+                trial.set_user_attr(S.T_DRIVER, driver_id())
+                self.study._storage.record_heartbeat(trial._trial_id)
+                if self._counted(before=trial.number) >= self.target:  # another driver got there first
+                    self._tell_skip(trial, "surplus", "the study reached its target while this trial was asked")
+                    return Searcher.FINISHED
+                config = self._prepare(trial)
             if config is not None:
                 with self._lock:
                     self.live[trial_id] = trial
@@ -152,6 +155,25 @@ class NpasSearcher(Searcher):
                 self.error = (f"{self._skipped} candidates in a row were infeasible or already evaluated at "
                               f"budget {self.space.budget_params:,}; raise the budget or widen the space")
                 return Searcher.FINISHED
+
+    @contextlib.contextmanager
+    def _sampler_for_next_ask(self):
+        """The study's sampler; after a few skipped candidates in a row, a seeded random one.
+
+        Optuna's model-based samplers ignore FAIL trials, so on a small or mostly infeasible space
+        they propose the same skipped candidate again and again. A random ask breaks the loop
+        without telling the sampler anything false about the skipped ones. The swap spans the ask
+        and the suggestions, since a trial consults `study.sampler` at each suggest call.
+        """
+        if self._skipped < RANDOM_AFTER_SKIPS:
+            yield
+            return
+        model = self.study.sampler
+        self.study.sampler = optuna.samplers.RandomSampler(seed=len(self.study.get_trials(deepcopy=False)))
+        try:
+            yield
+        finally:
+            self.study.sampler = model
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
         """Sample, fit and record one candidate; None if it must not reach a worker."""
@@ -178,7 +200,8 @@ class NpasSearcher(Searcher):
             return None
         self._skipped = 0
         self.accounting[str(trial.number)] = acc.to_dict()
-        return {"allocation": cfg.to_dict(), "recipe": self.recipe, "number": trial.number}
+        return {"allocation": cfg.to_dict(), "recipe": self.recipe, "number": trial.number,
+                "baseline": trial.user_attrs.get(S.T_BASELINE)}
 
     def _same_key(self, key: str | None, number: int,
                   states: tuple[TrialState, ...] = (TrialState.COMPLETE, TrialState.RUNNING)) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,8 @@ LORA_TARGETS = ("attn", "mlp", "both")
 BASELINES: dict[str, dict[str, Any]] = {
     # hand-crafted sharing every front is compared against (DESIGN §6)
     "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all"},
-    "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0},
-    "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0},
+    "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True},
+    "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True},
 }
 
 
@@ -107,11 +108,11 @@ class Space:
     def reference_chassis(self) -> Chassis:
         return Chassis(**{k: kn.default for k, kn in self.chassis.items()})
 
-    @property
+    @cached_property
     def reference_params(self) -> int:
         return reference_params(self.reference_chassis)
 
-    @property
+    @cached_property
     def budget_params(self) -> int:
         """The cap in stored parameters (relative budgets resolve against the reference model)."""
         return parse_budget(self.budget_spec, self.reference_params)

@@ -84,8 +84,25 @@ def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
         raise StorageError(
             f"cannot open storage {redact(raw)}: {reason[:300]}; check the server is running and the URL is right"
         ) from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        _tune_sqlite(storage.engine)
     _CACHE[raw] = storage
     return storage
+
+
+def _tune_sqlite(engine: sqlalchemy.engine.Engine) -> None:
+    """WAL journal and synchronous=NORMAL: a commit costs ~1 ms instead of ~10 ms, and the driver
+    commits a few dozen attributes per trial. Still durable against a process crash (kill -9);
+    WAL needs a local filesystem, which is what SQLite is for here anyway (clusters use PostgreSQL)."""
+
+    def pragmas(dbapi_conn, _record) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    sqlalchemy.event.listen(engine, "connect", pragmas)
+    engine.dispose()  # connections opened before the listener get replaced by tuned ones
 
 
 def is_sqlite(url: str | None = None) -> bool:

@@ -37,7 +37,7 @@ from npas.dashboard import (
     write_report,
 )
 from npas.errors import NpasError
-from npas.search import Launch, search
+from npas.service import Launch, search
 
 from .conftest import ROOT
 

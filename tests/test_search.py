@@ -16,8 +16,8 @@ import npas
 from npas import study as S
 from npas.budget import count
 from npas.config import ArchConfig
-from npas.export import export, write_export
-from npas.search import Launch, search
+from npas.exporter import export, write_export
+from npas.service import Launch, search
 
 from .conftest import ROOT
 

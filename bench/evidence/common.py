@@ -422,7 +422,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
     import optuna
 
-    from npas.search import search  # not npas.search: after the first import that name is the submodule
+    from npas.service import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
@@ -441,7 +441,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def _launch(workers: int, early_stop: bool):
-    from npas.search import Launch
+    from npas.service import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 

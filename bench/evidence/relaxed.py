@@ -15,9 +15,12 @@ Arms, on the report chassis (L = 8):
   shallow L=U        an untied model of depth U, MLP width fitted to the stored params of cycle U r=0
 
 What is and is not held equal (printed): cycle r=0 stores U/L of the block weights at the untied
-model's per-token FLOPs; LoRA adds r(d_in + d_out) parameters *and* FLOPs per matrix per layer
-(at d_model = 64, r = 64 is full rank: its adapters alone outweigh the untied blocks); the shallow
-model matches cycle r=0's stored params but costs only about U/L of the FLOPs.
+model's per-token FLOPs; LoRA adds r(d_in + d_out) parameters per matrix per layer (at d_model = 64,
+r = 64 is full rank: its adapters alone outweigh the untied blocks). npas merges each LoRA delta
+into its layer's weight once per forward, so per-token FLOPs stay the untied model's and the merge
+costs 2 r d_in d_out FLOPs per step (printed; before npas commit fd0fc1c the adapters ran per token
+and `npas.count` counted them per token). The shallow model matches cycle r=0's stored params but
+costs only about U/L of the FLOPs.
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ def main() -> None:
     setup = common.setup_from(args, "relaxed")
     configs, acc, uniques = arms(setup.chassis)
     common.print_accounting(list(acc.values()))
+    tokens = setup.recipe.tokens_per_step
+    for name, a in acc.items():
+        if a["generation_flops_per_step"]:
+            print(f"  {name:16s} LoRA merge {a['generation_flops_per_step']:,} FLOPs/step = "
+                  f"{a['generation_flops_per_step'] / (a['flops_per_token'] * tokens):.1%} of a {tokens}-token step's "
+                  f"forward FLOPs")
     results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
     names = list(configs)
     summary = common.summarize(results, names, REF)

@@ -27,7 +27,7 @@ import common
 import npas
 from npas import study as S
 from npas.config import ArchConfig
-from npas.export import export  # not npas.export: once the submodule is imported that name is the module
+from npas.exporter import export
 from npas.recipe import Recipe
 
 

@@ -64,7 +64,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.search import Launch
+    from npas.service import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
                   early_stop=not args.no_early_stop, on_progress=_progress_printer(),
@@ -125,7 +125,7 @@ def _print_front(study, fmt: str = "table") -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     import npas
-    from npas.search import search
+    from npas.service import search
     from npas.storage import redact, resolve_url
 
     if not Path(args.space).is_file():
@@ -142,7 +142,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from npas.search import resume
+    from npas.service import resume
 
     text = Path(args.space).read_text() if args.space else None
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
@@ -189,7 +189,7 @@ def run_front(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from npas.export import write_export
+    from npas.exporter import write_export
 
     doc = write_export(_load(args), args.out, args.pick)
     vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())
