@@ -88,46 +88,47 @@ def surrogate_loss(cfg: ArchConfig) -> float:
 # ---- one search, in-process -------------------------------------------------------------------
 def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
                skip_as: str = "fail") -> tuple[list[list[float]], dict]:
-    """Ask/tell until n trials count (as NpasSearcher does); returns their values in order and counts.
+    """Drive npas's own NpasSearcher through Ray Tune's Searcher protocol (suggest, then
+    on_trial_complete) with the surrogate in place of training, until n trials count. Baselines,
+    infeasible/duplicate handling, constraints and the random ask after repeated skips are all the
+    searcher's own. Returns the counted trials' values in order and the skip counts.
 
-    skip_as="fail" tells infeasible and duplicate asks FAIL, as npas/searcher.py does today; TPE never
-    sees FAIL trials. "pruned" tells them PRUNED (infeasible ones with a violated budget constraint),
-    which TPE puts in its "bad" group: the alternative this bench can evaluate (--skip-as pruned)."""
-    study = optuna.create_study(directions=["minimize"] * 2, sampler=S.make_sampler(sampler, seed, 2))
-    baselines = space.baselines()
-    for name in baselines:
+    `skip_as` is kept for the command line; the searcher tells skipped asks FAIL."""
+    import json
+    import tempfile
+
+    from ray.tune.search import Searcher
+
+    from npas.searcher import NpasSearcher
+    from npas.storage import open_storage
+
+    tmp = tempfile.mkdtemp(prefix="npas-se-")
+    storage = open_storage(f"sqlite:///{tmp}/s.db")
+    study = optuna.create_study(storage=storage, directions=["minimize"] * 2,
+                                sampler=S.make_sampler(sampler, seed, 2))
+    for name in space.baselines():
         study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
-    seen: set[str] = set()
+    recipe = {"batch_size": batch, "seq_len": seq, "steps": 1}
+    searcher = NpasSearcher(study, space, recipe, "synthetic", n)
     values: list[list[float]] = []
-    stats: dict = {"infeasible": 0, "duplicate": 0, "exhausted": False}
-    in_a_row = 0
-    while len(values) < n:
-        trial = study.ask()
-        base = trial.user_attrs.get(S.T_BASELINE)
-        cand = space.sample(trial, fixed=baselines.get(base) if base else None)
-        if not cand.feasible or cand.config.hash in seen:
-            stats["infeasible" if not cand.feasible else "duplicate"] += 1
-            trial.set_user_attr(S.T_STATUS, "infeasible" if not cand.feasible else "duplicate")
-            if skip_as == "pruned":
-                if not cand.feasible:
-                    trial.set_constraint(S.C_BUDGET, 1.0)
-                study.tell(trial, state=TrialState.PRUNED)
-            else:
-                study.tell(trial, state=TrialState.FAIL)
-            in_a_row += 1
-            if in_a_row >= MAX_SKIPPED_IN_A_ROW:
-                stats["exhausted"] = True
+    try:
+        i = 0
+        while True:
+            config = searcher.suggest(f"t{i}")
+            if config is Searcher.FINISHED or config is None:
                 break
-            continue
-        in_a_row = 0
-        cfg = cand.config
-        seen.add(cfg.hash)
-        acc = count(cfg, batch_size=batch, seq_len=seq)
-        trial.set_constraint(S.C_BUDGET, float(acc.stored_params - space.budget_params))
-        trial.set_constraint(S.C_FIDELITY, 0.0)
-        v = [surrogate_loss(cfg), float(acc.train_memory_bytes)]
-        study.tell(trial, v)
-        values.append(v)
+            loss = surrogate_loss(ArchConfig.from_dict(config["allocation"]))
+            proxy = {"status": "ok", "val_loss": loss, "steps_done": 1, "curve": [[1, loss]]}
+            searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": 1, "final": True,
+                                                 "proxy": json.dumps(proxy)})
+            i += 1
+    finally:
+        searcher.close()
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.COMPLETE:
+            values.append(list(t.values))
+    stats = {"infeasible": searcher.progress.infeasible, "duplicate": searcher.progress.duplicates,
+             "exhausted": searcher.error is not None}
     return values, stats
 
 
