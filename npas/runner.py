@@ -108,6 +108,7 @@ def _worker_corpus(source: str | None, val_fraction: float, fingerprint: str):
 
 def trainable(config: dict, data: dict) -> None:
     """One proxy run. Reports the validation loss at each evaluation (for ASHA), then the metrics."""
+    import ray
     from ray import tune
 
     from npas.config import ArchConfig
@@ -124,8 +125,6 @@ def trainable(config: dict, data: dict) -> None:
 
     result = run_proxy(cfg, recipe, corpus, report=report)
     loss = result.val_loss if result.val_loss is not None else math.inf
-    import ray
-
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
     # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
     tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,

@@ -29,7 +29,6 @@ from ray.tune.search import Searcher  # noqa: E402
 
 from npas import study as S
 from npas.budget import count
-from npas.config import ArchConfig
 from npas.space import Space
 from npas.storage import HEARTBEAT_S
 
@@ -194,9 +193,7 @@ class NpasSearcher(Searcher):
         trial.set_constraint(S.C_BUDGET, float(acc.stored_params - self.space.budget_params))
         twin = self._same_key(key, trial.number)
         if twin is not None:
-            self.progress.duplicates += 1
-            trial.set_user_attr("same_as", twin)
-            self._tell_skip(trial, "duplicate", f"same allocation, recipe and data as trial {twin}")
+            self._tell_duplicate(trial, twin, f"same allocation, recipe and data as trial {twin}")
             return None
         self._skipped = 0
         self.accounting[str(trial.number)] = acc.to_dict()
@@ -209,6 +206,11 @@ class NpasSearcher(Searcher):
             if t.number != number and t.user_attrs.get(S.T_KEY) == key:
                 return t.number
         return None
+
+    def _tell_duplicate(self, trial: optuna.Trial, twin: int, reason: str) -> None:
+        self.progress.duplicates += 1
+        trial.set_user_attr(S.T_SAME_AS, twin)
+        self._tell_skip(trial, "duplicate", reason)
 
     def _tell_skip(self, trial: optuna.Trial, status: str, reason: str) -> None:
         trial.set_user_attr(S.T_STATUS, status)
@@ -267,9 +269,7 @@ class NpasSearcher(Searcher):
             steps = int(proxy.get("steps_done", steps))
         twin = self._same_key(trial.user_attrs.get(S.T_KEY), trial.number, states=(TrialState.COMPLETE,))
         if twin is not None:  # another driver ran the same candidate concurrently: keep one result
-            self.progress.duplicates += 1
-            trial.set_user_attr("same_as", twin)
-            self._tell_skip(trial, "duplicate", f"ran concurrently with trial {twin}, whose result is kept")
+            self._tell_duplicate(trial, twin, f"ran concurrently with trial {twin}, whose result is kept")
             return
         full = steps >= max_steps
         trial.set_user_attr(S.T_FIDELITY, steps)
@@ -312,6 +312,3 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         attrs[S.T_BASELINE] = trial.user_attrs[S.T_BASELINE]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 
-
-def decode_allocation(config: dict) -> ArchConfig:
-    return ArchConfig.from_dict(config["allocation"])

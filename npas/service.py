@@ -116,12 +116,12 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     if rec.seq_len > space.reference_chassis.context:
         raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
-    S.make_sampler(sampler, seed, len(space.objectives))  # validate the name before touching the database
+    chosen = S.make_sampler(sampler, seed, len(space.objectives))  # validates the name before any database write
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     st = open_storage(url)
     try:
         created = optuna.create_study(study_name=name, storage=st, directions=["minimize"] * len(space.objectives),
-                                      sampler=S.make_sampler(sampler, seed, len(space.objectives)))
+                                      sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
         return _join(name, st, url, space, trials, data, launch)
     created.set_metric_names(list(space.objectives))

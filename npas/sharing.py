@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npas.config import Bank
@@ -94,7 +93,3 @@ class LoRA(nn.Module):
     def delta(self) -> Tensor:
         """B @ A, shaped like the weight it relaxes (d_out, d_in)."""
         return self.B @ self.A
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The unmerged path, x @ A^T @ B^T: same result as merging, for callers that want it."""
-        return F.linear(F.linear(x, self.A), self.B)

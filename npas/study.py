@@ -18,7 +18,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas import __version__
 from npas.config import ArchConfig
 from npas.errors import StudyError
 from npas.storage import redact, study_names
@@ -37,6 +36,7 @@ T_BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
 T_KNOBS, T_ALLOC, T_HASH, T_ACCOUNTING = "knobs", "allocation", "allocation_hash", "accounting"
 T_PROXY, T_FIDELITY, T_MAX_FIDELITY, T_CURVE = "proxy", "fidelity", "max_fidelity", "curve"
 T_KEY, T_FILL, T_DRIVER, T_RETRY_OF, T_NODE = "trial_key", "budget_fill", "driver", "retry_of", "ray_node"
+T_SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
 T_RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
 C_BUDGET, C_FIDELITY = "budget", "fidelity"
 
@@ -187,6 +187,3 @@ def knee(trials: list[FrozenTrial]) -> FrozenTrial:
 
     return min(trials, key=dist)
 
-
-def version_note() -> str:
-    return f"npas {__version__}"
