@@ -29,6 +29,8 @@ from npas.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
 
 log = logging.getLogger(__name__)
 
+SETUP_WAIT_S = 60.0  # how long a joining driver waits for the creator to finish writing the study's record
+
 
 class Interrupted(StudyError):
     """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
@@ -138,6 +140,7 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
         created.set_user_attr(k, v)
     for bname in space.baselines():
         created.enqueue_trial({}, user_attrs={S.T_BASELINE: bname})
+    created.set_user_attr(S.S_READY, True)  # last: a driver joining by name waits for this
     _run(created, space, rec.to_dict(), corpus, trials, url, launch)
     return created
 
@@ -145,11 +148,29 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
 def _join(name: str, st, url: str, space: Space, trials: int, data: str | None, launch: Launch) -> optuna.Study:
     """`npas search --study S` on an existing study: another driver joins it (PostgreSQL), or a
     stopped one continues (SQLite), provided the space and its launch overrides are unchanged."""
-    existing = S.load(name, st, url)
+    existing = _await_setup(name, st, url)
     if existing.user_attrs.get(S.S_SPACE_HASH) != space.hash:
         raise StudyError(f"study {name!r} already exists in {redact(url)} with a different space, budget or data; "
                          f"pick another --study name, or `npas resume {name}` to continue it as it was")
     return resume(name, trials=trials, storage=url, data=data, launch=launch)
+
+
+def _await_setup(name: str, st, url: str) -> optuna.Study:
+    """Wait for a study's creator to finish writing its attributes and baselines.
+
+    Optuna writes study attributes one at a time, so two drivers started together on one
+    PostgreSQL study can see it half-written; the joiner polls for S_READY rather than
+    misreading a partial record as a different space.
+    """
+    sid = st.get_study_id_from_name(name)
+    deadline = time.monotonic() + SETUP_WAIT_S
+    while not st.get_study_user_attrs(sid).get(S.S_READY):
+        if time.monotonic() > deadline:
+            raise StudyError(f"study {name!r} in {redact(url)} was never finished setting up (its creating driver "
+                             f"stopped within its first second); pick another --study name, or delete it with "
+                             f"`optuna delete-study --study-name {name} --storage URL`")
+        time.sleep(0.25)
+    return S.load(name, st, url)
 
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
@@ -163,7 +184,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     st = open_storage(url)
-    peek = S.load(name, st, url)
+    peek = _await_setup(name, st, url)
     ua = peek.user_attrs
     text = ua[S.S_SPACE_TEXT]
     space = parse_space(text, ua.get(S.S_SPACE_SOURCE, name))

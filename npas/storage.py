@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -76,8 +77,7 @@ def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
     if parsed.get_backend_name() == "sqlite":
         engine_kwargs["connect_args"] = {"timeout": 60}  # wait for the lock rather than fail at once
     try:
-        storage = optuna.storages.RDBStorage(
-            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        storage = _create(full, engine_kwargs)
     except Exception as e:  # sqlalchemy OperationalError, psycopg errors, alembic errors ...
         reason = " ".join(str(getattr(e, "orig", None) or e).split())
         reason = reason.replace(parsed.password or "\0", "***") if parsed.password else reason
@@ -88,6 +88,25 @@ def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
         _tune_sqlite(storage.engine)
     _CACHE[raw] = storage
     return storage
+
+
+def _is_schema_race(e: Exception) -> bool:
+    """Two drivers opening an empty database at once both create Optuna's tables and types; the
+    loser gets a unique-violation or 'already exists' error although the schema is now complete."""
+    text = str(getattr(e, "orig", None) or e).lower()
+    return isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in text
+
+
+def _create(full: str, engine_kwargs: dict, attempts: int = 5) -> optuna.storages.RDBStorage:
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(
+                full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        except Exception as e:
+            if attempt == attempts - 1 or not _is_schema_race(e):
+                raise
+            time.sleep(0.2 * (attempt + 1))  # the winner's schema transaction commits within that
+    raise AssertionError("unreachable")
 
 
 def _tune_sqlite(engine: sqlalchemy.engine.Engine) -> None:

@@ -29,6 +29,7 @@ S_VERSION, S_SPACE_TEXT, S_SPACE_HASH, S_SPACE_NAME, S_SPACE_SOURCE = (
 S_BUDGET, S_BUDGET_SPEC, S_REFERENCE = "budget_params", "budget_spec", "reference_params"
 S_RECIPE, S_DATA, S_FINGERPRINT, S_VOCAB = "recipe", "data_source", "data_fingerprint", "vocab_size"
 S_OBJECTIVES, S_SAMPLER, S_SEED, S_EARLY_STOP, S_TARGET = "objectives", "sampler", "seed", "early_stop", "target_trials"
+S_READY = "npas_ready"  # written last at creation: a study without it is still being set up (or its creator died)
 # trial.user_attrs
 T_STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
 T_REASON = "failure_reason"

@@ -124,17 +124,35 @@ def test_sigint_then_resume_reaches_the_target(tmp_path, slow_recipe):
         assert any(r.user_attrs.get(S.T_RETRY_OF) == t.number for r in ts)
 
 
+@pytest.fixture
+def empty_pg_database():
+    """A new, empty PostgreSQL database (no Optuna tables yet), dropped afterwards."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    db = f"npas_{uuid.uuid4().hex[:8]}"
+    admin = sqlalchemy.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f'CREATE DATABASE "{db}"'))
+    yield make_url(PG_URL).set(database=db).render_as_string(hide_password=False)
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+    admin.dispose()
+
+
 @pytest.mark.skipif(not pg_reachable(), reason=f"no PostgreSQL server reachable at {PG_URL}")
-def test_two_drivers_share_one_postgresql_study(tmp_path):
-    name, target = f"two-{uuid.uuid4().hex[:6]}", 8
+def test_two_drivers_share_one_postgresql_study(tmp_path, empty_pg_database):
+    """Started together on an empty database: both create Optuna's schema and the study at once
+    (one loses each race and must join), then share the trials."""
+    url, name, target = empty_pg_database, "two", 8
     recipe = str(ROOT / "tests" / "data" / "fast.yaml")
-    args = ("search", TINY, "--recipe", recipe, "--trials", str(target), "--study", name, "--storage", PG_URL,
+    args = ("search", TINY, "--recipe", recipe, "--trials", str(target), "--study", name, "--storage", url,
             "--workers", "1", "--no-early-stop")
     a = npas_proc(*args, log=tmp_path / "a.log")
     b = npas_proc(*args, log=tmp_path / "b.log")
     assert a.wait(timeout=400) == 0, (tmp_path / "a.log").read_text()[-2000:]
     assert b.wait(timeout=400) == 0, (tmp_path / "b.log").read_text()[-2000:]
-    ts = check_final(PG_URL, name, target)
+    ts = check_final(url, name, target)
     pids = {t.user_attrs[S.T_DRIVER]["pid"] for t in ts if S.counts_toward_target(t)}
     assert len(pids) == 2, "both drivers ran trials"
 

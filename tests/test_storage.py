@@ -1,0 +1,45 @@
+"""Storage set-up races: a driver joining a study that another is still creating."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import optuna
+import pytest
+
+from npas import service
+from npas import study as S
+from npas.errors import StudyError
+from npas.storage import open_storage
+
+
+def _half_created(url: str, name: str) -> optuna.Study:
+    """What a joiner can see while the creator is between create_study and its last attribute."""
+    st = open_storage(url)
+    study = optuna.create_study(study_name=name, storage=st, directions=["minimize", "minimize"])
+    study.set_user_attr(S.S_VERSION, "x")
+    study.set_user_attr(S.S_SPACE_TEXT, "name: half\n")  # the hash, recipe ... not written yet
+    return study
+
+
+def test_joiner_waits_for_the_creator_to_finish(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    study = _half_created(url, "j")
+    monkeypatch.setattr(service, "SETUP_WAIT_S", 30.0)
+    t0 = time.monotonic()
+    threading.Timer(0.6, lambda: (study.set_user_attr(S.S_SPACE_HASH, "h"), study.set_user_attr(S.S_READY, True)))\
+        .start()
+    joined = service._await_setup("j", open_storage(url), url)
+    assert time.monotonic() - t0 >= 0.5
+    assert joined.user_attrs[S.S_SPACE_HASH] == "h"  # read after the creator finished, not half-way
+
+
+def test_a_study_whose_creator_died_during_setup_is_named(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    _half_created(url, "d")
+    monkeypatch.setattr(service, "SETUP_WAIT_S", 0.3)
+    with pytest.raises(StudyError, match="never finished setting up.*another --study name"):
+        service.resume("d", storage=url)
+    # nothing was deleted or changed
+    assert optuna.load_study(study_name="d", storage=url).user_attrs[S.S_SPACE_TEXT] == "name: half\n"
