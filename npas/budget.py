@@ -99,6 +99,40 @@ def _bank_params(cfg: ArchConfig) -> list[int]:
     return out
 
 
+def stored_params(cfg: ArchConfig) -> int:
+    """Stored parameters alone, in closed form: the number the budget fit solves for.
+
+    Equal to `count(cfg).stored_params` (a test checks both against the built model) but without
+    the per-layer breakdown, FLOPs and memory, so the fit's dozens of probes per sample stay cheap.
+    Written as one flat pass (no derived-structure lookups) because it is the fit's inner loop.
+    """
+    c = cfg.chassis
+    d, L = c.d_model, c.n_layers
+    n_mlp = 3 if c.activation == "swiglu" else 2
+    mlp_widths, block_of = cfg.mlp_widths, cfg.block_of_layer
+    n_blocks = max(block_of) + 1
+    if n_blocks == L:  # untied: blocks are numbered in order of first use, so block i is layer i
+        widths = mlp_widths
+    else:  # a block stores the widest of its layers
+        widths = [0] * n_blocks
+        for w, b in zip(mlp_widths, block_of, strict=True):
+            if w > widths[b]:
+                widths[b] = w
+    total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
+    total += 4 * d * d * n_blocks + n_mlp * d * sum(widths)  # every block slot, banked or not
+    total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
+    attn = {"attn_qkv": 3 * d * d, "attn_out": d * d}
+    for bank in cfg.banks:
+        for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
+            total -= attn.get(slot) or d * widths[b]
+        t = bank.templates
+        total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
+    total += 6 * d * sum(cfg.lora_attn)
+    if any(cfg.lora_mlp):
+        total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
+    return total
+
+
 def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> Accounting:
     """Exact parameter accounting plus FLOP and memory estimates at (batch_size, seq_len)."""
     c = cfg.chassis
@@ -186,4 +220,4 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
 def reference_params(cfg_or_chassis) -> int:
     """N_ref: stored parameters of the untied uniform model of this chassis."""
     chassis = getattr(cfg_or_chassis, "chassis", cfg_or_chassis)
-    return count(reference_config(chassis)).stored_params
+    return stored_params(reference_config(chassis))

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from npas.budget import count
+from npas.budget import stored_params
 from npas.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
 
 TAPERS = ("uniform", "linear", "cosine", "step", "reverse", "hourglass")
@@ -152,7 +152,7 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
         return make(ch, _widths([ch.d_ff * p for p in profile], scale))
 
     def params(ch: Chassis, scale: float) -> int:
-        return count(at(ch, scale)).stored_params
+        return stored_params(at(ch, scale))
 
     ch, lo = chassis, 1e-9
     if mode == "all":
@@ -168,10 +168,10 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
     base = [ch.d_ff * p for p in profile]
     if params(ch, max_scale) <= budget:
         cfg = at(ch, max_scale)
-        return Fit(cfg, free="width_scale", stored=count(cfg).stored_params, capped=True)
+        return Fit(cfg, free="width_scale", stored=stored_params(cfg), capped=True)
     s = _largest(lambda x: params(ch, x), lo, max_scale, budget)
     cfg = at(ch, s)
-    stored = count(cfg).stored_params
+    stored = stored_params(cfg)
     step = params(ch, _next_breakpoint(base, s)) - stored
     return Fit(cfg, free="width_scale", stored=stored, step=step)
 
@@ -183,14 +183,14 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
         Bank(m, generator, size=max(cfg.member_numels(Bank(m, "tie", 1))), templates=1) for m in members))
     numels = [probe.member_numels(b) for b in probe.banks]
     if generator == "tie":
-        stored = count(probe).stored_params
+        stored = stored_params(probe)
         if stored > budget:
             return Fit(None, f"tied banks need {stored:,} params > budget {budget:,}")
         return Fit(probe, free="none", stored=stored, capped=True)
     if generator == "template_mix":
         return _fit_templates(probe, numels, budget, min_templates, max_templates)
     caps = [sum(n) if generator == "slice" else max(n) for n in numels]
-    fixed = count(replace(probe, banks=tuple(replace(b, size=1) for b in probe.banks))).stored_params - len(caps)
+    fixed = stored_params(replace(probe, banks=tuple(replace(b, size=1) for b in probe.banks))) - len(caps)
     avail = budget - fixed
     if avail < len(caps):
         return Fit(None, f"{generator} banks leave {avail:,} params for {len(caps)} banks after the fixed "
@@ -206,7 +206,7 @@ def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_mi
     else t_min templates shortened in proportion and tiled to each member (then length is free)."""
     caps = [max(n) for n in numels]
     coefs = sum(len(n) for n in numels)
-    fixed = count(replace(probe, banks=())).stored_params - sum(
+    fixed = stored_params(replace(probe, banks=())) - sum(
         n for b in probe.banks for n in probe.member_numels(b))  # the probe's banked slots are not direct
     per_t = sum(caps) + coefs
     if fixed + t_min * per_t <= budget:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npas
-from npas.budget import count, parse_budget
+from npas.budget import count, parse_budget, stored_params
 from npas.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import BudgetError
 from npas.space import load_space
@@ -36,6 +36,7 @@ def test_count_equals_built_model_and_fits_budget(path, seed):
     model = npas.build_model(cand.config)
     acc = count(cand.config)
     assert acc.stored_params == sum(p.numel() for p in model.parameters()) == cand.fit.stored
+    assert stored_params(cand.config) == acc.stored_params  # the fit's closed form agrees
     assert acc.stored_params <= space.budget_params
     if not cand.fit.capped:
         # as close as the shapes allow: one more increment of the free size would break the budget

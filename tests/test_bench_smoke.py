@@ -13,7 +13,9 @@ from .conftest import ROOT
 # bench -> lines its output must contain (multiline regexes)
 BENCHES = {
     "accounting.py": [
-        r"^ratio: analytic [\d,]+ allocations/s vs build-and-count [\d,.]+ allocations/s = [\d,]+x .*(PASS|MISS)$",
+        r"^ratio: analytic parameter count [\d,]+ allocations/s vs build-and-count [\d,.]+ allocations/s = [\d,]+x "
+        r".*(PASS|MISS)$",
+        r"^record: the full accounting record .* [\d,]+ allocations/s = [\d,]+x build-and-count$",
         r"^exact: (\d+)/\1 allocations agree .* PASS$",
     ],
     "sharing_overhead.py": [
