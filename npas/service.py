@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from npas import __version__
 from npas import study as S
 from npas.errors import StudyError
-from npas.runner import check_address_reachable, check_resources, init_ray, run_trials
+from npas.runner import check_address_reachable, check_resources, init_ray, run_trials, start_ray_early
 from npas.searcher import NpasSearcher, Progress, requeue
 from npas.space import Space, parse_space
 from npas.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
@@ -111,6 +111,7 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     url = resolve_url(storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
+    start_ray_early(launch.ray_address)  # its daemons boot while the rest of the set-up runs
     rec = load_recipe(recipe or space.recipe)
     corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction)
     corpus.check_fits(rec.seq_len, rec.batch_size)
@@ -183,6 +184,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     url = resolve_url(storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
+    start_ray_early(launch.ray_address)  # its daemons boot while the rest of the set-up runs
     st = open_storage(url)
     peek = _await_setup(name, st, url)
     ua = peek.user_attrs

@@ -133,7 +133,10 @@ class Space:
             parse_budget(budget, self.reference_params)  # fail now, with the budget's own message
             spec = str(budget)
             over["budget"] = spec
-        return replace(self, chassis=chassis, budget_spec=spec, overrides=over)
+        bound = replace(self, chassis=chassis, budget_spec=spec, overrides=over)
+        if short := below_embeddings(bound.reference_chassis, spec, bound.budget_params):
+            raise BudgetError(short)
+        return bound
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample(self, trial: optuna.Trial, fixed: dict[str, Any] | None = None) -> Candidate:
@@ -239,6 +242,16 @@ def load_space(path: str | Path) -> Space:
     return parse_space(p.read_text(encoding="utf-8"), str(p))
 
 
+def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
+    """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
+    d_model, so a cap at or under them leaves every candidate infeasible."""
+    floor = ch.vocab_size * ch.d_model + ch.context * ch.d_model + ch.d_model
+    if cap > floor:
+        return None
+    return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
+            f"d_model={ch.d_model}; raise the budget or lower d_model")
+
+
 def parse_space(text: str, source: str = "<space>") -> Space:
     try:
         data = yaml.safe_load(text)
@@ -303,12 +316,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
         ref = reference_params(Chassis(**{k: kn.default for k, kn in chassis.items()})) if chassis_ok else 10**9
         cap = parse_budget(budget_spec, ref)
-        if chassis_ok:  # embeddings are never shared or narrowed below d_model: nothing fits under them
-            ch = Chassis(**{k: kn.default for k, kn in chassis.items()})
-            floor = ch.vocab_size * ch.d_model + ch.context * ch.d_model + ch.d_model
-            if cap <= floor:
-                problems.append(f"space.budget: {budget_spec} is {cap:,} params, not more than the {floor:,} the "
-                                f"embeddings alone need at d_model={ch.d_model}; raise the budget or lower d_model")
+        if chassis_ok and (short := below_embeddings(Chassis(**{k: kn.default for k, kn in chassis.items()}),
+                                                     budget_spec, cap)):
+            problems.append(f"space.budget: {short}")
     except BudgetError as e:
         problems.append(f"space.budget: {e}")
     if problems:

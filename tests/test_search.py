@@ -153,6 +153,8 @@ def test_cli_front_studies_export(smoke_study, tmp_path):
     (["search", "search_spaces/nope.yaml", "--storage", "sqlite:///{tmp}/x.db"], "no such file"),
     (["search", str(TINY), "--ray-address", "127.0.0.1:1", "--storage", "sqlite:///{tmp}/x.db"],
      "cannot reach Ray at '127.0.0.1:1'"),
+    (["search", str(TINY), "--budget", "1000", "--storage", "sqlite:///{tmp}/x.db"],
+     "not more than the 4,256 the embeddings alone need"),  # a --budget override is checked like the file's
 ])
 def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

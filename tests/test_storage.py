@@ -43,3 +43,4 @@ def test_a_study_whose_creator_died_during_setup_is_named(tmp_path, monkeypatch)
         service.resume("d", storage=url)
     # nothing was deleted or changed
     assert optuna.load_study(study_name="d", storage=url).user_attrs[S.S_SPACE_TEXT] == "name: half\n"
+

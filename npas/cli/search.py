@@ -123,14 +123,26 @@ def _print_front(study, fmt: str = "table") -> None:
         print(df.drop(columns=["hash"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
+def _start_ray(args: argparse.Namespace) -> None:
+    """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch),
+    the corpus and the database: they overlap, and the first trial starts ~5 s sooner."""
+    from npas.runner import check_address_reachable, start_ray_early
+
+    if args.ray_address:
+        check_address_reachable(args.ray_address)
+    start_ray_early(args.ray_address)
+
+
 def run_search(args: argparse.Namespace) -> int:
     import npas
-    from npas.service import search
-    from npas.storage import redact, resolve_url
 
     if not Path(args.space).is_file():
         raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
     space = npas.load_space(args.space)
+    _start_ray(args)
+    from npas.service import search
+    from npas.storage import redact, resolve_url
+
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
                    data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
     print(file=sys.stderr)
@@ -142,6 +154,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
+    _start_ray(args)
     from npas.service import resume
 
     text = Path(args.space).read_text() if args.space else None
