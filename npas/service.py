@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from npas import __version__
 from npas import study as S
 from npas.errors import StudyError
-from npas.runner import check_address_reachable, check_resources, init_ray, run_trials, start_ray_early
+from npas.runner import check_address_reachable, check_resources, init_ray, run_trials
 from npas.searcher import NpasSearcher, Progress, requeue
 from npas.space import Space, parse_space
 from npas.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
@@ -111,7 +111,6 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     url = resolve_url(storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
-    start_ray_early(launch.ray_address)  # its daemons boot while the rest of the set-up runs
     rec = load_recipe(recipe or space.recipe)
     corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction)
     corpus.check_fits(rec.seq_len, rec.batch_size)
@@ -163,12 +162,16 @@ def _await_setup(name: str, st, url: str) -> optuna.Study:
     PostgreSQL study can see it half-written; the joiner polls for S_READY rather than
     misreading a partial record as a different space.
     """
-    sid = st.get_study_id_from_name(name)
+    try:
+        sid = st.get_study_id_from_name(name)
+    except KeyError:
+        S.load(name, st, url)  # raises the StudyError that lists the studies there
+        raise
     deadline = time.monotonic() + SETUP_WAIT_S
     while not st.get_study_user_attrs(sid).get(S.S_READY):
         if time.monotonic() > deadline:
-            raise StudyError(f"study {name!r} in {redact(url)} was never finished setting up (its creating driver "
-                             f"stopped within its first second); pick another --study name, or delete it with "
+            raise StudyError(f"study {name!r} in {redact(url)} was never fully set up (the driver that created it "
+                             f"stopped during set-up); pick another --study name, or delete it with "
                              f"`optuna delete-study --study-name {name} --storage URL`")
         time.sleep(0.25)
     return S.load(name, st, url)
@@ -184,7 +187,6 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     url = resolve_url(storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
-    start_ray_early(launch.ray_address)  # its daemons boot while the rest of the set-up runs
     st = open_storage(url)
     peek = _await_setup(name, st, url)
     ua = peek.user_attrs

@@ -39,8 +39,15 @@ def test_a_study_whose_creator_died_during_setup_is_named(tmp_path, monkeypatch)
     url = f"sqlite:///{tmp_path / 'd.db'}"
     _half_created(url, "d")
     monkeypatch.setattr(service, "SETUP_WAIT_S", 0.3)
-    with pytest.raises(StudyError, match="never finished setting up.*another --study name"):
+    with pytest.raises(StudyError, match="was never fully set up.*another --study name"):
         service.resume("d", storage=url)
     # nothing was deleted or changed
     assert optuna.load_study(study_name="d", storage=url).user_attrs[S.S_SPACE_TEXT] == "name: half\n"
 
+
+
+def test_resume_of_an_unknown_study_lists_what_is_there(tmp_path):
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    _half_created(url, "present")
+    with pytest.raises(StudyError, match=r"no study 'absent' .*studies there: present"):
+        service.resume("absent", storage=url)
