@@ -168,13 +168,21 @@ def _await_setup(name: str, st, url: str) -> optuna.Study:
         S.load(name, st, url)  # raises the StudyError that lists the studies there
         raise
     deadline = time.monotonic() + SETUP_WAIT_S
-    while not st.get_study_user_attrs(sid).get(S.S_READY):
+    while not _set_up(st, sid):
         if time.monotonic() > deadline:
             raise StudyError(f"study {name!r} in {redact(url)} was never fully set up (the driver that created it "
                              f"stopped during set-up); pick another --study name, or delete it with "
                              f"`optuna delete-study --study-name {name} --storage URL`")
         time.sleep(0.25)
     return S.load(name, st, url)
+
+
+def _set_up(st, sid: int) -> bool:
+    """Marked ready by its creator, or (a study from before the marker) it has already run trials."""
+    if st.get_study_user_attrs(sid).get(S.S_READY):
+        return True
+    ran = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    return bool(st.get_all_trials(sid, deepcopy=False, states=ran))
 
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,

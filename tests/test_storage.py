@@ -51,3 +51,12 @@ def test_resume_of_an_unknown_study_lists_what_is_there(tmp_path):
     _half_created(url, "present")
     with pytest.raises(StudyError, match=r"no study 'absent' .*studies there: present"):
         service.resume("absent", storage=url)
+
+
+def test_a_study_that_already_ran_trials_needs_no_marker(tmp_path, monkeypatch):
+    """Studies written before the npas_ready marker existed are recognised by their trials."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = _half_created(url, "old")
+    study.tell(study.ask(), [1.0, 2.0])
+    monkeypatch.setattr(service, "SETUP_WAIT_S", 0.0)
+    assert service._await_setup("old", open_storage(url), url).study_name == "old"
