@@ -235,7 +235,7 @@ class NpasSearcher(Searcher):
         if error or not result:
             self._fail(trial, self.errors.get(trial_id, "worker error: the trial raised or its worker died"))
         else:
-            self._finish(trial, result, curve)
+            self._finish(trial, result)
         self._emit(refresh_front=True)
         if self.on_trial_done is not None:
             try:
@@ -249,7 +249,7 @@ class NpasSearcher(Searcher):
         trial.set_user_attr(S.T_REASON, reason[:2000])
         self.study.tell(trial, state=TrialState.FAIL)
 
-    def _finish(self, trial: optuna.Trial, result: dict, curve: list) -> None:
+    def _finish(self, trial: optuna.Trial, result: dict) -> None:
         proxy = json.loads(result["proxy"]) if isinstance(result.get("proxy"), str) else None
         steps = int(result.get("step", 0))
         max_steps = int(self.recipe["steps"])

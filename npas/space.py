@@ -314,10 +314,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     budget_spec = str(data.get("budget", "1x"))
     try:  # syntax always; feasibility against the reference only when the chassis is valid
         chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
-        ref = reference_params(Chassis(**{k: kn.default for k, kn in chassis.items()})) if chassis_ok else 10**9
-        cap = parse_budget(budget_spec, ref)
-        if chassis_ok and (short := below_embeddings(Chassis(**{k: kn.default for k, kn in chassis.items()}),
-                                                     budget_spec, cap)):
+        ref_chassis = Chassis(**{k: kn.default for k, kn in chassis.items()}) if chassis_ok else None
+        cap = parse_budget(budget_spec, reference_params(ref_chassis) if ref_chassis else 10**9)
+        if ref_chassis and (short := below_embeddings(ref_chassis, budget_spec, cap)):
             problems.append(f"space.budget: {short}")
     except BudgetError as e:
         problems.append(f"space.budget: {e}")

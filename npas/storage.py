@@ -97,16 +97,19 @@ def _is_schema_race(e: Exception) -> bool:
     return isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in text
 
 
-def _create(full: str, engine_kwargs: dict, attempts: int = 5) -> optuna.storages.RDBStorage:
-    for attempt in range(attempts):
+def _create(full: str, engine_kwargs: dict, retries: int = 4) -> optuna.storages.RDBStorage:
+    def make() -> optuna.storages.RDBStorage:
+        return optuna.storages.RDBStorage(
+            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+    for attempt in range(retries):
         try:
-            return optuna.storages.RDBStorage(
-                full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            return make()
         except Exception as e:
-            if attempt == attempts - 1 or not _is_schema_race(e):
+            if not _is_schema_race(e):
                 raise
             time.sleep(0.2 * (attempt + 1))  # the winner's schema transaction commits within that
-    raise AssertionError("unreachable")
+    return make()
 
 
 def _tune_sqlite(engine: sqlalchemy.engine.Engine) -> None:
