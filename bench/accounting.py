@@ -36,9 +36,9 @@ import optuna
 import torch
 
 import npas
-import npas.budget
-import npas.fit
-from npas.space import load_space
+import npas.allocation.budget
+import npas.allocation.fit
+from npas.allocation.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
@@ -61,13 +61,13 @@ class SpaceResult:
 @contextmanager
 def _counting(calls: list[int]):
     """Count the `count` calls one space.sample makes (the fit's, and the reference's for the budget)."""
-    real = npas.budget.stored_params
+    real = npas.allocation.budget.stored_params
 
     def wrapped(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    with mock.patch.object(npas.fit, "stored_params", wrapped), mock.patch.object(npas.budget, "stored_params",
+    with mock.patch.object(npas.allocation.fit, "stored_params", wrapped), mock.patch.object(npas.allocation.budget, "stored_params",
                                                                                    wrapped):
         yield
 
@@ -101,7 +101,7 @@ def bench_space(path: Path, n: int, seed: int, repeats: int) -> SpaceResult:
         for _ in range(repeats):
             _fresh(cfg)
             t0 = time.perf_counter()
-            params = npas.budget.stored_params(cfg)
+            params = npas.allocation.budget.stored_params(cfg)
             elapsed += time.perf_counter() - t0
         res.params_s += elapsed / repeats
         elapsed = 0.0

@@ -59,9 +59,9 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas import study as S  # noqa: E402
-from npas.config import ArchConfig  # noqa: E402
-from npas.recipe import Recipe  # noqa: E402
+from npas.allocation.config import ArchConfig  # noqa: E402
+from npas.service import study as S  # noqa: E402
+from npas.training.recipe import Recipe  # noqa: E402
 
 TARGET = 1.10
 WORKERS = 2
@@ -87,7 +87,7 @@ def make_recipe(steps: int) -> Recipe:
 
 def calibrate(cfg: ArchConfig, corpus, target_s: float, probe_steps: int) -> tuple[int, float]:
     """Steps for a ~target_s bare trial, from a short probe run (which also warms torch up)."""
-    from npas.proxy import run_proxy
+    from npas.training.proxy import run_proxy
 
     run_proxy(cfg, make_recipe(max(4, probe_steps // 4)), corpus)  # first-call costs, not timed
     t = time.perf_counter()
@@ -213,8 +213,8 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
     """Median ms per suggest() and per on_trial_complete() of the real NpasSearcher on SQLite, and the
     import time of ray.tune: the driver-side work per trial, without Ray running."""
     t = time.perf_counter()
-    from npas.searcher import NpasSearcher
-    from npas.storage import open_storage
+    from npas.service.searcher import NpasSearcher
+    from npas.service.storage import open_storage
 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
@@ -245,9 +245,9 @@ _POOL: dict = {}
 
 def _pool_init(steps: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from npas.data import load_corpus
-    from npas.proxy import run_proxy
-    from npas.space import parse_space
+    from npas.allocation.space import parse_space
+    from npas.training.data import load_corpus
+    from npas.training.proxy import run_proxy
 
     corpus = load_corpus(None)
     space = parse_space(SPACE_TEXT, "orchestration.yaml").bind(vocab_size=corpus.vocab_size)
@@ -257,7 +257,7 @@ def _pool_init(steps: int) -> None:
 
 
 def _pool_run(alloc: dict) -> tuple[float, float]:
-    from npas.proxy import run_proxy
+    from npas.training.proxy import run_proxy
 
     t, c = time.perf_counter(), time.process_time()
     run_proxy(ArchConfig.from_dict(alloc), _POOL["recipe"], _POOL["corpus"])
@@ -283,9 +283,9 @@ def _ray_task_cold() -> float:
     t = time.perf_counter()
     import torch  # noqa: F401
 
-    import npas.proxy  # noqa: F401
-    import npas.runner  # noqa: F401
-    from npas.data import load_corpus
+    import npas.service.runner  # noqa: F401
+    import npas.training.proxy  # noqa: F401
+    from npas.training.data import load_corpus
 
     load_corpus(None)
     return time.perf_counter() - t
@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     target_s = args.trial_seconds or (3.0 if args.quick else 15.0)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    from npas.data import load_corpus
-    from npas.proxy import run_proxy
-    from npas.space import parse_space
+    from npas.allocation.space import parse_space
+    from npas.training.data import load_corpus
+    from npas.training.proxy import run_proxy
 
     load0 = os.getloadavg()[0]
     corpus = load_corpus(None)
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
               f"plain 2-process = {statistics.mean(r.wall_s for r in rows) / statistics.mean(pair_walls):.2f}x")
     if profile:
         print(f"  searcher per trial (NpasSearcher on SQLite, no Ray): suggest {ask_ms:.1f} ms, on_trial_complete "
-              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.searcher {tune_import_s:.1f} s")
+              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.service.searcher {tune_import_s:.1f} s")
         for label, v in probe.items():
             print(f"  ray probe: {label:<56}{v:>6.2f} s")
     print(f"load average {load0:.2f} -> {load1:.2f}")

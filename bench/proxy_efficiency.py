@@ -5,7 +5,7 @@ Prints, in one run:
   2. a minimal hand-written training loop (nanoGPT-style: embedding, pre-norm blocks with
      F.scaled_dot_product_attention, AdamW, warmup+cosine, grad clipping) at the shape of an untied
      npas allocation;
-  3. npas's proxy loop (npas.proxy.run_proxy) on that untied allocation and on tied, pooled and
+  3. npas's proxy loop (npas.training.proxy.run_proxy) on that untied allocation and on tied, pooled and
      relaxed allocations of (nearly) equal per-token FLOPs.
 For each: tokens/s, fraction of the matmul peak (training FLOPs = 3 x forward FLOPs from npas.count,
 i.e. 6N per token plus attention), and the ratio npas / hand-written. Targets: >= 0.95x untied,
@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import npas
-from npas.config import ArchConfig, Bank, Chassis, reference_config
-from npas.data import load_corpus
-from npas.proxy import run_proxy
-from npas.recipe import Recipe
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.training.data import load_corpus
+from npas.training.proxy import run_proxy
+from npas.training.recipe import Recipe
 
 
 # ----------------------------------------------------------------------------- matmul peak

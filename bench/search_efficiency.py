@@ -17,10 +17,10 @@ computed from its fitted allocation, so the bench measures the samplers, not the
                   +0.10 |front| when back-heavy (taper `reverse` is penalised)
   objective 2: train_memory_bytes, exact, from npas.count with the `proxy` recipe's batch and seq_len
       (the value a real search records for that objective).
-Trials are asked and told in-process the way `npas.searcher.NpasSearcher` does (without Ray): the
+Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
 space's baselines are enqueued first, infeasible candidates and duplicates of an evaluated allocation
 are told FAIL and do not count, each counted trial gets the budget and fidelity constraints. Samplers
-come from `npas.study.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
+come from `npas.service.study.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
 Hypervolume: Optuna's exact `optuna._hypervolume.compute_hypervolume` (what npas/dashboard/info.py
 uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
@@ -47,10 +47,10 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas import study as S  # noqa: E402
-from npas.budget import count  # noqa: E402
-from npas.config import ArchConfig  # noqa: E402
-from npas.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
+from npas.allocation.budget import count  # noqa: E402
+from npas.allocation.config import ArchConfig  # noqa: E402
+from npas.service import study as S  # noqa: E402
+from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
 
 TARGET = 1.00
 SPACE = ROOT / "search_spaces" / "full.yaml"
@@ -99,8 +99,8 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
 
     from ray.tune.search import Searcher
 
-    from npas.searcher import NpasSearcher
-    from npas.storage import open_storage
+    from npas.service.searcher import NpasSearcher
+    from npas.service.storage import open_storage
 
     tmp = tempfile.mkdtemp(prefix="npas-se-")
     storage = open_storage(f"sqlite:///{tmp}/s.db")
@@ -167,7 +167,7 @@ def real_mode(trials: int, seed: int) -> None:
 
     import npas
     from npas.errors import NpasError
-    from npas.service import Launch, search
+    from npas.service.driver import Launch, search
 
     print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
           f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict; ideal point 10% of the "
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds or (3 if args.quick else 8)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    from npas.recipe import load_recipe
-    from npas.space import load_space
+    from npas.allocation.space import load_space
+    from npas.training.recipe import load_recipe
 
     space = load_space(SPACE)
     rec = load_recipe(ROOT / "trials" / "proxy.yaml")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 import npas
-from npas.config import ArchConfig, Bank, Chassis, reference_config
-from npas.fit import bank_members, taper_profile, tying_map
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.fit import bank_members, taper_profile, tying_map
 
 TARGET = 1.10
 

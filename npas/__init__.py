@@ -10,24 +10,24 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from npas.budget import Accounting, count, parse_budget
-from npas.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.budget import Accounting, count, parse_budget
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import NpasError
 
 __version__ = "0.1.0"
 
 # Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast.
 _LAZY = {
-    "build_model": "npas.models",
-    "load_space": "npas.space",
-    "Space": "npas.space",
-    "Candidate": "npas.space",
-    "load_corpus": "npas.data",
-    "load_recipe": "npas.recipe",
-    "run_proxy": "npas.proxy",
-    "search": "npas.service",
-    "resume": "npas.service",
-    "export": "npas.exporter",
+    "build_model": "npas.allocation.transformer",
+    "load_space": "npas.allocation.space",
+    "Space": "npas.allocation.space",
+    "Candidate": "npas.allocation.space",
+    "load_corpus": "npas.training.data",
+    "load_recipe": "npas.training.recipe",
+    "run_proxy": "npas.training.proxy",
+    "search": "npas.service.driver",
+    "resume": "npas.service.driver",
+    "export": "npas.service.exporter",
 }
 
 

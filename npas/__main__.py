@@ -1,5 +1,5 @@
 import sys
 
-from npas.cli import main
+from npas.presentation.cli import main
 
 sys.exit(main())

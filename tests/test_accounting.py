@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npas
-from npas.budget import count, parse_budget, stored_params
-from npas.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.budget import count, parse_budget, stored_params
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.space import load_space
 from npas.errors import BudgetError
-from npas.space import load_space
 
 from .conftest import SPACES
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from npas.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import ConfigError, NpasError
 
 CH = Chassis(vocab_size=68, context=32, d_model=32, n_layers=4, n_heads=4, d_ff=64, activation="swiglu")

@@ -20,11 +20,11 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 import npas
-from npas import study as S
-from npas.budget import count
-from npas.cli import main
-from npas.config import reference_config
-from npas.dashboard import (
+from npas.allocation.budget import count
+from npas.allocation.config import reference_config
+from npas.errors import NpasError
+from npas.presentation.cli import main
+from npas.presentation.dashboard import (
     ReferenceMark,
     allocation_info,
     curves_info,
@@ -36,8 +36,8 @@ from npas.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.errors import NpasError
-from npas.service import Launch, search
+from npas.service import study as S
+from npas.service.driver import Launch, search
 
 from .conftest import ROOT
 
@@ -64,7 +64,7 @@ def smoke(tmp_path_factory):
 
 
 def npas_attrs(study: optuna.Study) -> None:
-    """The study attributes `npas search` writes, enough for the dashboard and `npas.study.load`."""
+    """The study attributes `npas search` writes, enough for the dashboard and `npas.service.study.load`."""
     space = npas.load_space(TINY)
     study.set_metric_names(list(space.objectives))
     for k, v in {S.S_SPACE_TEXT: space.text, S.S_SPACE_NAME: space.name, S.S_BUDGET: space.budget_params,
@@ -287,7 +287,7 @@ def test_cli_writes_the_report_and_names_unknown_studies(failed_db, tmp_path, ca
 
 
 def test_live_without_the_extra_says_how_to_install_it(failed_db, tmp_path, monkeypatch):
-    from npas.cli import dashboard
+    from npas.presentation.cli import dashboard
 
     monkeypatch.setitem(sys.modules, "optuna_dashboard", None)  # import fails as if not installed
     with pytest.raises(NpasError, match=r"pip install 'npas\[dashboard\]'"):

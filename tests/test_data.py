@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npas.data import (
+from npas.errors import DataError
+from npas.training.data import (
     CharTokenizer,
     bundled_text,
     chars_needed,
@@ -20,7 +21,6 @@ from npas.data import (
     split_bounds,
     split_sizes,
 )
-from npas.errors import DataError
 
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 20
 

@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from npas import study as S
+from npas.service import study as S
 
 from .conftest import ROOT
 from .test_search import PG_URL, STORAGES, pg_reachable

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 import npas
-from npas.config import ArchConfig, Bank, Chassis, reference_config
-from npas.data import load_corpus
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import ConfigError, DataError
-from npas.proxy import ProxyResult, eval_batches, param_groups, run_proxy
-from npas.recipe import Recipe, load_recipe
+from npas.training.data import load_corpus
+from npas.training.proxy import ProxyResult, eval_batches, param_groups, run_proxy
+from npas.training.recipe import Recipe, load_recipe
 
 CHASSIS = Chassis(vocab_size=68, context=64, d_model=64, n_layers=2, n_heads=4, d_ff=256)
 REF = reference_config(CHASSIS)

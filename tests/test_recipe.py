@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from npas.errors import ConfigError
-from npas.recipe import Recipe, load_recipe, repo_root, resolve_recipe
+from npas.training.recipe import Recipe, load_recipe, repo_root, resolve_recipe
 
 SHIPPED = ("smoke", "proxy", "long")
 
@@ -126,5 +126,5 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 def test_repo_root_holds_the_package():
-    assert (repo_root() / "npas" / "recipe.py").is_file()
+    assert (repo_root() / "npas" / "training" / "recipe.py").is_file()
     assert Path(repo_root() / "trials").is_dir()

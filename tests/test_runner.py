@@ -11,7 +11,7 @@ def test_ray_started_in_the_background_stays_up(tmp_path):
     outlive init, or the embedded cluster dies as soon as it is ready. A fresh process checks it."""
     code = (
         "import time, ray\n"
-        "from npas.runner import start_ray_early, init_ray\n"
+        "from npas.service.runner import start_ray_early, init_ray\n"
         "start_ray_early(None)\n"
         "init_ray()\n"
         "time.sleep(3)\n"  # a returned thread would have had its daemons SIGKILLed by now

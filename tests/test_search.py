@@ -13,11 +13,11 @@ import pytest
 from optuna.trial import TrialState
 
 import npas
-from npas import study as S
-from npas.budget import count
-from npas.config import ArchConfig
-from npas.exporter import export, write_export
-from npas.service import Launch, search
+from npas.allocation.budget import count
+from npas.allocation.config import ArchConfig
+from npas.service import study as S
+from npas.service.driver import Launch, search
+from npas.service.exporter import export, write_export
 
 from .conftest import ROOT
 

@@ -12,9 +12,9 @@ import optuna
 from ray.tune.search import Searcher
 
 import npas
-from npas import study as S
-from npas.recipe import load_recipe
-from npas.searcher import NpasSearcher
+from npas.service import study as S
+from npas.service.searcher import NpasSearcher
+from npas.training.recipe import load_recipe
 
 from .conftest import ROOT
 

@@ -8,9 +8,9 @@ import sys
 import optuna
 import pytest
 
+from npas.allocation.fit import taper_profile, tying_map
+from npas.allocation.space import load_space, parse_space
 from npas.errors import NpasError, SpaceError
-from npas.fit import taper_profile, tying_map
-from npas.space import load_space, parse_space
 
 from .conftest import SPACES
 
@@ -133,7 +133,7 @@ def test_cli_count_on_space_and_allocation(tmp_path):
     out = run_cli("count", str(SPACES[0]))
     assert out.returncode == 0, out.stderr
     assert "stored params" in out.stdout and "baseline narrow_untied" in out.stdout
-    from npas.config import reference_config
+    from npas.allocation.config import reference_config
 
     cfg = reference_config(load_space(SPACES[0]).reference_chassis)
     f = tmp_path / "a.yaml"

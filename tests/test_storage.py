@@ -9,9 +9,9 @@ import optuna
 import pytest
 
 from npas import service
-from npas import study as S
 from npas.errors import StudyError
-from npas.storage import open_storage
+from npas.service import study as S
+from npas.service.storage import open_storage
 
 
 def _half_created(url: str, name: str) -> optuna.Study:

@@ -11,13 +11,13 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 import npas
-from npas.cli import main
-from npas.config import ArchConfig, Bank, Chassis, reference_config
-from npas.data import load_corpus
+from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import DataError
-from npas.proxy import eval_batches, evaluate
-from npas.recipe import Recipe
-from npas.train import OUTPUT_FILES, load_trained, read_metrics, sample
+from npas.presentation.cli import main
+from npas.training.data import load_corpus
+from npas.training.proxy import eval_batches, evaluate
+from npas.training.recipe import Recipe
+from npas.training.train import OUTPUT_FILES, load_trained, read_metrics, sample
 
 CHASSIS = Chassis(vocab_size=68, context=64, d_model=64, n_layers=2, n_heads=4, d_ff=256)
 REF = reference_config(CHASSIS)

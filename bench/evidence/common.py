@@ -33,8 +33,8 @@ from typing import Any
 import yaml
 
 import npas
-from npas.config import ArchConfig, Chassis
-from npas.recipe import Recipe
+from npas.allocation.config import ArchConfig, Chassis
+from npas.training.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench" / "evidence" / "results"
@@ -121,7 +121,7 @@ MAX_WIDTH_SCALE = 8.0  # full.yaml uses 4; full tying at 0.5x needs ~5.4x the ML
 
 def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templates: int = 64):
     """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
-    from npas.space import parse_space
+    from npas.allocation.space import parse_space
 
     text = yaml.safe_dump({"name": "evidence", "chassis": asdict(chassis), "budget": budget,
                            "fit": {"width": width_fit, "max_width_scale": MAX_WIDTH_SCALE,
@@ -197,7 +197,7 @@ def _corpus():
 
 def train_job(job: dict[str, Any]) -> dict[str, Any]:
     """One proxy run in a worker process: returns the job's identity plus its measured metrics."""
-    from npas.proxy import run_proxy
+    from npas.training.proxy import run_proxy
 
     cfg = ArchConfig.from_dict(job["config"])
     recipe = Recipe.from_dict(job["recipe"])
@@ -396,7 +396,7 @@ def finish(setup: Setup) -> None:
 def search_space(setup: Setup, file_chassis: bool = False):
     """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
     chassis so a 12-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
-    from npas.space import parse_space
+    from npas.allocation.space import parse_space
 
     path = ROOT / "search_spaces" / "full.yaml"
     data = yaml.safe_load(path.read_text())
@@ -422,7 +422,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
     import optuna
 
-    from npas.service import search
+    from npas.service.driver import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
@@ -441,7 +441,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def _launch(workers: int, early_stop: bool):
-    from npas.service import Launch
+    from npas.service.driver import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 
@@ -466,7 +466,7 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
     from optuna.trial import TrialState
 
-    from npas import study as S
+    from npas.service import study as S
 
     tokens_per_step = int(study.user_attrs[S.S_RECIPE]["seq_len"]) * int(study.user_attrs[S.S_RECIPE]["batch_size"])
     front = {t.number for t in S.front_trials(study)}

@@ -30,8 +30,8 @@ import math
 import common
 
 import npas
-from npas.config import ArchConfig, reference_config
-from npas.fit import tying_map
+from npas.allocation.config import ArchConfig, reference_config
+from npas.allocation.fit import tying_map
 
 RANKS = (0, 4, 16, 64)
 REF = "untied"

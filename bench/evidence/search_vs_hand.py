@@ -7,7 +7,7 @@
 1. `npas.search` over search_spaces/full.yaml's knobs at its 0.25x budget, into a real SQLite study
    under a temp dir (Ray workers, ASHA on, TPE, seed 0). npas enqueues the three hand-crafted
    baselines first (narrow untied, full tying, cycle tying), so the same study holds them.
-2. The front's knee and min-loss picks (`npas.study.pick`, exported with `npas.export`) and every
+2. The front's knee and min-loss picks (`npas.service.study.pick`, exported with `npas.export`) and every
    front trial and baseline are retrained with a longer recipe (2x the proxy's steps) on seed 0;
    the knee, the min-loss pick and the best baseline (by that long run) get more seeds.
 3. Kendall tau-b between the proxy ranking and the long-run ranking over front + baselines
@@ -25,10 +25,10 @@ from pathlib import Path
 import common
 
 import npas
-from npas import study as S
-from npas.config import ArchConfig
-from npas.exporter import export
-from npas.recipe import Recipe
+from npas.allocation.config import ArchConfig
+from npas.service import study as S
+from npas.service.exporter import export
+from npas.training.recipe import Recipe
 
 
 def main() -> None:

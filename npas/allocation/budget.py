@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from npas.config import DTYPE_BYTES, ArchConfig, block_slots, reference_config, slot_shape
+from npas.allocation.config import DTYPE_BYTES, ArchConfig, block_slots, reference_config, slot_shape
 from npas.errors import BudgetError
 
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)

@@ -64,7 +64,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.service import Launch
+    from npas.service.driver import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
                   early_stop=not args.no_early_stop, on_progress=_progress_printer(),
@@ -78,14 +78,14 @@ def _report_dir(study, where: str) -> Path:
 def _report_writer(where: str | None):
     if where is None:
         return None
-    from npas.dashboard import write_report
+    from npas.presentation.dashboard import write_report
 
     return lambda study: write_report(study, _report_dir(study, where))
 
 
 def _final_report(study, args: argparse.Namespace) -> None:
     if args.dashboard is not None:
-        from npas.dashboard import write_report
+        from npas.presentation.dashboard import write_report
 
         print(f"report: {write_report(study, _report_dir(study, args.dashboard))}")
 
@@ -109,7 +109,7 @@ def _progress_printer():
 
 
 def _print_front(study, fmt: str = "table") -> None:
-    from npas.study import front_frame
+    from npas.service.study import front_frame
 
     df = front_frame(study)
     if fmt == "csv":
@@ -126,7 +126,7 @@ def _print_front(study, fmt: str = "table") -> None:
 def _start_ray(args: argparse.Namespace) -> None:
     """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch),
     the corpus and the database: they overlap (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s)."""
-    from npas.runner import check_address_reachable, start_ray_early
+    from npas.service.runner import check_address_reachable, start_ray_early
 
     if args.ray_address:
         check_address_reachable(args.ray_address)
@@ -140,8 +140,8 @@ def run_search(args: argparse.Namespace) -> int:
         raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
     space = npas.load_space(args.space)
     _start_ray(args)
-    from npas.service import search
-    from npas.storage import redact, resolve_url
+    from npas.service.driver import search
+    from npas.service.storage import redact, resolve_url
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
                    data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
@@ -155,7 +155,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 def run_resume(args: argparse.Namespace) -> int:
     _start_ray(args)
-    from npas.service import resume
+    from npas.service.driver import resume
 
     text = Path(args.space).read_text() if args.space else None
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
@@ -167,8 +167,8 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_studies(args: argparse.Namespace) -> int:
-    from npas.storage import open_storage, redact, resolve_url
-    from npas.study import status
+    from npas.service.storage import open_storage, redact, resolve_url
+    from npas.service.study import status
 
     url = resolve_url(args.storage)
     st = open_storage(url)
@@ -189,8 +189,8 @@ def run_studies(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from npas.storage import open_storage, resolve_url
-    from npas.study import load
+    from npas.service.storage import open_storage, resolve_url
+    from npas.service.study import load
 
     url = resolve_url(args.storage)
     return load(args.name, open_storage(url), url)
@@ -202,7 +202,7 @@ def run_front(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from npas.exporter import write_export
+    from npas.service.exporter import write_export
 
     doc = write_export(_load(args), args.out, args.pick)
     vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from npas.budget import Accounting, count
-from npas.config import ArchConfig, reference_config
+from npas.allocation.budget import Accounting, count
+from npas.allocation.config import ArchConfig, reference_config
 from npas.errors import ConfigError
 
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     is_space = isinstance(data, dict) and "budget" in data and "chassis" in data and "block_of_layer" not in data
     out: dict = {}
     if is_space:
-        from npas.space import parse_space
+        from npas.allocation.space import parse_space
 
         space = parse_space(text, str(path))
         cfg = reference_config(space.reference_chassis, space.dtype)

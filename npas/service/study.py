@@ -19,9 +19,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.config import ArchConfig
+from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.storage import redact, study_names
+from npas.service.storage import redact, study_names
 
 # ---- the attribute schema (readable from optuna-dashboard and plain optuna) -------------------
 # study.user_attrs

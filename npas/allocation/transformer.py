@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from npas.config import ArchConfig, block_slots
-from npas.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
+from npas.allocation.config import ArchConfig, block_slots
+from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 
 
 def _norm(d: int) -> nn.LayerNorm:

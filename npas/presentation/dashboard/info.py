@@ -15,9 +15,9 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas import study as S
-from npas.config import ArchConfig
+from npas.allocation.config import ArchConfig
 from npas.errors import NpasError
+from npas.service import study as S
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
     """The reference model's cost on the second objective, if the space and recipe say it."""
     if len(names) < 2:
         return None
-    from npas.budget import count
-    from npas.config import reference_config
-    from npas.space import parse_space
+    from npas.allocation.budget import count
+    from npas.allocation.config import reference_config
+    from npas.allocation.space import parse_space
 
     ua = study.user_attrs
     try:
@@ -280,7 +280,7 @@ def taper_info(study: optuna.Study) -> TaperInfo:
              for t in _front(study) if t.user_attrs.get(S.T_ALLOC)]
     ref = None
     try:
-        from npas.space import parse_space
+        from npas.allocation.space import parse_space
 
         ref = parse_space(study.user_attrs[S.S_SPACE_TEXT]).reference_chassis.d_ff
     except (KeyError, NpasError):  # not an npas space: fall back on any sampled trial's chassis

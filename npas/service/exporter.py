@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 import yaml
 
-from npas import study as S
-from npas.config import ArchConfig
+from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
+from npas.service import study as S
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:

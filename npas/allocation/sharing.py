@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from npas.config import Bank
+from npas.allocation.config import Bank
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT init; residual projections get INIT_STD / sqrt(2 * n_layers)
 RESIDUAL_SLOTS = frozenset({"attn_out", "mlp_down"})

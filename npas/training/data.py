@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 Split = Literal["train", "val"]
 
 BUNDLED_NAME = "shakespeare"
-_BUNDLED_RESOURCE = "corpus/shakespeare.txt.gz"
+_BUNDLED_RESOURCE = "builtin/shakespeare.txt.gz"
 MAX_CHUNK_CHARS = 8192  # validation chunk length on large corpora: several paragraphs of a scene
 MIN_CHUNKS = 20  # small corpora are cut into this many chunks so validation still gets whole passages
 TOKENIZER_VERSION = 1

@@ -27,10 +27,10 @@ from optuna.trial import TrialState
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prints its own progress line
 from ray.tune.search import Searcher  # noqa: E402
 
-from npas import study as S
-from npas.budget import count
-from npas.space import Space
-from npas.storage import HEARTBEAT_S
+from npas.allocation.budget import count
+from npas.allocation.space import Space
+from npas.service import study as S
+from npas.service.storage import HEARTBEAT_S
 
 log = logging.getLogger(__name__)
 

@@ -190,7 +190,7 @@ def _format(source: str, problems: list[str]) -> str:
 
 def repo_root() -> Path:
     """The directory holding the ``npas`` package (the checkout root in development)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def recipe_search_dirs() -> list[Path]:

@@ -20,12 +20,12 @@ import optuna
 from optuna.trial import TrialState
 
 from npas import __version__
-from npas import study as S
+from npas.allocation.space import Space, parse_space
 from npas.errors import StudyError
-from npas.runner import check_address_reachable, check_resources, init_ray, run_trials
-from npas.searcher import NpasSearcher, Progress, requeue
-from npas.space import Space, parse_space
-from npas.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
+from npas.service import study as S
+from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
+from npas.service.searcher import NpasSearcher, Progress, requeue
+from npas.service.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
            sampler: str = "tpe", seed: int = 0, launch: Launch | None = None) -> optuna.Study:
     """Create a study for `space` and run it to `trials` proxy runs. Returns the Optuna study."""
-    from npas.data import load_corpus
-    from npas.recipe import load_recipe
+    from npas.training.data import load_corpus
+    from npas.training.recipe import load_recipe
 
     launch = launch or Launch()
     url = resolve_url(storage)
@@ -188,8 +188,8 @@ def _set_up(st, sid: int) -> bool:
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
            allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None) -> optuna.Study:
     """Continue a study from the database alone: recover orphans, then run to the target total."""
-    from npas.data import load_corpus
-    from npas.recipe import Recipe
+    from npas.training.data import load_corpus
+    from npas.training.recipe import Recipe
 
     launch = launch or Launch()
     url = resolve_url(storage)

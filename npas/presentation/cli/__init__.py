@@ -24,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
-            module = import_module(f"npas.cli.{name}")
+            module = import_module(f"npas.presentation.cli.{name}")
         except ModuleNotFoundError as e:  # a command whose module is not part of this build yet
-            if e.name != f"npas.cli.{name}":
+            if e.name != f"npas.presentation.cli.{name}":
                 raise
             continue
         module.register(sub)
@@ -41,7 +41,7 @@ def _exit_without_ray_shutdown(code: int) -> None:
     ~5 s to a one-line error. The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
-    runner = sys.modules.get("npas.runner")
+    runner = sys.modules.get("npas.service.runner")
     if runner is None or getattr(runner, "_EARLY", None) is None:
         return
     sys.stdout.flush()

@@ -23,8 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from npas.data import Corpus
-from npas.recipe import Recipe
+from npas.training.data import Corpus
+from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 

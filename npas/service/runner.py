@@ -3,7 +3,7 @@
 The Optuna study is the source of truth; Ray Tune's experiment directory (trials/runs/) is scratch.
 Tune brings what is hard to do well by hand: placing trials on workers across a cluster, retrying a
 trial whose worker or node died (FailureConfig), and asynchronous successive halving on the
-validation loss (ASHA). The searcher in `npas.searcher` does the Optuna side.
+validation loss (ASHA). The searcher in `npas.service.searcher` does the Optuna side.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 @functools.lru_cache(maxsize=4)
 def _worker_corpus(source: str | None, val_fraction: float, fingerprint: str):
     """Load once per worker process (actors are reused); the fingerprint guards against drift."""
-    from npas.data import load_corpus
+    from npas.training.data import load_corpus
 
     corpus = load_corpus(source, val_fraction=val_fraction)
     if corpus.fingerprint != fingerprint:
@@ -182,9 +182,9 @@ def trainable(config: dict, data: dict) -> None:
     import ray
     from ray import tune
 
-    from npas.config import ArchConfig
-    from npas.proxy import run_proxy
-    from npas.recipe import Recipe
+    from npas.allocation.config import ArchConfig
+    from npas.training.proxy import run_proxy
+    from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_dict(config["allocation"])
     recipe = Recipe.from_dict(config["recipe"])

@@ -17,10 +17,9 @@ from typing import Any
 import optuna
 import yaml
 
-from npas.budget import parse_budget, reference_params
-from npas.config import DTYPE_BYTES, ArchConfig, Chassis
-from npas.errors import BudgetError, SpaceError
-from npas.fit import (
+from npas.allocation.budget import parse_budget, reference_params
+from npas.allocation.config import DTYPE_BYTES, ArchConfig, Chassis
+from npas.allocation.fit import (
     BANK_RULES,
     GENERATORS,
     TAPERS,
@@ -32,7 +31,8 @@ from npas.fit import (
     taper_profile,
     tying_map,
 )
-from npas.knobs import Knob, check_keys, parse_knob
+from npas.allocation.knobs import Knob, check_keys, parse_knob
+from npas.errors import BudgetError, SpaceError
 
 OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
               "peak_memory_bytes")

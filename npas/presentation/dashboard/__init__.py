@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from npas.dashboard.info import (
+from npas.presentation.dashboard.info import (
     AllocationInfo,
     CurvesInfo,
     HypervolumeInfo,
@@ -24,7 +24,7 @@ from npas.dashboard.info import (
     taper_info,
     trials_frame,
 )
-from npas.dashboard.report import report_html, write_report
+from npas.presentation.dashboard.report import report_html, write_report
 
 __all__ = [
     "AllocationInfo",

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from npas.dashboard.info import (
+from npas.presentation.dashboard.info import (
     AllocationInfo,
     CurvesInfo,
     HypervolumeInfo,

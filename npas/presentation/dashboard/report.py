@@ -18,8 +18,8 @@ from pathlib import Path
 import optuna
 
 from npas import __version__
-from npas.dashboard import info as I
-from npas.dashboard import render as R
+from npas.presentation.dashboard import info as I
+from npas.presentation.dashboard import render as R
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from npas.budget import stored_params
-from npas.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
+from npas.allocation.budget import stored_params
+from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
 
 TAPERS = ("uniform", "linear", "cosine", "step", "reverse", "hourglass")
 TYING = ("none", "all", "sequential", "cycle", "middle_loop", "explicit")

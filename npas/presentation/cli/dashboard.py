@@ -20,9 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from npas import study as S
-    from npas.dashboard import write_report
-    from npas.storage import open_storage, resolve_url
+    from npas.presentation.dashboard import write_report
+    from npas.service import study as S
+    from npas.service.storage import open_storage, resolve_url
 
     if args.live and not 0 < args.port < 65536:
         raise NpasError(f"--port {args.port} is not a TCP port; pick one in 1..65535, e.g. --port 8080")

@@ -1,6 +1,6 @@
 """`npas train CONFIG.yaml` and `npas sample DIR`: train an exported allocation for real, then use it.
 
-Only this module prints; the work lives in ``npas.train`` so the Python API does the same thing.
+Only this module prints; the work lives in ``npas.training.train`` so the Python API does the same thing.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from npas.config import ArchConfig
-    from npas.data import load_corpus
-    from npas.recipe import load_recipe
-    from npas.train import MODEL_FILE, train_allocation
+    from npas.allocation.config import ArchConfig
+    from npas.training.data import load_corpus
+    from npas.training.recipe import load_recipe
+    from npas.training.train import MODEL_FILE, train_allocation
 
     path = Path(args.config)
     if not path.is_file():
@@ -93,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    from npas.train import load_trained, sample
+    from npas.training.train import load_trained, sample
 
     if args.tokens < 0:
         raise ConfigError(f"--tokens must be >= 0, got {args.tokens}")

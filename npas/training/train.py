@@ -22,10 +22,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from npas.data import CharTokenizer, Corpus
 from npas.errors import DataError
-from npas.proxy import Progress, ProxyResult, Report, train_model
-from npas.recipe import Recipe
+from npas.training.data import CharTokenizer, Corpus
+from npas.training.proxy import Progress, ProxyResult, Report, train_model
+from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def read_metrics(model_dir: str | Path) -> dict:
 def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, CharTokenizer, Any]:
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
     import npas
-    from npas.config import ArchConfig
+    from npas.allocation.config import ArchConfig
 
     d = Path(model_dir)
     if not d.is_dir():
