@@ -8,7 +8,7 @@ import time
 import optuna
 import pytest
 
-from npas import service
+from npas.service import driver as service
 from npas.errors import StudyError
 from npas.service import study as S
 from npas.service.storage import open_storage
