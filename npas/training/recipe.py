@@ -18,7 +18,7 @@ import yaml
 
 from npas.errors import ConfigError
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2 added test_fraction and parameterization
 DTYPES = ("float32", "bfloat16")
 Dtype = Literal["float32", "bfloat16"]
 PARAMETERIZATIONS = ("fair", "uniform")
@@ -86,6 +86,10 @@ class Recipe:
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: a recipe must be a mapping of keys to values, got "
                               f"{type(d).__name__}; see trials/proxy.yaml for the layout")
+        if d.get("version") == 1 and "parameterization" not in d:
+            # a recipe stored before version 2 (e.g. in a study) trained with one learning rate:
+            # keep it that way, so a resumed study does not change training half-way
+            d = {**d, "parameterization": "uniform"}
         problems = validate(d)
         if problems:
             raise ConfigError(_format(source, problems))
