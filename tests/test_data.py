@@ -1,9 +1,11 @@
-"""Corpus loading, the contiguous train/validation split, batches, the tokenizer and data errors."""
+"""Corpus loading, the contiguous train/validation/test split, batches, the tokenizer and data errors."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from npas.errors import DataError
 from npas.training.data import (
     CharTokenizer,
+    build_corpus,
     bundled_text,
     chars_needed,
     chunk_length,
@@ -36,9 +39,10 @@ def test_bundled_corpus_shape_and_fingerprint():
     c = load_corpus()
     assert c.n_chars == 3_546_577
     assert c.vocab_size == 68
-    assert len(c.train) + len(c.val) == c.n_chars
+    assert len(c.train) + len(c.val) + len(c.test) == c.n_chars
     assert c.train.dtype == torch.uint8
     assert 0.09 < len(c.val) / c.n_chars < 0.11
+    assert 0.09 < len(c.test) / c.n_chars < 0.11
     assert len(c.fingerprint) == 16 and int(c.fingerprint, 16) >= 0
     assert c.source == "bundled:shakespeare"
     assert load_corpus() is c  # cached in-process: many tests and trials load it
@@ -49,14 +53,16 @@ def test_bundled_corpus_shape_and_fingerprint():
 def test_split_holds_out_whole_contiguous_chunks_without_overlap():
     text = bundled_text()
     c = load_corpus()
-    train_b, val_b = split_bounds(len(text), 0.1)
+    bounds = split_bounds(len(text), 0.1, 0.1)
+    train_b, val_b, test_b = bounds["train"], bounds["val"], bounds["test"]
     size = chunk_length(len(text))
     assert size == 8192
     # ranges partition the text: disjoint, in order, nothing lost
-    spans = sorted(train_b + val_b)
+    spans = sorted(train_b + val_b + test_b)
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
-    assert not set(train_b) & set(val_b)
+    assert not set(train_b) & set(val_b) and not set(test_b) & (set(train_b) | set(val_b))
+    assert test_b[0][0] < len(text) // 10 and test_b[-1][1] > len(text) * 9 // 10  # test spread too
     # every held-out chunk is a full-length contiguous passage of the text, spread over the corpus
     assert all(b - a == size for a, b in val_b)
     assert val_b[0][0] < len(text) // 10 and val_b[-1][1] > len(text) * 9 // 10
@@ -70,12 +76,14 @@ def test_split_holds_out_whole_contiguous_chunks_without_overlap():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 400_000), f=st.floats(0.01, 0.5))
-def test_split_sizes_partition_and_fraction(n, f):
-    train, val = split_sizes(n, f)
-    assert train + val == n
+@given(n=st.integers(1, 400_000), f=st.floats(0.01, 0.25), t=st.floats(0.01, 0.25))
+def test_split_sizes_partition_and_fraction(n, f, t):
+    sizes = split_sizes(n, f, t)
+    assert sizes["train"] + sizes["val"] + sizes["test"] == n
     chunks = -(-n // chunk_length(n))
-    assert abs(val / chunk_length(n) - round(chunks * f)) <= 1  # round(n_chunks * f) chunks held out
+    held = (sizes["val"] + sizes["test"]) / chunk_length(n)
+    assert abs(held - round(chunks * (f + t))) <= 1  # round(n_chunks * (f + t)) chunks held out
+    assert abs(sizes["test"] / chunk_length(n) - round(chunks * (f + t)) * t / (f + t)) <= 1.5
 
 
 def test_get_batch_reproducible_and_shifted():
@@ -192,3 +200,81 @@ def test_too_small_for_recipe_says_how_many_chars(tmp_path):
     load_corpus(write(tmp_path, "enough.txt", long_text)).check_fits(64, 16)
     with pytest.raises(DataError, match="too small"):
         load_corpus(write(tmp_path, "almost.txt", long_text[:-1])).check_fits(64, 16)
+
+
+# ------------------------------------------------------------------------------------ test split
+def _letter_corpus(n_chunks: int = 40):
+    """Chunk i of the text is one letter repeated: a token's letter names the chunk it came from."""
+    letters = [chr(ord("A") + i) if i < 26 else chr(ord("a") + i - 26) for i in range(n_chunks)]
+    text = "".join(ch * 8192 for ch in letters)
+    assert chunk_length(len(text)) == 8192
+    return build_corpus(text, "synthetic", 0.1, 0.1), letters
+
+
+def test_test_split_never_reaches_training_or_validation_exhaustively():
+    from npas.training.proxy import eval_batches
+    from npas.training.recipe import Recipe
+
+    c, letters = _letter_corpus()
+    bounds = split_bounds(len(letters) * 8192, 0.1, 0.1)
+    test_letters = {letters[a // 8192] for a, _ in bounds["test"]}
+    assert len(test_letters) == 4 and len(bounds["val"]) == 4
+    # every window a search can draw is a slice of the train or val stream: check every token of them
+    seen = set(c.tokenizer.decode(c.split("train"))) | set(c.tokenizer.decode(c.split("val")))
+    assert not seen & test_letters
+    assert set(c.tokenizer.decode(c.split("test"))) == test_letters  # and the test stream is exactly those
+    recipe = Recipe(seq_len=8, batch_size=4, eval_batches=2)
+    x, _ = eval_batches(c, recipe)
+    assert not set(c.tokenizer.decode(x)) & test_letters
+    xt, _ = eval_batches(c, recipe, split="test")
+    assert set(c.tokenizer.decode(xt)) <= test_letters
+
+
+def test_bundled_test_text_absent_from_sampled_search_windows():
+    from npas.training.proxy import eval_batches
+    from npas.training.recipe import load_recipe
+
+    c = load_corpus()
+    test_text = c.tokenizer.decode(c.split("test"))
+    recipe = load_recipe("proxy")
+    g = torch.Generator().manual_seed(3)
+    xs = [c.get_batch("train", 64, 96, g)[0] for _ in range(4)] + [eval_batches(c, recipe)[0].reshape(-1, 64)]
+    windows = [c.tokenizer.decode(w) for x in xs for w in x]
+    assert len(windows) > 600
+    assert not [w for w in windows if w in test_text]
+    # the check can fail: a window of the test split itself is found
+    assert c.tokenizer.decode(eval_batches(c, recipe, split="test")[0][0, 0]) in test_text
+
+
+def test_evaluation_windows_ignore_the_training_seed_and_differ_by_split():
+    from npas.training.proxy import eval_batches
+    from npas.training.recipe import Recipe
+
+    c = load_corpus()
+    a = eval_batches(c, Recipe(seed=0))
+    b = eval_batches(c, Recipe(seed=7))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    t = eval_batches(c, Recipe(seed=0), split="test")
+    assert t[0].shape == a[0].shape and not torch.equal(t[0], a[0])
+    with pytest.raises(ValueError, match="held-out split"):
+        eval_batches(c, Recipe(), split="train")
+
+
+def test_split_recorded_and_deterministic_across_processes():
+    c = load_corpus()
+    d = c.describe()
+    split = d["split"]
+    assert split["chunk_chars"] == 8192 and d["test_fraction"] == 0.1 and d["test_tokens"] == len(c.test)
+    fps = split["fingerprints"]
+    assert set(fps) == {"train", "val", "test"} and len(set(fps.values())) == 3
+    code = ("import json; from npas.training.data import load_corpus; "
+            "print(json.dumps(load_corpus().describe()['split']['fingerprints']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == fps
+    other = load_corpus(test_fraction=0.2).describe()["split"]["fingerprints"]
+    assert other["test"] != fps["test"]
+
+
+def test_bad_test_fraction_is_refused():
+    with pytest.raises(DataError, match="test_fraction must lie strictly between 0 and 1 - val_fraction"):
+        build_corpus(TEXT, "x", 0.5, 0.5)

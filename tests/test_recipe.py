@@ -128,3 +128,22 @@ def test_lr_schedule_warmup_then_cosine():
 def test_repo_root_holds_the_package():
     assert (repo_root() / "npas" / "training" / "recipe.py").is_file()
     assert Path(repo_root() / "trials").is_dir()
+
+
+def test_split_and_parameterization_fields_are_validated():
+    assert Recipe().test_fraction == 0.1 and Recipe().parameterization == "fair"
+    assert Recipe(parameterization="uniform").parameterization == "uniform"
+    with pytest.raises(ConfigError) as err:
+        Recipe.from_dict({"test_fraction": 0.0, "parameterization": "fiar"})
+    msg = str(err.value)
+    assert "test_fraction: must be in (0, 0.5], got 0.0" in msg
+    assert "parameterization: must be one of fair, uniform, got 'fiar'; did you mean 'fair'?" in msg
+    with pytest.raises(ConfigError, match=r"val_fraction \+ test_fraction must be <= 0.5"):
+        Recipe.from_dict({"val_fraction": 0.3, "test_fraction": 0.3})
+
+
+def test_version_1_recipes_keep_their_single_learning_rate():
+    old = {k: v for k, v in Recipe().to_dict().items() if k not in ("parameterization", "test_fraction")}
+    assert Recipe.from_dict({**old, "version": 1}).parameterization == "uniform"  # as stored by older studies
+    assert Recipe.from_dict({k: v for k, v in old.items() if k != "version"}).parameterization == "fair"
+    assert Recipe.from_dict({**old, "version": 1, "parameterization": "fair"}).parameterization == "fair"

@@ -2,9 +2,9 @@
 
 A character tokenizer keeps the proxy honest and dependency-free: the vocabulary is a property of
 the data (so it travels beside every exported model as ``vocab.json``), and the bundled corpus --
-Shakespeare's plays -- needs no download. Validation holds out whole contiguous chunks of text,
-never scattered characters, so the model is scored on passages it has not seen rather than on
-holes inside passages it has.
+Shakespeare's plays -- needs no download. The text is split into train / validation / test as
+whole contiguous chunks, never scattered characters, so a model is scored on passages it has not
+seen rather than on holes inside passages it has; the test part is kept from the search entirely.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ from npas.errors import DataError
 
 log = logging.getLogger(__name__)
 
-Split = Literal["train", "val"]
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
 
 BUNDLED_NAME = "shakespeare"
 _BUNDLED_RESOURCE = "builtin/shakespeare.txt.gz"
-MAX_CHUNK_CHARS = 8192  # validation chunk length on large corpora: several paragraphs of a scene
-MIN_CHUNKS = 20  # small corpora are cut into this many chunks so validation still gets whole passages
+MAX_CHUNK_CHARS = 8192  # split chunk length on large corpora: several paragraphs of a scene
+MIN_CHUNKS = 20  # small corpora are cut into this many chunks so held-out parts still get whole passages
+DEFAULT_TEST_FRACTION = 0.1  # share of the text kept for the final test; a search never reads it
 TOKENIZER_VERSION = 1
 
 
@@ -135,46 +137,58 @@ def token_dtype(vocab_size: int) -> torch.dtype:
 
 # ------------------------------------------------------------------------------------------ split
 def chunk_length(n: int) -> int:
-    """Validation chunk length for an ``n``-token stream: 8192 on large corpora, n/20 on small ones."""
+    """Split chunk length for an ``n``-character text: 8192 on large corpora, n/20 on small ones."""
     return max(1, min(MAX_CHUNK_CHARS, math.ceil(n / MIN_CHUNKS)))
 
 
-def val_chunk_mask(n_chunks: int, val_fraction: float) -> list[bool]:
-    """Which chunks go to validation: evenly spread, ``round(n_chunks * val_fraction)`` of them.
+def spread_mask(n_chunks: int, fraction: float) -> list[bool]:
+    """Which of ``n_chunks`` chunks to pick: evenly spread, ``round(n_chunks * fraction)`` of them.
 
-    A Bresenham-style rule (chunk i is held out when ``floor((i+1)f + 1/2)`` steps) gives every
+    A Bresenham-style rule (chunk i is picked when ``floor((i+1)f + 1/2)`` steps) gives every
     k-th chunk for f = 1/k and still an even spread for any other fraction, with no randomness.
     """
-    return [math.floor((i + 1) * val_fraction + 0.5) > math.floor(i * val_fraction + 0.5)
+    return [math.floor((i + 1) * fraction + 0.5) > math.floor(i * fraction + 0.5)
             for i in range(n_chunks)]
 
 
-def split_bounds(n: int, val_fraction: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(train, val) lists of [start, end) ranges covering ``range(n)`` exactly once."""
+def chunk_splits(n_chunks: int, val_fraction: float, test_fraction: float) -> list[Split]:
+    """The split of every chunk: held-out chunks (``val + test`` of them) are spread evenly over the
+    text, and among them the test chunks are spread evenly again, so both held-out parts sample
+    the whole corpus (every play of Shakespeare, not only the last ones)."""
+    held = spread_mask(n_chunks, val_fraction + test_fraction)
+    test = iter(spread_mask(sum(held), test_fraction / (val_fraction + test_fraction)))
+    return [("test" if next(test) else "val") if h else "train" for h in held]
+
+
+def split_bounds(n: int, val_fraction: float,
+                 test_fraction: float = DEFAULT_TEST_FRACTION) -> dict[Split, list[tuple[int, int]]]:
+    """``{"train", "val", "test"}`` -> [start, end) character ranges covering ``range(n)`` exactly once.
+
+    The text is cut into ``chunk_length(n)`` characters per chunk (the last one shorter); each whole
+    chunk goes to one split by ``chunk_splits``. Ranges are in text order within each split.
+    """
     size = chunk_length(n)
     n_chunks = math.ceil(n / size) if n else 0
-    train: list[tuple[int, int]] = []
-    val: list[tuple[int, int]] = []
-    for i, held_out in enumerate(val_chunk_mask(n_chunks, val_fraction)):
-        (val if held_out else train).append((i * size, min(n, (i + 1) * size)))
-    return train, val
+    out: dict[Split, list[tuple[int, int]]] = {s: [] for s in SPLITS}
+    for i, split in enumerate(chunk_splits(n_chunks, val_fraction, test_fraction)):
+        out[split].append((i * size, min(n, (i + 1) * size)))
+    return out
 
 
-def split_sizes(n: int, val_fraction: float) -> tuple[int, int]:
-    train, val = split_bounds(n, val_fraction)
-    return sum(b - a for a, b in train), sum(b - a for a, b in val)
+def split_sizes(n: int, val_fraction: float, test_fraction: float = DEFAULT_TEST_FRACTION) -> dict[Split, int]:
+    return {s: sum(b - a for a, b in r) for s, r in split_bounds(n, val_fraction, test_fraction).items()}
 
 
-def chars_needed(seq_len: int, val_fraction: float) -> int:
-    """Smallest corpus length whose both splits hold ``seq_len + 1`` tokens (binary search)."""
+def chars_needed(seq_len: int, val_fraction: float, test_fraction: float = DEFAULT_TEST_FRACTION) -> int:
+    """Smallest corpus length whose three splits each hold ``seq_len + 1`` tokens (binary search)."""
 
     def fits(n: int) -> bool:
-        return min(split_sizes(n, val_fraction)) >= seq_len + 1
+        return min(split_sizes(n, val_fraction, test_fraction).values()) >= seq_len + 1
 
     lo, hi = 1, max(2, seq_len + 1)
     while not fits(hi):
         hi *= 2
-        if hi > 1 << 40:  # unreachable for 0 < val_fraction < 1; guards a degenerate fraction
+        if hi > 1 << 40:  # unreachable for valid fractions; guards a degenerate one
             return hi
     while lo < hi:
         mid = (lo + hi) // 2
@@ -185,27 +199,33 @@ def chars_needed(seq_len: int, val_fraction: float) -> int:
 # ------------------------------------------------------------------------------------------ corpus
 @dataclass(frozen=True, eq=False)
 class Corpus:
-    """A tokenized corpus split into train and validation streams (treat the tensors as read-only:
-    the bundled corpus is cached and shared within a process)."""
+    """A tokenized corpus split into train, validation and test streams (treat the tensors as
+    read-only: the bundled corpus is cached and shared within a process).
+
+    A search trains on ``train`` and ranks on ``val``; only a final validation of its picks reads
+    ``test``, so the numbers a user is shown at the end were never used to choose.
+    """
 
     train: torch.Tensor  # (N_train,) uint8 or int32 token ids
-    val: torch.Tensor  # (N_val,) held-out contiguous chunks, concatenated in order
+    val: torch.Tensor  # (N_val,) held-out contiguous chunks, concatenated in text order
+    test: torch.Tensor  # (N_test,) other held-out chunks; never read by a search
     tokenizer: CharTokenizer
     fingerprint: str  # sha256 of the UTF-8 text, 16 hex chars: keys studies to the data they ran on
     source: str  # "bundled:shakespeare" or the path that was loaded; load_corpus(source) reloads it
     val_fraction: float
     n_chars: int
+    test_fraction: float = DEFAULT_TEST_FRACTION
+    chunk_chars: int = 0  # split chunk length in characters (chunk_length(n_chars))
+    part_fingerprints: dict[str, str] = field(default_factory=dict)  # split -> sha256 of its text
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
     def split(self, split: Split) -> torch.Tensor:
-        if split == "train":
-            return self.train
-        if split == "val":
-            return self.val
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        if split in SPLITS:
+            return getattr(self, split)
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
 
     def check_fits(self, seq_len: int, batch_size: int = 1) -> None:
         """Raise DataError unless each split holds at least ``seq_len + 1`` tokens.
@@ -213,15 +233,17 @@ class Corpus:
         Batches are drawn with replacement, so ``batch_size`` does not raise the bar; it is taken so
         callers can pass the recipe's shape whole and the message can echo it.
         """
-        short = [(name, len(t)) for name, t in (("train", self.train), ("validation", self.val))
-                 if len(t) < seq_len + 1]
+        short = [(name, len(self.split(s))) for s, name in (("train", "train"), ("val", "validation"),
+                                                             ("test", "test"))
+                 if len(self.split(s)) < seq_len + 1]
         if short:
             name, have = short[0]
-            need = chars_needed(seq_len, self.val_fraction)
+            need = chars_needed(seq_len, self.val_fraction, self.test_fraction)
             raise DataError(
                 f"corpus {self.source} ({self.n_chars} chars) is too small for seq_len={seq_len}, "
                 f"batch_size={batch_size}: its {name} split has {have} tokens but needs {seq_len + 1}; "
-                f"provide at least {need} characters (val_fraction {self.val_fraction}) or lower seq_len")
+                f"provide at least {need} characters (val_fraction {self.val_fraction}, "
+                f"test_fraction {self.test_fraction}) or lower seq_len")
 
     def get_batch(self, split: Split, batch_size: int, seq_len: int, generator: torch.Generator,
                   device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,38 +259,68 @@ class Corpus:
             x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x, y
 
+    def fixed_windows(self, split: Split, n: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` windows ``(x, y)`` at evenly spaced offsets over ``split``, (n, seq_len) int64 each.
+
+        No generator: evaluation windows are a property of the corpus and the window shape alone,
+        so every seed, trial and process scores on the same text and spreads it over the whole split.
+        """
+        data = self.split(split)
+        room = len(data) - seq_len  # window starts in [0, room)
+        if room < 1 or n < 1:
+            raise DataError(f"{split} split of {self.source} has {len(data)} tokens, too few for {n} windows "
+                            f"of {seq_len + 1}; lower seq_len or provide more text")
+        ix = torch.tensor([(2 * i + 1) * room // (2 * n) for i in range(n)])  # centred in n equal strides
+        windows = data[ix.unsqueeze(1) + torch.arange(seq_len + 1)].long()  # (n, T+1)
+        return windows[:, :-1], windows[:, 1:]
+
     def describe(self) -> dict:
-        """JSON-safe summary recorded beside metrics and studies."""
+        """JSON-safe summary recorded beside metrics and studies, including how the text was split
+        (so a study can prove later which text its search never saw)."""
         return {"source": self.source, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size,
                 "n_chars": self.n_chars, "train_tokens": len(self.train), "val_tokens": len(self.val),
-                "val_fraction": self.val_fraction}
+                "test_tokens": len(self.test), "val_fraction": self.val_fraction,
+                "test_fraction": self.test_fraction,
+                "split": {"unit": "characters", "chunk_chars": self.chunk_chars,
+                          "rule": "whole chunks, held-out chunks evenly spread, test chunks evenly among them",
+                          "fingerprints": dict(self.part_fingerprints)}}
 
 
 def fingerprint_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def build_corpus(text: str, source: str, val_fraction: float = 0.1) -> Corpus:
-    """Tokenize ``text`` and hold out contiguous chunks for validation."""
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must lie strictly between 0 and 1, got {val_fraction}; "
                         "use e.g. 0.1 to hold out a tenth of the text")
+    if not 0.0 < test_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
+        raise DataError(f"test_fraction must lie strictly between 0 and 1 - val_fraction, got {test_fraction} "
+                        f"(val_fraction {val_fraction}); use e.g. 0.1")
+
+
+def build_corpus(text: str, source: str, val_fraction: float = 0.1,
+                 test_fraction: float = DEFAULT_TEST_FRACTION) -> Corpus:
+    """Split ``text`` into train / validation / test chunks, then tokenize each part.
+
+    The split is made on the text itself, before tokenizing, so the parts are the same passages
+    whatever tokenizer reads them. The character vocabulary is the one thing taken from the whole
+    text: it must cover the held-out characters too, or the test split could not be scored.
+    """
+    check_fractions(val_fraction, test_fraction)
     if not text:
         raise DataError(f"corpus {source} is empty; point --data at a file with text in it")
     tokenizer = CharTokenizer.from_text(text)
-    ids = tokenizer.encode_tensor(text)
-    train_b, val_b = split_bounds(len(ids), val_fraction)
-
-    def gather(bounds: list[tuple[int, int]]) -> torch.Tensor:
-        if not bounds:
-            return ids[:0].clone()
-        return torch.cat([ids[a:b] for a, b in bounds])
-
-    corpus = Corpus(train=gather(train_b), val=gather(val_b), tokenizer=tokenizer,
+    bounds = split_bounds(len(text), val_fraction, test_fraction)
+    parts = {s: "".join(text[a:b] for a, b in bounds[s]) for s in SPLITS}
+    ids = {s: tokenizer.encode_tensor(parts[s]) for s in SPLITS}
+    corpus = Corpus(train=ids["train"], val=ids["val"], test=ids["test"], tokenizer=tokenizer,
                     fingerprint=fingerprint_text(text), source=source, val_fraction=val_fraction,
-                    n_chars=len(text))
-    log.debug("corpus %s: %d chars, vocab %d, %d train / %d val tokens in %d val chunks", source,
-              len(text), tokenizer.vocab_size, len(corpus.train), len(corpus.val), len(val_b))
+                    n_chars=len(text), test_fraction=test_fraction, chunk_chars=chunk_length(len(text)),
+                    part_fingerprints={s: fingerprint_text(parts[s]) for s in SPLITS})
+    log.debug("corpus %s: %d chars, vocab %d, %d train / %d val / %d test tokens (chunks of %d)", source,
+              len(text), tokenizer.vocab_size, len(corpus.train), len(corpus.val), len(corpus.test),
+              corpus.chunk_chars)
     return corpus
 
 
@@ -280,8 +332,8 @@ def bundled_text() -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _bundled_corpus(val_fraction: float) -> Corpus:
-    return build_corpus(bundled_text(), f"bundled:{BUNDLED_NAME}", val_fraction)
+def _bundled_corpus(val_fraction: float, test_fraction: float) -> Corpus:
+    return build_corpus(bundled_text(), f"bundled:{BUNDLED_NAME}", val_fraction, test_fraction)
 
 
 def _read_text(path: Path) -> str:
@@ -308,12 +360,13 @@ def _read_text(path: Path) -> str:
                         "convert it with e.g. `iconv -t utf-8` or point --data at a text file") from None
 
 
-def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1) -> Corpus:
+def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1,
+                test_fraction: float = DEFAULT_TEST_FRACTION) -> Corpus:
     """Load the bundled corpus (``None`` or ``"bundled:shakespeare"``), one text file (``.txt``, or
     gzipped ``.gz``), or every ``*.txt`` file of a directory, sorted by name and concatenated.
     ``load_corpus(corpus.source)`` reloads the same corpus, which is how Ray workers get theirs."""
     if path is None or str(path) in (BUNDLED_NAME, f"bundled:{BUNDLED_NAME}"):
-        return _bundled_corpus(float(val_fraction))
+        return _bundled_corpus(float(val_fraction), float(test_fraction))
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"corpus path {p} does not exist; pass a text file, a directory of .txt files, "
@@ -331,4 +384,4 @@ def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1) -> Co
     if not text.strip():
         raise DataError(f"corpus {source} is empty ({len(text)} chars, all whitespace or none); "
                         "point --data at a file with text in it")
-    return build_corpus(text, source, val_fraction)
+    return build_corpus(text, source, val_fraction, test_fraction)

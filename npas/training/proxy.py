@@ -23,7 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from npas.training.data import Corpus
+from npas.training.data import Corpus, Split
+from npas.training.parameterization import apply_init, optimizer_groups
 from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def make_optimizer(model: nn.Module, recipe: Recipe, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, fused where torch supports it on this device (one kernel for all parameters)."""
-    groups = [g for g in param_groups(model, recipe.weight_decay) if g["params"]]
+def make_optimizer(model: nn.Module, recipe: Recipe, device: torch.device,
+                   reference: Any = None) -> torch.optim.Optimizer:
+    """AdamW, fused where torch supports it on this device (one kernel for all parameters).
+
+    Groups come from the recipe's parameterization; each carries ``lr_mult``, which the loop
+    multiplies the schedule's rate by at every step. ``reference`` is the chassis the base rate was
+    tuned on (default: the model's own).
+    """
+    groups = optimizer_groups(model, recipe.weight_decay, recipe.parameterization, reference)
+    for g in groups:
+        g["lr"] = recipe.lr * g["lr_mult"]
     kwargs: dict[str, Any] = {"lr": recipe.lr, "betas": recipe.betas}
     try:
         return torch.optim.AdamW(groups, fused=True, **kwargs)
@@ -125,12 +134,15 @@ def make_optimizer(model: nn.Module, recipe: Recipe, device: torch.device) -> to
         return torch.optim.AdamW(groups, foreach=True, **kwargs)
 
 
-def eval_batches(corpus: Corpus, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed validation batches, (eval_batches, B, T) each, drawn from a generator seeded with
-    ``recipe.seed``: every evaluation of every trial on this corpus sees the same text."""
-    g = torch.Generator().manual_seed(recipe.seed)
-    pairs = [corpus.get_batch("val", recipe.batch_size, recipe.seq_len, g) for _ in range(recipe.eval_batches)]
-    return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+def eval_batches(corpus: Corpus, recipe: Recipe, split: Split = "val") -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed evaluation batches of ``split`` ("val" for a search, "test" for a final
+    validation), (eval_batches, B, T) each: evenly spaced windows over the split, with no seed, so
+    every evaluation of every trial and every seed on this corpus sees the same text."""
+    if split == "train":
+        raise ValueError("evaluation reads a held-out split, 'val' or 'test', not 'train'")
+    n, B, T = recipe.eval_batches, recipe.batch_size, recipe.seq_len
+    x, y = corpus.fixed_windows(split, n * B, T)
+    return x.view(n, B, T), y.view(n, B, T)
 
 
 @torch.no_grad()
@@ -169,15 +181,17 @@ def _peak_rss_bytes() -> int:
 
 
 def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
-                device: str | torch.device | None = None,
-                progress: Progress | None = None) -> tuple[nn.Module, ProxyResult]:
+                device: str | torch.device | None = None, progress: Progress | None = None,
+                reference: Any = None) -> tuple[nn.Module, ProxyResult]:
     """Build ``cfg``, train it under ``recipe`` and return the trained module with its metrics.
 
     Memory: on CUDA ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over the run. On CPU
     torch has no allocator statistics and the process's peak RSS is a high-water mark shared with
     everything the process did before (a worker's second trial usually adds 0), so the figure is
     the analytic ``npas.count(...).train_memory_bytes`` and the measured peak-RSS growth is kept
-    beside it as ``rss_delta_bytes`` for sanity checks only.
+    beside it as ``rss_delta_bytes`` for sanity checks only. ``reference`` is the chassis whose
+    untied model ``recipe.lr`` is tuned for (default ``cfg.chassis``; ``bench/lr_transfer.py`` moves
+    width and depth away from it).
     """
     import npas  # the package root re-exports the lead's core lazily
 
@@ -193,9 +207,11 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         torch.cuda.reset_peak_memory_stats(dev)
     try:
         torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
-        model = npas.build_model(cfg).to(dev)
+        model = npas.build_model(cfg)
+        apply_init(model, recipe.parameterization, reference)
+        model = model.to(dev)
         model.train()
-        run = _loop(model, recipe, corpus, dev, report, progress)
+        run = _loop(model, recipe, corpus, dev, report, progress, reference)
     finally:
         torch.set_num_threads(prev_threads)
     stored = sum(p.numel() for p in model.parameters())
@@ -220,23 +236,26 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
 
 
 def run_proxy(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
-              device: str | torch.device | None = None, progress: Progress | None = None) -> ProxyResult:
+              device: str | torch.device | None = None, progress: Progress | None = None,
+              reference: Any = None) -> ProxyResult:
     """Train and score one allocation; see ``train_model``. ``report(step, val_loss)`` is called at
     every evaluation and may return True to stop the run early (ASHA-style early stopping)."""
-    return train_model(cfg, recipe, corpus, report=report, device=device, progress=progress)[1]
+    return train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
+                       reference=reference)[1]
 
 
 def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, report: Report | None,
-          progress: Progress | None) -> _Run:
+          progress: Progress | None, reference: Any = None) -> _Run:
     run = _Run()
     B, T, steps = recipe.batch_size, recipe.seq_len, recipe.steps
-    opt = make_optimizer(model, recipe, dev)
+    opt = make_optimizer(model, recipe, dev, reference)
     groups = opt.param_groups
+    mults = [g["lr_mult"] for g in groups]
     params = [p for g in groups for p in g["params"]]
     lrs = [recipe.lr_at(s) for s in range(steps)]
     data = corpus.train.to(dev)  # uint8: the whole split lives on the device, batches are gathered there
     window = torch.arange(T + 1, device=dev)
-    gen = torch.Generator().manual_seed(recipe.seed + 1)  # batch order; seed itself draws eval batches
+    gen = torch.Generator().manual_seed(recipe.seed + 1)  # batch order (seed itself draws the init)
     evals = tuple(t.to(dev) for t in eval_batches(corpus, recipe))
     amp = autocast_for(dev, recipe)
     clip = recipe.grad_clip
@@ -250,8 +269,8 @@ def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, r
                 n = min(OFFSET_BLOCK, steps - step)
                 offsets = torch.randint(len(data) - T, (n, B, 1), generator=gen).to(dev)
             lr = lrs[step]
-            for g in groups:
-                g["lr"] = lr
+            for g, mult in zip(groups, mults, strict=True):
+                g["lr"] = lr * mult  # per-group rule applied on top of the schedule at every step
             xy = data[offsets[step % OFFSET_BLOCK] + window].long()  # (B, T+1)
             with amp:
                 _, loss = model(xy[:, :-1], xy[:, 1:])

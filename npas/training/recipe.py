@@ -18,9 +18,11 @@ import yaml
 
 from npas.errors import ConfigError
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2 added test_fraction and parameterization
 DTYPES = ("float32", "bfloat16")
 Dtype = Literal["float32", "bfloat16"]
+PARAMETERIZATIONS = ("fair", "uniform")
+Parameterization = Literal["fair", "uniform"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Recipe:
     seq_len: int = 64  # tokens per training window; must be <= the chassis context
     batch_size: int = 48  # windows per optimizer step
     steps: int = 400  # maximum fidelity: optimizer steps of a full trial
-    lr: float = 6e-3  # peak learning rate after warmup
+    lr: float = 6e-3  # peak learning rate after warmup, of the chassis' untied reference model
     min_lr: float = 6e-4  # floor of the cosine decay
     warmup_steps: int = 30  # linear warmup from lr/warmup_steps to lr
     weight_decay: float = 0.1  # AdamW decay on weight matrices; norms and mixing coefficients get none
@@ -43,6 +45,8 @@ class Recipe:
     dtype: Dtype = "bfloat16"  # autocast dtype on GPU; CPU always trains in float32
     threads: int = 1  # torch CPU threads per worker; 0 keeps torch's default
     val_fraction: float = 0.1  # share of the text held out as contiguous validation chunks
+    test_fraction: float = 0.1  # share held out as test chunks: never read by a search, only by validation
+    parameterization: Parameterization = "fair"  # per-group lr/init rules (training/parameterization.py)
     data: str | None = None  # corpus path; None = bundled Shakespeare (--data overrides)
     version: int = RECIPE_VERSION
 
@@ -82,6 +86,10 @@ class Recipe:
         if not isinstance(d, dict):
             raise ConfigError(f"{source}: a recipe must be a mapping of keys to values, got "
                               f"{type(d).__name__}; see trials/proxy.yaml for the layout")
+        if d.get("version") == 1 and "parameterization" not in d:
+            # a recipe stored before version 2 (e.g. in a study) trained with one learning rate:
+            # keep it that way, so a resumed study does not change training half-way
+            d = {**d, "parameterization": "uniform"}
         problems = validate(d)
         if problems:
             raise ConfigError(_format(source, problems))
@@ -94,7 +102,7 @@ class Recipe:
 _FIELDS = {f.name: f for f in fields(Recipe)}
 _INT_FIELDS = ("seq_len", "batch_size", "steps", "warmup_steps", "eval_every", "eval_batches", "seed",
                "threads", "version")
-_FLOAT_FIELDS = ("lr", "min_lr", "weight_decay", "grad_clip", "val_fraction")
+_FLOAT_FIELDS = ("lr", "min_lr", "weight_decay", "grad_clip", "val_fraction", "test_fraction")
 
 
 def _is_int(v: Any) -> bool:
@@ -164,6 +172,17 @@ def validate(d: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: must be >= 0, got {floats[key]}")
     if "val_fraction" in floats and not 0 < floats["val_fraction"] <= 0.5:
         problems.append(f"val_fraction: must be in (0, 0.5], got {floats['val_fraction']}")
+    if "test_fraction" in floats and not 0 < floats["test_fraction"] <= 0.5:
+        problems.append(f"test_fraction: must be in (0, 0.5], got {floats['test_fraction']}")
+    elif ("test_fraction" in floats and 0 < floats.get("val_fraction", 0) <= 0.5
+          and floats["val_fraction"] + floats["test_fraction"] > 0.5):
+        problems.append(f"test_fraction: val_fraction + test_fraction must be <= 0.5 so most text trains, "
+                        f"got {floats['val_fraction']} + {floats['test_fraction']}")
+    par = get("parameterization")
+    if par not in PARAMETERIZATIONS:
+        close = difflib.get_close_matches(str(par), PARAMETERIZATIONS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append(f"parameterization: must be one of {', '.join(PARAMETERIZATIONS)}, got {par!r}{hint}")
 
     betas = get("betas")
     if not (isinstance(betas, list | tuple) and len(betas) == 2

@@ -1,0 +1,322 @@
+"""Learning-rate transfer: does one base learning rate suit every allocation?
+
+A search trains every candidate with the recipe's one base learning rate, so the ranking is only
+fair if each allocation's best learning rate sits where the reference's does. This bench sweeps the
+base rate over a x2 grid for allocations that differ from the reference (the untied uniform model at
+the middle depth and width) in depth, width, tying, pooling and LoRA relaxation, trains each with
+the real proxy loop (``npas.training.proxy.run_proxy``, reference chassis passed so the ``fair``
+rules see the width and depth ratios), and prints where each optimum lies under the ``fair``
+parameterization and the old ``uniform`` one side by side.
+
+Target: under ``fair``, every arm's optimum (mean loss over seeds) within one grid step of the
+reference's.
+
+Finished runs are cached one JSON each in ``bench/results/lr_transfer/`` keyed by (arm, lr, seed,
+parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
+stopped; the code version hashes the npas files that decide the numbers plus the recipe and the
+reference chassis, so a change to any of them starts afresh (and editing this report does not).
+
+    python bench/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing
+    nice -n 10 python bench/lr_transfer.py    run what is missing (2 workers), then print the table
+    python bench/lr_transfer.py --report      print the table from the cache only
+    python bench/lr_transfer.py --quick       a tiny chassis, seconds, output to a temp dir (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
+    sys.path.insert(0, str(ROOT))
+
+import npas  # noqa: E402
+from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
+from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "lr_transfer"
+# Files whose content decides a run's loss; their hash is the cache's code version.
+VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
+             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+CPU_FLOPS = 5e10  # training FLOP/s of one thread, measured here: d_model 64-128 runs reach 50-70 GFLOP/s
+
+REFERENCE = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=256)
+RECIPE = Recipe(name="lr-transfer", seq_len=64, batch_size=16, steps=400, warmup_steps=40, eval_every=400,
+                eval_batches=8, threads=1)  # 410k tokens a run; lr and min_lr = lr/10 set per grid point
+GRID = (1.25e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2)  # x2 steps; a probe put the reference's optimum near 1e-2
+LORA_RANKS = (4, 16)
+
+QUICK_REFERENCE = Chassis(vocab_size=68, context=16, d_model=16, n_layers=2, n_heads=2, d_ff=64)
+QUICK_RECIPE = Recipe(name="lr-transfer-quick", seq_len=16, batch_size=4, steps=6, warmup_steps=2, eval_every=6,
+                      eval_batches=1, threads=1)
+QUICK_GRID = (5e-3, 1e-2, 2e-2)
+QUICK_LORA_RANKS = (2, 4)
+
+
+@dataclass(frozen=True)
+class Setup:
+    reference: Chassis
+    recipe: Recipe
+    grid: tuple[float, ...]
+    seeds: tuple[int, ...]
+    lora_ranks: tuple[int, ...]
+    out: Path
+    workers: int
+
+
+@dataclass(frozen=True)
+class Job:
+    arm: str
+    lr: float
+    seed: int
+    parameterization: str
+
+    def key(self, cfg: ArchConfig, version: str) -> str:
+        return f"{self.arm}-{self.parameterization}-lr{self.lr:.4g}-s{self.seed}-{cfg.hash[:8]}-{version}"
+
+
+# ------------------------------------------------------------------------------------------ arms
+def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
+    """The reference and the allocations whose optimum should match it, built as plain ArchConfigs."""
+    L, d = ref.n_layers, ref.d_model
+    out = {"reference": reference_config(ref)}
+    for depth in (L // 2, 2 * L):
+        out[f"untied_L{depth}"] = reference_config(replace(ref, n_layers=depth))
+    for width in (d // 2, 2 * d):
+        out[f"untied_d{width}"] = reference_config(replace(ref, d_model=width, d_ff=ref.d_ff * width // d))
+    full = ArchConfig(chassis=ref, mlp_widths=(ref.d_ff,) * L, block_of_layer=(0,) * L)
+    out["tied_full"] = full
+    out["tied_cycle2"] = replace(full, block_of_layer=tuple(i % 2 for i in range(L)))
+    # every slot kind pooled across the L untied blocks: 2 mixed templates each (half the block weights)
+    banks = tuple(Bank(members=tuple((b, slot) for b in range(L)), generator="template_mix",
+                       size=math.prod(full.slot_shape(0, slot)), templates=2)
+                  for slot in block_slots(ref.activation))
+    out["pools_tmix"] = ArchConfig(chassis=ref, mlp_widths=(ref.d_ff,) * L, block_of_layer=tuple(range(L)),
+                                   banks=banks)
+    for r in lora_ranks:
+        out[f"lora_r{r}"] = replace(full, lora_attn=(r,) * L, lora_mlp=(r,) * L)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ runs
+def code_version(setup: Setup) -> str:
+    h = hashlib.sha256()
+    for rel in VERSIONED:
+        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
+    h.update(json.dumps([setup.recipe.to_dict(), setup.reference.__dict__], sort_keys=True).encode())
+    return h.hexdigest()[:10]
+
+
+def recipe_for(setup: Setup, job: Job) -> Recipe:
+    return Recipe.from_dict({**setup.recipe.to_dict(), "lr": job.lr, "min_lr": job.lr / 10, "seed": job.seed,
+                             "parameterization": job.parameterization})
+
+
+def jobs_of(setup: Setup, names: list[str]) -> list[Job]:
+    """Every run, seed-major so a partial cache holds whole sweeps; the reference runs once (fair and
+    uniform train it identically: all its multipliers are 1, tests/test_parameterization.py)."""
+    out = []
+    for seed in setup.seeds:
+        for name in names:
+            for par in (("uniform",) if name == "reference" else PARAMETERIZATIONS):
+                out.extend(Job(name, lr, seed, par) for lr in setup.grid)
+    return out
+
+
+def _run(job: Job, cfg_json: str, recipe_json: str, ref_json: str) -> dict:
+    """One proxy run in a worker process; returns the JSON record that is cached."""
+    from npas.training.data import load_corpus
+    from npas.training.proxy import run_proxy
+
+    cfg = ArchConfig.from_json(cfg_json)
+    recipe = Recipe.from_dict(json.loads(recipe_json))
+    res = run_proxy(cfg, recipe, load_corpus(), reference=Chassis(**json.loads(ref_json)))
+    return {"arm": job.arm, "lr": job.lr, "seed": job.seed, "parameterization": job.parameterization,
+            "status": res.status, "val_loss": res.val_loss, "failure_reason": res.failure_reason,
+            "steps": res.steps_done, "tokens": res.steps_done * recipe.tokens_per_step, "wall_s": res.wall_s,
+            "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
+            "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+
+
+def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> int:
+    """Train every job without a cached result; each result is written the moment it arrives."""
+    setup.out.mkdir(parents=True, exist_ok=True)
+    todo = [j for j in jobs_of(setup, list(configs))
+            if not (setup.out / f"{j.key(configs[j.arm], version)}.json").exists()]
+    print(f"runs: {len(todo)} to train, {len(jobs_of(setup, list(configs))) - len(todo)} cached "
+          f"(code version {version}) in {setup.out}", flush=True)
+    ref_json = json.dumps(setup.reference.__dict__)
+
+    def args(j: Job) -> tuple:
+        return j, configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json
+
+    def save(rec: dict, j: Job) -> None:
+        path = setup.out / f"{j.key(configs[j.arm], version)}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**rec, "code_version": version}, indent=1) + "\n")
+        tmp.replace(path)  # atomic: a kill never leaves half a record
+
+    t0 = time.perf_counter()
+    if setup.workers <= 1:
+        for i, j in enumerate(todo, 1):
+            save(_run(*args(j)), j)
+            _progress(i, len(todo), j, t0)
+        return len(todo)
+    with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(_run, *args(j)): j for j in todo}
+        for i, fut in enumerate(as_completed(futures), 1):
+            save(fut.result(), futures[fut])
+            _progress(i, len(todo), futures[fut], t0)
+    return len(todo)
+
+
+def _progress(i: int, n: int, j: Job, t0: float) -> None:
+    if i == n or i % 10 == 0:
+        print(f"  {i}/{n} done ({time.perf_counter() - t0:.0f} s), last {j.arm} {j.parameterization} "
+              f"lr {j.lr:g} seed {j.seed}", flush=True)
+
+
+def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
+    """Runs x tokens -> CPU-hours, from npas.count's FLOPs and a measured CPU rate; trains nothing."""
+    tokens = setup.recipe.steps * setup.recipe.tokens_per_step
+    total = cached = 0.0
+    print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
+    for name, cfg in configs.items():
+        js = [j for j in jobs_of(setup, list(configs)) if j.arm == name]
+        flops = npas.count(cfg).flops_per_token
+        secs = len(js) * tokens * 3 * flops / CPU_FLOPS
+        done = sum((setup.out / f"{j.key(cfg, version)}.json").exists() for j in js)
+        cached += secs * done / len(js)
+        total += secs
+        print(f"{name:<14}{len(js):>6}{tokens:>12,}{flops:>15,}{secs / 3600:>11.2f}")
+    n = len(jobs_of(setup, list(configs)))
+    print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
+          f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
+          f"~{(total - cached) / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
+          f"({cached / max(total, 1e-9):.0%} cached)")
+
+
+# ------------------------------------------------------------------------------------------ report
+def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> dict[tuple, float]:
+    """(arm, parameterization, lr, seed) -> final val loss (inf for a failed run), for the runs of
+    exactly these arms, recipe and code version."""
+    out = {}
+    for j in jobs_of(setup, list(configs)):
+        path = setup.out / f"{j.key(configs[j.arm], version)}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        loss = r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf
+        out[j.arm, j.parameterization, j.lr, j.seed] = loss
+        if j.arm == "reference":  # one run stands for both parameterizations
+            out["reference", "fair", j.lr, j.seed] = loss
+    return out
+
+
+def curve(res: dict, arm: str, par: str, setup: Setup) -> list[float] | None:
+    """Mean loss per grid point over the seeds that are complete for this arm and the reference."""
+    seeds = [s for s in setup.seeds
+             if all((a, par, lr, s) in res for a in (arm, "reference") for lr in setup.grid)]
+    if not seeds:
+        return None
+    return [statistics.fmean(res[arm, par, lr, s] for s in seeds) for lr in setup.grid]
+
+
+def optimum(losses: list[float]) -> tuple[int, float]:
+    """Grid index of the lowest loss, and a sub-grid position from a parabola through its neighbours
+    in log2(lr) (the index itself at the grid's edges or when a neighbour diverged)."""
+    i = min(range(len(losses)), key=losses.__getitem__)
+    if 0 < i < len(losses) - 1 and all(math.isfinite(v) for v in losses[i - 1:i + 2]):
+        a, b, c = losses[i - 1:i + 2]
+        den = a - 2 * b + c
+        if den > 0:
+            return i, i + 0.5 * (a - c) / den
+    return i, float(i)
+
+
+def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
+    names = list(configs)
+    res = load_results(setup, configs, version)
+    grid = "  ".join(f"{lr:>8.4g}" for lr in setup.grid)
+    print(f"\nmean final val loss (nats) over seeds {list(setup.seeds)}, lr grid x2:\n{'arm':<14}{'param':<9}{grid}")
+    best: dict[tuple[str, str], tuple[int, float]] = {}
+    for name in names:
+        for par in PARAMETERIZATIONS:
+            c = curve(res, name, par, setup)
+            if c is None:
+                print(f"{name:<14}{par:<9}" + "  ".join(f"{'-':>8}" for _ in setup.grid))
+                continue
+            best[name, par] = optimum(c)
+            print(f"{name:<14}{par:<9}" + "  ".join(f"{v:>8.4f}" if math.isfinite(v) else f"{'div':>8}" for v in c))
+    ref = best.get(("reference", "fair"))
+    print(f"\n{'arm':<14}{'fair: best lr':>14}{'steps':>7}{'(sub-grid)':>11}   "
+          f"{'uniform: best lr':>17}{'steps':>7}{'(sub-grid)':>11}")
+    within = {p: 0 for p in PARAMETERIZATIONS}
+    counted = {p: 0 for p in PARAMETERIZATIONS}
+    for name in names:
+        cells = []
+        for par in PARAMETERIZATIONS:
+            if ref is None or (name, par) not in best:
+                cells.append(f"{'-':>14}{'-':>7}{'-':>11}")
+                continue
+            i, sub = best[name, par]
+            d = i - ref[0]
+            counted[par] += 1
+            within[par] += abs(d) <= 1
+            cells.append(f"{setup.grid[i]:>14.4g}{d:>+7d}{sub - ref[1]:>+11.2f}")
+        print(f"{name:<14}{cells[0]}   {cells[1]:>35}")
+    n = len(names)
+    complete = all(counted[p] == n for p in PARAMETERIZATIONS)
+    verdict = ("PASS" if within["fair"] == n else "MISS") if complete else "INCOMPLETE"
+    print(f"\ntarget: every optimum within one grid step of the reference's under fair: {verdict} "
+          f"({within['fair']}/{counted['fair']} arms measured, {n} in all)")
+    old = "yes" if within["uniform"] == n else "no"
+    print(f"old (uniform) already met it: {old if complete else 'unknown'} "
+          f"({within['uniform']}/{counted['uniform']} arms measured within one step)")
+    return complete
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny chassis, 3-point grid, 1 seed: seconds")
+    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
+    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per grid point (default 2; 1 quick)")
+    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
+    p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/lr_transfer)")
+    a = p.parse_args(argv)
+    if a.quick:
+        setup = Setup(QUICK_REFERENCE, QUICK_RECIPE, QUICK_GRID, tuple(range(a.seeds or 1)), QUICK_LORA_RANKS,
+                      a.out or Path(tempfile.mkdtemp(prefix="npas-lr-transfer-")), 1)
+    else:
+        setup = Setup(REFERENCE, RECIPE, GRID, tuple(range(a.seeds or 2)), LORA_RANKS, a.out or RESULTS,
+                      max(1, a.workers))
+    configs = arms(setup.reference, setup.lora_ranks)
+    version = code_version(setup)
+    c, r = setup.reference, setup.recipe
+    print(f"[lr_transfer] reference: untied d_model={c.d_model} n_layers={c.n_layers} d_ff={c.d_ff} "
+          f"({npas.count(reference_config(c)).stored_params:,} params) | {r.steps} steps x {r.tokens_per_step} "
+          f"tokens, warmup {r.warmup_steps}, cosine to lr/10 | grid {list(setup.grid)} | seeds {list(setup.seeds)} "
+          f"| arms {', '.join(configs)}", flush=True)
+    if a.plan:
+        plan(setup, configs, version)
+        return 0
+    if not a.report:
+        run_missing(setup, configs, version)
+    report(setup, configs, version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

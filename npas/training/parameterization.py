@@ -1,0 +1,186 @@
+"""Per-group learning rates (and init) that make one base learning rate fair to every allocation.
+
+A search compares allocations trained with one recipe, so the recipe must not favour some of them.
+With one learning rate for everything it does: a tied tensor's single update moves every layer that
+reads it, a narrow MLP's down-projection and a wide one get the same step although their fan-in
+differs by up to 8x, and a deep model adds more residual updates than a shallow one. In the spirit
+of muP / depth-muP / CompleteP (hyperparameter transfer across width and depth), each parameter's
+Adam learning rate is the recipe's base rate -- the rate of the *reference* model, the chassis'
+untied uniform one -- times a multiplier from the rules below, so the reference itself trains
+exactly as under one learning rate, and other shapes get the step that keeps their per-layer
+updates comparable to the reference's.
+
+Terms. A *use* is one (layer, slot) that reads a tensor. ``k``, the sharing count, is the number of
+layer-reads per stored element, ``sum(numel read by each use) / numel stored`` (1 when untied; L for
+a block tied across L layers; for banks, the members' reads over the bank size). ``w`` is the width
+factor of a use, ``fan_in_ref / fan_in`` (muP for Adam: hidden matrices step as 1/fan-in), where
+``fan_in_ref`` is the same slot's fan-in in the reference (d_model for attention, MLP up and gate;
+d_ff for the MLP down-projection). ``r = L_ref / L`` is the depth ratio. A residual-output slot
+(attention output, MLP down) writes into the residual stream; an input slot reads from it.
+
+====================  =================================================================  ==========
+group                 learning-rate multiplier                                           init
+====================  =================================================================  ==========
+matrix (block slot)   ``k**-SHARING_EXPONENT * mean over uses of w * d``, where ``d = r``   std x
+                      for residual-output slots and ``d = sqrt(r)`` for input slots         sqrt(w)
+                      (depth-muP for Adam with the 1/sqrt(L) branch multiplier folded
+                      into the weights, as the model's 0.02/sqrt(2L) residual init does)
+bank                  as a matrix, with its members' uses (a pool's template, a tie or     std x
+                      slice bank); ``k`` counts reads per stored element                   sqrt(w)
+template coefficient  ``k**-SHARING_EXPONENT`` with ``k`` the mean uses of a member's      model's
+                      block: a coefficient is a gain (vector-like, width-free in muP);
+                      its reach through the templates already carries their init scale
+LoRA factor (A, B)    ``w * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
+                      it); the rank's effect on step size is the model's alpha/r scaling
+norm gain             ``k**-SHARING_EXPONENT`` (vector-like: width- and depth-free); k > 1  model's
+                      only for a shared block's norms when norms are tied
+embedding (wte, wpe)  1 (muP input weights; wte is also the tied output head, kept at 1   model's
+                      because the model has no output multiplier to carry 1/width)
+====================  =================================================================  ==========
+
+``mean over uses`` is weighted by the elements each use reads. Init: hidden matrices are rescaled
+after the model draws them, by ``sqrt(mean w)``, which makes their std scale as 1/sqrt(fan-in)
+relative to the reference (muP init); the reference keeps its draw bit for bit. ``SHARING_EXPONENT``
+is 1/2: Adam's per-entry normalisation alone would ask for no correction (k**0), fully coherent
+updates of the k reads would ask for 1/k; the geometric middle is the documented default, and
+``bench/lr_transfer.py`` measures whether the optimum of tied, pooled and relaxed models lands
+where the reference's does under it.
+
+The ``uniform`` parameterization is the old behaviour: the model's own weight-decay groups, every
+multiplier 1, no re-initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from npas.allocation.config import ArchConfig, Chassis, slot_shape
+from npas.allocation.sharing import RESIDUAL_SLOTS
+
+SHARING_EXPONENT = 0.5  # lr multiplier k**-0.5 for a tensor read k times per element (see the table)
+_OUTPUT_SLOTS = frozenset(RESIDUAL_SLOTS) | {"attn_out", "attn_o", "mlp_down"}  # old and new names
+
+_BLOCK = re.compile(r"blocks\.(\d+)\.(\w+)$")
+_BLOCK_NORM = re.compile(r"blocks\.(\d+)\.ln_[12]\.weight$")
+_BANK = re.compile(r"banks\.(\d+)\.(weight|coef)$")
+_LORA = re.compile(r"h\.(\d+)\.lora\.(\w+)\.([AB])$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the parameterization decided for one parameter: its group, lr multiplier and init scale."""
+
+    group: str  # embedding | norm | matrix | bank | coef | lora
+    lr_mult: float
+    init_scale: float = 1.0  # multiplies the model's draw once, before training (1: untouched)
+
+
+def depth_factor(slot: str, depth_ratio: float) -> float:
+    """Residual-output slots step as L_ref/L, input slots as sqrt(L_ref/L) (depth-muP, Adam)."""
+    return depth_ratio if slot in _OUTPUT_SLOTS else math.sqrt(depth_ratio)
+
+
+def sharing_factor(k: float) -> float:
+    return max(1.0, k) ** -SHARING_EXPONENT
+
+
+def _use_factors(cfg: ArchConfig, ref: Chassis, uses: Iterable[tuple[int, str]]) -> tuple[float, float, float]:
+    """(elements read, mean of w*d, mean of w) over ``(layer, slot)`` uses, weighted by elements read."""
+    d, depth_ratio = cfg.chassis.d_model, ref.n_layers / cfg.chassis.n_layers
+    total = wd = ww = 0.0
+    for layer, slot in uses:
+        out_f, fan_in = slot_shape(slot, d, cfg.mlp_widths[layer])
+        w = slot_shape(slot, ref.d_model, ref.d_ff)[1] / fan_in
+        n = out_f * fan_in
+        total += n
+        wd += n * w * depth_factor(slot, depth_ratio)
+        ww += n * w
+    return total, wd / total, ww / total
+
+
+def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]:
+    """The fair rule of every named parameter of an npas model (``model.cfg`` is its allocation);
+    ``reference`` defaults to the model's own chassis, whose untied uniform model the base lr is for."""
+    cfg: ArchConfig = model.cfg
+    ref = reference or cfg.chassis
+    depth_ratio = ref.n_layers / cfg.chassis.n_layers
+    out: dict[str, Rule] = {}
+    for name, p in model.named_parameters():
+        if m := _BLOCK_NORM.match(name):
+            out[name] = Rule("norm", sharing_factor(len(cfg.members_of(int(m[1])))))
+        elif m := _BLOCK.match(name):
+            b, slot = int(m[1]), m[2]
+            read, wdf, w = _use_factors(cfg, ref, [(layer, slot) for layer in cfg.members_of(b)])
+            out[name] = Rule("matrix", sharing_factor(read / p.numel()) * wdf, math.sqrt(w))
+        elif m := _BANK.match(name):
+            bank = cfg.banks[int(m[1])]
+            uses = [(layer, slot) for b, slot in bank.members for layer in cfg.members_of(b)]
+            if m[2] == "coef":
+                k = sum(len(cfg.members_of(b)) for b, _ in bank.members) / len(bank.members)
+                out[name] = Rule("coef", sharing_factor(k))
+            else:
+                read, wdf, w = _use_factors(cfg, ref, uses)
+                out[name] = Rule("bank", sharing_factor(read / bank.size) * wdf, math.sqrt(w))
+        elif m := _LORA.match(name):
+            layer, slot = int(m[1]), m[2]
+            d_in = p.shape[1] if m[3] == "A" else model.h[layer].lora[slot].A.shape[1]
+            w = slot_shape(slot, ref.d_model, ref.d_ff)[1] / d_in
+            out[name] = Rule("lora", w * depth_factor(slot, depth_ratio))
+        elif ".ln_" in f".{name}":
+            out[name] = Rule("norm", 1.0)
+        elif name.startswith(("wte.", "wpe.")):
+            out[name] = Rule("embedding", 1.0)
+        else:  # a parameter kind this table does not know: base lr, and say so in the group name
+            out[name] = Rule("other", 1.0)
+    return out
+
+
+def _decays(model: nn.Module, weight_decay: float) -> dict[int, float]:
+    """Parameter id -> weight decay, from the model's own groups (or matrices-only decay)."""
+    from npas.training.proxy import param_groups
+
+    return {id(p): g["weight_decay"] for g in param_groups(model, weight_decay) for p in g["params"]}
+
+
+def optimizer_groups(model: nn.Module, weight_decay: float, parameterization: str = "fair",
+                     reference: Chassis | None = None) -> list[dict[str, Any]]:
+    """AdamW parameter groups, each with an ``lr_mult`` that the training loop multiplies the
+    schedule's learning rate by at every step (so the rules survive warmup and decay).
+
+    ``uniform`` (or a model without an allocation) keeps the model's weight-decay groups with
+    multiplier 1: the old single-learning-rate behaviour. ``fair`` groups parameters with equal
+    (group, multiplier, decay) together, so fused AdamW still sees a handful of groups.
+    """
+    from npas.training.proxy import param_groups
+
+    if parameterization == "uniform" or not isinstance(getattr(model, "cfg", None), ArchConfig):
+        return [{**g, "lr_mult": 1.0, "group": "all"} for g in param_groups(model, weight_decay) if g["params"]]
+    decay = _decays(model, weight_decay)
+    table = rules(model, reference)
+    merged: dict[tuple[str, float, float], list[nn.Parameter]] = defaultdict(list)
+    for name, p in model.named_parameters():
+        r = table[name]
+        merged[r.group, r.lr_mult, decay[id(p)]].append(p)
+    return [{"params": ps, "weight_decay": wd, "lr_mult": mult, "group": group}
+            for (group, mult, wd), ps in merged.items()]
+
+
+@torch.no_grad()
+def apply_init(model: nn.Module, parameterization: str = "fair", reference: Chassis | None = None) -> None:
+    """Rescale hidden matrices' fresh init by their rule's ``init_scale`` (fair only; uniform and the
+    reference itself are untouched). Call once, right after ``build_model``."""
+    if parameterization == "uniform" or not isinstance(getattr(model, "cfg", None), ArchConfig):
+        return
+    table = rules(model, reference)
+    for name, p in model.named_parameters():
+        scale = table[name].init_scale
+        if scale != 1.0:
+            p.mul_(scale)
