@@ -151,3 +151,30 @@ def test_cli_bad_space_exits_2_with_every_problem(tmp_path):
     assert out.returncode == 2
     assert "2 problems" in out.stderr and "did you mean 'cycle'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+BARE = "chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 6, n_heads: 4, d_ff: 256}\nbudget: 0.5x\n"
+
+
+@pytest.mark.parametrize("knobs", [
+    "{taper: {schedule: cosine}}",
+    "{tying: {mode: cycle}}",
+    "{tying: {mode: middle_loop}, relaxation: {rank: 4}}",
+    "{tying: {mode: sequential}, relaxation: {rank: 2, targets: mlp}, untied_norms: false}",
+    "{pools: {enabled: true}}",
+    "{pools: {enabled: true, generator: slice}}",
+])
+def test_sample_and_candidate_agree_on_defaults(knobs):
+    # one knob table: a knob the file leaves out gets the same default whether a trial samples it or a
+    # caller builds the candidate from the values the file does give (baselines, count, evidence)
+    from npas.allocation.knob_table import BY_NAME, CHASSIS_KEYS
+
+    space = parse_space(BARE + f"knobs: {knobs}\n")
+    cand = space.sample(optuna.create_study().ask())
+    given = {k: v for k, v in cand.values.items() if k in CHASSIS_KEYS or k in space.knobs}
+    assert space.candidate(given).config == cand.config
+    for name, v in cand.values.items():
+        if name not in given and name in BY_NAME:
+            assert v == BY_NAME[name].default_for(cand.values), name
+    if "taper_ratio" in cand.values:
+        assert cand.values["taper_ratio"] == 2.0  # the one taper_ratio default (was 1.0 in candidate)

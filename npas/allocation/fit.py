@@ -17,11 +17,7 @@ from dataclasses import dataclass, replace
 
 from npas.allocation.budget import stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
-
-TAPERS = ("uniform", "linear", "cosine", "step", "reverse", "hourglass")
-TYING = ("none", "all", "sequential", "cycle", "middle_loop", "explicit")
-BANK_RULES = ("by_type", "by_type_and_shape", "all", "explicit")
-GENERATORS = ("tie", "slice", "tile", "template_mix")
+from npas.allocation.knob_table import BANK_RULES, TAPERS, TYING
 
 
 # ---- taper and tying: pure maps from knobs to per-layer structure -----------------------------

@@ -70,8 +70,11 @@ def check_keys(where: str, data: dict, allowed: tuple[str, ...], problems: list[
 
 
 def parse_knob(where: str, raw: Any, problems: list[str], *, kind: type, allowed: tuple | None = None,
-               low: float | None = None, high: float | None = None) -> Knob | None:
-    """Parse one knob; append a problem (naming path, value, allowed values) and return None if bad."""
+               low: float | None = None, high: float | None = None, fixed_only: bool = False) -> Knob | None:
+    """Parse one knob; append a problem (naming path, value, allowed values) and return None if bad.
+
+    `fixed_only` knobs are settings, never searched: a list or range is refused rather than read.
+    """
 
     def bad_value(v: Any) -> str | None:
         if kind is bool:
@@ -88,6 +91,9 @@ def parse_knob(where: str, raw: Any, problems: list[str], *, kind: type, allowed
             return f"{where}: {v!r} is out of range [{low}, {high}]"
         return None
 
+    if fixed_only and isinstance(raw, dict | list):
+        problems.append(f"{where}: takes one fixed value, got {raw!r}; it is never searched")
+        return None
     if isinstance(raw, dict):
         if kind not in (int, float):
             problems.append(f"{where}: ranges apply to numbers only; list the choices instead")
