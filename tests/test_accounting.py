@@ -109,4 +109,4 @@ def test_lora_is_merged_per_step_so_per_token_flops_match_the_untied_model():
     per_layer_attn = 2 * 4 * (3 * 16 * 16 + 16 * 16)
     per_layer_mlp = 2 * 2 * (32 * 16 + 16 * 32)
     assert acc.generation_flops_per_step == 4 * per_layer_attn + 2 * per_layer_mlp
-    assert acc.lora_params == 4 * 4 * (16 + 48 + 16 + 16) + 2 * 2 * 2 * (16 + 32)
+    assert acc.lora_params == 4 * 4 * 4 * (16 + 16) + 2 * 2 * 2 * (16 + 32)  # q, k, v, o: r * (d + d) each

@@ -13,8 +13,9 @@ from torch import nn
 import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.allocation.space import load_space
+from npas.errors import NpasError
 
-from .conftest import SPACES
+from .conftest import ROOT, SPACES
 
 CH = Chassis(vocab_size=30, context=24, d_model=32, n_layers=3, n_heads=4, d_ff=80, activation="gelu")
 
@@ -60,8 +61,8 @@ def test_reference_matches_a_plain_transformer():
         plain.ln_f.weight.copy_(model.ln_f.weight)
         for i, b in enumerate(plain.blocks):
             blk, lay = model.blocks[i], model.h[i]
-            b.c_attn.weight.copy_(blk.attn_qkv)
-            b.c_proj.weight.copy_(blk.attn_out)
+            b.c_attn.weight.copy_(torch.cat([blk.attn_q, blk.attn_k, blk.attn_v]))  # nanoGPT's fused c_attn
+            b.c_proj.weight.copy_(blk.attn_o)
             b.c_fc.weight.copy_(blk.mlp_up)
             b.mlp_proj.weight.copy_(blk.mlp_down)
             b.ln_1.weight.copy_(lay.ln_1.weight)
@@ -152,3 +153,27 @@ def test_each_generator_builds_and_trains(generator):
         assert len({t.data_ptr() for t in (w[0]["mlp_up"], w[1]["mlp_up"], w[2]["mlp_up"])}) == 3
     if generator == "tile":
         torch.testing.assert_close(w[0]["mlp_up"].flatten()[:500], w[0]["mlp_up"].flatten()[500:1000])
+
+
+def test_a_model_saved_under_schema_1_loads_and_computes_what_was_saved(tmp_path):
+    # tests/data/schema1_model was written by `save_trained` at schema 1 (699cb4d): fused
+    # blocks.N.attn_qkv / attn_out weights, a slice bank, tied blocks and MLP LoRA; expected.json
+    # holds the logits that code computed on `idx`
+    import json
+    import shutil
+
+    from npas.training.train import load_trained
+
+    src = ROOT / "tests" / "data" / "schema1_model"
+    expected = json.loads((src / "expected.json").read_text())
+    model, _, cfg = load_trained(src)
+    assert cfg.version == 2 and model.num_params() == expected["stored_params"]
+    logits = model(torch.tensor(expected["idx"]))[0]
+    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=1e-5, atol=1e-5)
+    # a schema-1 bank that generated the fused attn_qkv computes something else now: refused, not loaded
+    bad = tmp_path / "m"
+    shutil.copytree(src, bad)
+    text = (bad / "config.yaml").read_text().replace("[0, mlp_down]", "[0, attn_qkv]")
+    (bad / "config.yaml").write_text(text)
+    with pytest.raises(NpasError, match="train again"):
+        load_trained(bad)

@@ -12,7 +12,14 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from npas.allocation.config import DTYPE_BYTES, ArchConfig, block_slots, reference_config, slot_shape
+from npas.allocation.config import (
+    DTYPE_BYTES,
+    MLP_SLOTS,
+    ArchConfig,
+    block_slots,
+    reference_config,
+    slot_shape,
+)
 from npas.errors import BudgetError
 
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
@@ -70,9 +77,9 @@ def _lora_params(cfg: ArchConfig, layer: int) -> int:
     total = 0
     ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
     if ra:
-        total += ra * (d + 3 * d) + ra * (d + d)
+        total += 4 * ra * (d + d)  # attn_q, attn_k, attn_v, attn_o: each d x d
     if rm:
-        total += rm * (d + w) * len(block_slots(cfg.chassis.activation)[2:])
+        total += rm * (d + w) * len(MLP_SLOTS[cfg.chassis.activation])
     return total
 
 
@@ -121,13 +128,12 @@ def stored_params(cfg: ArchConfig) -> int:
     total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
     total += 4 * d * d * n_blocks + n_mlp * d * sum(widths)  # every block slot, banked or not
     total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
-    attn = {"attn_qkv": 3 * d * d, "attn_out": d * d}
     for bank in cfg.banks:
         for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
-            total -= attn.get(slot) or d * widths[b]
+            total -= d * d if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
-    total += 6 * d * sum(cfg.lora_attn)
+    total += 8 * d * sum(cfg.lora_attn)
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
     return total

@@ -18,14 +18,16 @@ import yaml
 
 from npas.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
 
 Activation = Literal["gelu", "swiglu"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
 
-# Weight slots of one transformer block, in forward order. qkv is fused (3d x d) like nanoGPT's c_attn.
-ATTN_SLOTS: tuple[str, ...] = ("attn_qkv", "attn_out")
+# Weight slots of one transformer block, in forward order. Q, K, V and O are separate (d x d) slots so
+# banks, atoms, cross-layer KV sharing and conversion can address each; the forward still runs one
+# matmul for q, k and v (see transformer.Layer).
+ATTN_SLOTS: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_o")
 MLP_SLOTS: dict[str, tuple[str, ...]] = {
     "gelu": ("mlp_up", "mlp_down"),
     "swiglu": ("mlp_gate", "mlp_up", "mlp_down"),
@@ -40,15 +42,13 @@ def block_slots(activation: str) -> tuple[str, ...]:
 
 def slot_shape(slot: str, d_model: int, width: int) -> tuple[int, int]:
     """(out_features, in_features) of a slot for an MLP of `width`; F.linear's weight layout."""
-    if slot == "attn_qkv":
-        return (3 * d_model, d_model)
-    if slot == "attn_out":
+    if slot in ATTN_SLOTS:
         return (d_model, d_model)
     if slot in ("mlp_up", "mlp_gate"):
         return (width, d_model)
     if slot == "mlp_down":
         return (d_model, width)
-    raise ConfigError(f"unknown weight slot {slot!r}; known: attn_qkv, attn_out, mlp_gate, mlp_up, mlp_down")
+    raise ConfigError(f"unknown weight slot {slot!r}; known: {', '.join(ATTN_SLOTS + MLP_SLOTS['swiglu'])}")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class ArchConfig:
     mlp_widths: tuple[int, ...]  # per layer; tied layers slice nested sub-matrices of their block
     block_of_layer: tuple[int, ...]  # tying map; blocks numbered 0..U-1 in order of first use
     banks: tuple[Bank, ...] = ()  # block slots not in any bank own a direct Parameter
-    lora_attn: tuple[int, ...] = ()  # LoRA rank per layer on attn_qkv/attn_out; () = all zero
+    lora_attn: tuple[int, ...] = ()  # LoRA rank per layer on each of attn_q/k/v/o; () = all zero
     lora_mlp: tuple[int, ...] = ()  # LoRA rank per layer on the MLP slots
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
     dtype: DType = "float32"  # parameter storage dtype, for byte accounting
@@ -250,36 +250,21 @@ class ArchConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ArchConfig:
+        """Read an allocation strictly: a wrongly typed field is refused, never coerced ("false" is
+        not False, 64.0 is not 64), and every problem is named at once. Schema 1 files upgrade."""
         if not isinstance(d, dict):
             raise ConfigError(f"an allocation must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
         if unknown:
             raise ConfigError(f"unknown allocation keys {unknown}; allowed: {sorted(known)}")
-        try:
-            chassis = Chassis(**d["chassis"])
-            banks = tuple(
-                Bank(
-                    members=tuple((int(b), str(s)) for b, s in bank["members"]),
-                    generator=bank["generator"],
-                    size=int(bank["size"]),
-                    templates=int(bank.get("templates", 1)),
-                )
-                for bank in d.get("banks", ())
-            )
-            return cls(
-                chassis=chassis,
-                mlp_widths=tuple(d["mlp_widths"]),
-                block_of_layer=tuple(d["block_of_layer"]),
-                banks=banks,
-                lora_attn=tuple(d.get("lora_attn", ())),
-                lora_mlp=tuple(d.get("lora_mlp", ())),
-                untied_norms=bool(d.get("untied_norms", True)),
-                dtype=d.get("dtype", "float32"),
-                version=int(d.get("version", SCHEMA_VERSION)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"malformed allocation: {type(e).__name__}: {e}") from None
+        problems: list[str] = []
+        kwargs = _read_fields(d, problems)
+        if problems:
+            raise ConfigError("invalid allocation: " + "; ".join(problems))
+        if kwargs["version"] == 1:
+            kwargs = _upgrade_v1(kwargs)
+        return cls(**kwargs)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -335,6 +320,100 @@ def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
     elif bank.generator != "template_mix" and bank.templates != 1:
         out.append(f"banks[{k}]: templates={bank.templates} only applies to template_mix")
     return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """Typed fields of an allocation mapping; each wrongly typed one appends a problem naming it."""
+    out: dict[str, Any] = {}
+    ch = d.get("chassis")
+    if not isinstance(ch, dict):
+        problems.append(f"chassis: must be a mapping of {', '.join(f.name for f in fields(Chassis))}, got {ch!r}")
+    else:
+        names = [f.name for f in fields(Chassis)]
+        extra = sorted(set(ch) - set(names))
+        missing = [n for n in names if n not in ch and n != "activation"]
+        if extra or missing:
+            problems.append(f"chassis: unknown keys {extra}, missing keys {missing}; keys are {names}")
+        else:
+            for n in names[:-1]:
+                if not _is_int(ch[n]):
+                    problems.append(f"chassis.{n}: must be an integer, got {ch[n]!r}")
+            out["chassis"] = Chassis(**ch)
+    for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp"):
+        v = d.get(name, [])
+        if name in ("mlp_widths", "block_of_layer") and name not in d:
+            problems.append(f"{name}: missing; give one integer per layer")
+        elif not isinstance(v, list | tuple) or not all(_is_int(x) for x in v):
+            problems.append(f"{name}: must be a list of integers, got {v!r}")
+        else:
+            out[name] = tuple(v)
+    banks = d.get("banks", [])
+    if not isinstance(banks, list | tuple):
+        problems.append(f"banks: must be a list of mappings, got {banks!r}")
+        banks = []
+    out["banks"] = tuple(b for k, raw in enumerate(banks) if (b := _read_bank(k, raw, problems)) is not None)
+    if not isinstance(d.get("untied_norms", True), bool):
+        problems.append(f"untied_norms: must be true or false, got {d['untied_norms']!r}")
+    out["untied_norms"] = d.get("untied_norms", True)
+    if not isinstance(d.get("dtype", "float32"), str):
+        problems.append(f"dtype: must be one of {list(DTYPE_BYTES)}, got {d['dtype']!r}")
+    out["dtype"] = d.get("dtype", "float32")
+    version = d.get("version", SCHEMA_VERSION)
+    if version not in (1, SCHEMA_VERSION) or not _is_int(version):
+        problems.append(f"version: {version!r} is not a schema version this npas reads (1 or {SCHEMA_VERSION})")
+    out["version"] = version
+    return out
+
+
+def _read_bank(k: int, raw: Any, problems: list[str]) -> Bank | None:
+    where = f"banks[{k}]"
+    keys = ("members", "generator", "size", "templates")
+    if not isinstance(raw, dict) or sorted(set(raw) - set(keys)) or not {"members", "generator", "size"} <= set(raw):
+        problems.append(f"{where}: must be a mapping of members, generator, size (templates optional), got {raw!r}")
+        return None
+    before = len(problems)
+    members = raw["members"]
+    if not isinstance(members, list | tuple) or not all(
+            isinstance(m, list | tuple) and len(m) == 2 and _is_int(m[0]) and isinstance(m[1], str) for m in members):
+        problems.append(f"{where}.members: must be a list of [block, slot] pairs, got {members!r}")
+    if not isinstance(raw["generator"], str):
+        problems.append(f"{where}.generator: must be one of {list(get_args(Generator))}, got {raw['generator']!r}")
+    for key in ("size", "templates"):
+        if key in raw and not _is_int(raw[key]):
+            problems.append(f"{where}.{key}: must be an integer, got {raw[key]!r}")
+    if len(problems) > before:
+        return None
+    return Bank(tuple((b, s) for b, s in members), raw["generator"], raw["size"], raw.get("templates", 1))
+
+
+def _upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2 with the same stored parameter count, or a ConfigError naming the fix.
+
+    A v1 bank member `attn_qkv` (one fused 3d x d matrix) becomes the members attn_q, attn_k, attn_v
+    (d x d each: the same elements, so a tie/slice/tile bank keeps its size and count), and attn_out
+    is renamed attn_o. What cannot keep its count is refused: template_mix learns one coefficient per
+    member and template, and attention LoRA relaxed two matrices per layer where schema 2 has four.
+    """
+    rename = {"attn_out": ("attn_o",), "attn_qkv": ("attn_q", "attn_k", "attn_v")}
+    banks = []
+    for k, bank in enumerate(kw["banks"]):
+        if bank.generator == "template_mix" and any(s == "attn_qkv" for _, s in bank.members):
+            raise ConfigError(
+                f"banks[{k}]: a version 1 template_mix bank generating attn_qkv cannot keep its parameter count in "
+                f"version 2 (q, k and v each learn their own coefficients); replace each [b, attn_qkv] member by "
+                f"[b, attn_q], [b, attn_k], [b, attn_v] and set version: 2")
+        members = tuple((b, new) for b, s in bank.members for new in rename.get(s, (s,)))
+        banks.append(Bank(members, bank.generator, bank.size, bank.templates))
+    if any(kw.get("lora_attn", ())):
+        raise ConfigError(
+            "lora_attn: version 1 relaxed the fused attn_qkv and attn_out (6*r*d_model params per layer), version 2 "
+            "relaxes attn_q, attn_k, attn_v and attn_o separately (8*r*d_model); set version: 2 to accept the "
+            "larger relaxation, or lora_attn to zeros")
+    return {**kw, "banks": tuple(banks), "version": SCHEMA_VERSION}
 
 
 def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:

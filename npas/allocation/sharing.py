@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from npas.allocation.config import Bank
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT init; residual projections get INIT_STD / sqrt(2 * n_layers)
-RESIDUAL_SLOTS = frozenset({"attn_out", "mlp_down"})
+RESIDUAL_SLOTS = frozenset({"attn_o", "mlp_down"})
 
 
 def slice_offsets(numels: list[int], size: int) -> list[int]:
