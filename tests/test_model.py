@@ -177,3 +177,35 @@ def test_a_model_saved_under_schema_1_loads_and_computes_what_was_saved(tmp_path
     (bad / "config.yaml").write_text(text)
     with pytest.raises(NpasError, match="train again"):
         load_trained(bad)
+
+
+@pytest.mark.parametrize("scaling", ["standard", "rslora"])
+@pytest.mark.parametrize("rank", [1, 2, 4, 8])
+def test_a_relaxed_layer_computes_the_scaled_lora_delta(rank, scaling):
+    # every layer of a fully tied model relaxed at rank r, A and B set by hand: the model must compute
+    # what an untied model computes with W_i = W + (alpha / r) B_i A_i (alpha / sqrt(r) for rslora)
+    alpha = 12.0
+    relaxed = ArchConfig(chassis=CH, mlp_widths=(80,) * 3, block_of_layer=(0, 0, 0), lora_attn=(rank,) * 3,
+                         lora_mlp=(rank,) * 3, lora_alpha=alpha, lora_scaling=scaling)
+    scale = alpha / (rank if scaling == "standard" else math.sqrt(rank))
+    torch.manual_seed(0)
+    model, untied = npas.build_model(relaxed), npas.build_model(reference_config(CH))
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for name in ("wte.weight", "wpe.weight", "ln_f.weight"):
+            untied.get_parameter(name).copy_(model.get_parameter(name))
+        for i, layer in enumerate(model.h):
+            untied.h[i].ln_1.weight.copy_(layer.ln_1.weight)
+            untied.h[i].ln_2.weight.copy_(layer.ln_2.weight)
+            for slot, lo in layer.lora.items():
+                lo.A.copy_(torch.randn(lo.A.shape, generator=g))
+                lo.B.copy_(torch.randn(lo.B.shape, generator=g) * 0.01)
+                w = model.blocks[0].get_parameter(slot) + scale * lo.B @ lo.A
+                untied.blocks[i].get_parameter(slot).copy_(w)
+    assert len(model.h[0].lora) == 6  # q, k, v, o, up, down
+    idx = torch.randint(0, CH.vocab_size, (2, 16))
+    torch.testing.assert_close(model(idx)[0], untied(idx)[0], rtol=1e-5, atol=1e-5)
+    lo = model.h[1].lora["attn_v"]
+    x = torch.randn(5, CH.d_model, generator=g)
+    w = model.blocks[0].attn_v
+    torch.testing.assert_close(F.linear(x, w + lo.delta()), x @ (w + scale * lo.B @ lo.A).T, rtol=1e-6, atol=1e-6)

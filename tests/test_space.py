@@ -178,3 +178,13 @@ def test_sample_and_candidate_agree_on_defaults(knobs):
             assert v == BY_NAME[name].default_for(cand.values), name
     if "taper_ratio" in cand.values:
         assert cand.values["taper_ratio"] == 2.0  # the one taper_ratio default (was 1.0 in candidate)
+
+
+def test_lora_alpha_and_scaling_are_fixed_settings_of_the_relaxation():
+    text = BARE + "knobs: {tying: {mode: all}, relaxation: {rank: 4, alpha: 8, scaling: rslora}}\n"
+    cfg = parse_space(text).sample(optuna.create_study().ask()).config
+    assert (cfg.lora_alpha, cfg.lora_scaling, cfg.lora_mlp[0]) == (8.0, "rslora", 4)
+    with pytest.raises(SpaceError) as info:
+        parse_space(BARE + "knobs: {relaxation: {alpha: [8, 16], scaling: rs}}\n")
+    assert "knobs.relaxation.alpha: takes one fixed value" in str(info.value)
+    assert "knobs.relaxation.scaling: unknown value 'rs'" in str(info.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any, Literal, get_args
@@ -23,6 +24,13 @@ SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv
 Activation = Literal["gelu", "swiglu"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
+LoraScaling = Literal["standard", "rslora"]
+
+# LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
+# across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
+# learning-rate sweep. 16 is a common PEFT setting (r = 8..16 gives a scale of 1..2 at the proxy's
+# ranks 4..16); B starts at zero, so alpha changes how fast a delta learns, never the initial model.
+DEFAULT_LORA_ALPHA = 16.0
 
 # Weight slots of one transformer block, in forward order. Q, K, V and O are separate (d x d) slots so
 # banks, atoms, cross-layer KV sharing and conversion can address each; the forward still runs one
@@ -114,6 +122,8 @@ class ArchConfig:
     banks: tuple[Bank, ...] = ()  # block slots not in any bank own a direct Parameter
     lora_attn: tuple[int, ...] = ()  # LoRA rank per layer on each of attn_q/k/v/o; () = all zero
     lora_mlp: tuple[int, ...] = ()  # LoRA rank per layer on the MLP slots
+    lora_alpha: float = DEFAULT_LORA_ALPHA  # delta = lora_scale(alpha, r) * B @ A; part of the function
+    lora_scaling: LoraScaling = "standard"  # standard: alpha / r (PEFT); rslora: alpha / sqrt(r)
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
     dtype: DType = "float32"  # parameter storage dtype, for byte accounting
     version: int = SCHEMA_VERSION
@@ -124,6 +134,10 @@ class ArchConfig:
             object.__setattr__(self, "lora_attn", (0,) * L)
         if not self.lora_mlp:
             object.__setattr__(self, "lora_mlp", (0,) * L)
+        if not any(self.lora_attn) and not any(self.lora_mlp):
+            # with no LoRA the scale computes nothing: one canonical form, so equal models hash equal
+            object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
+            object.__setattr__(self, "lora_scaling", "standard")
         if len(set(self.block_of_layer)) == len(self.block_of_layer):
             # with no shared block, tied-or-untied norms build the same model: keep one canonical form
             object.__setattr__(self, "untied_norms", True)
@@ -200,6 +214,11 @@ class ArchConfig:
                 f"{list(self.block_of_layer)}"
             )
             return out
+        if (not isinstance(self.lora_alpha, int | float) or isinstance(self.lora_alpha, bool)
+                or not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
+            out.append(f"lora_alpha: must be a positive finite number, got {self.lora_alpha!r}")
+        if self.lora_scaling not in get_args(LoraScaling):
+            out.append(f"lora_scaling: {self.lora_scaling!r} is not one of {list(get_args(LoraScaling))}")
         if self.dtype not in DTYPE_BYTES:
             out.append(f"dtype: {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
         slots = set(block_slots(c.activation))
@@ -222,6 +241,10 @@ class ArchConfig:
                 sizes = [self._numel(m) for m in bank.members if owner.get(m) == k]
                 out.extend(_bank_problems(k, bank, sizes))
         return out
+
+    def lora_scale(self, rank: int) -> float:
+        """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
+        return lora_scale(self.lora_alpha, rank, self.lora_scaling)
 
     def _numel(self, member: tuple[int, str]) -> int:
         o, i = self.slot_shape(*member)
@@ -322,6 +345,13 @@ def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
     return out
 
 
+def lora_scale(alpha: float, rank: int, scaling: str = "standard") -> float:
+    """alpha / r (PEFT's LoRA) or alpha / sqrt(r) (rsLoRA, stable as r grows); 0 at rank 0."""
+    if rank <= 0:
+        return 0.0
+    return alpha / (math.sqrt(rank) if scaling == "rslora" else rank)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -356,6 +386,13 @@ def _read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         problems.append(f"banks: must be a list of mappings, got {banks!r}")
         banks = []
     out["banks"] = tuple(b for k, raw in enumerate(banks) if (b := _read_bank(k, raw, problems)) is not None)
+    alpha = d.get("lora_alpha", DEFAULT_LORA_ALPHA)
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
+        problems.append(f"lora_alpha: must be a number, got {alpha!r}")
+    out["lora_alpha"] = float(alpha) if isinstance(alpha, int | float) else alpha
+    if not isinstance(d.get("lora_scaling", "standard"), str):
+        problems.append(f"lora_scaling: must be one of {list(get_args(LoraScaling))}, got {d['lora_scaling']!r}")
+    out["lora_scaling"] = d.get("lora_scaling", "standard")
     if not isinstance(d.get("untied_norms", True), bool):
         problems.append(f"untied_norms: must be true or false, got {d['untied_norms']!r}")
     out["untied_norms"] = d.get("untied_norms", True)
@@ -391,12 +428,13 @@ def _read_bank(k: int, raw: Any, problems: list[str]) -> Bank | None:
 
 
 def _upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 -> 2 with the same stored parameter count, or a ConfigError naming the fix.
+    """Schema 1 -> 2 with the same stored parameter count and function, or a ConfigError naming the fix.
 
     A v1 bank member `attn_qkv` (one fused 3d x d matrix) becomes the members attn_q, attn_k, attn_v
     (d x d each: the same elements, so a tie/slice/tile bank keeps its size and count), and attn_out
     is renamed attn_o. What cannot keep its count is refused: template_mix learns one coefficient per
     member and template, and attention LoRA relaxed two matrices per layer where schema 2 has four.
+    Schema 1 had no LoRA scale (B @ A as is): one MLP rank r maps to lora_alpha = r (scale 1).
     """
     rename = {"attn_out": ("attn_o",), "attn_qkv": ("attn_q", "attn_k", "attn_v")}
     banks = []
@@ -413,6 +451,13 @@ def _upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:
             "lora_attn: version 1 relaxed the fused attn_qkv and attn_out (6*r*d_model params per layer), version 2 "
             "relaxes attn_q, attn_k, attn_v and attn_o separately (8*r*d_model); set version: 2 to accept the "
             "larger relaxation, or lora_attn to zeros")
+    mlp_ranks = {r for r in kw.get("lora_mlp", ()) if r}
+    if len(mlp_ranks) > 1:
+        raise ConfigError(
+            f"lora_mlp: version 1 LoRA deltas were unscaled and version 2 scales them by lora_alpha / r, which no "
+            f"single alpha makes 1 for ranks {sorted(mlp_ranks)}; set version: 2 to accept the scaled deltas")
+    if mlp_ranks:  # alpha = r makes the scale exactly 1: the same function as the unscaled v1 delta
+        kw = {**kw, "lora_alpha": float(mlp_ranks.pop()), "lora_scaling": "standard"}
     return {**kw, "banks": tuple(banks), "version": SCHEMA_VERSION}
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from npas.allocation.config import Activation, DType, Generator
+from npas.allocation.config import DEFAULT_LORA_ALPHA, Activation, DType, Generator, LoraScaling
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
 Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
@@ -123,6 +123,13 @@ KNOBS: tuple[KnobSpec, ...] = (
              applies=lambda v: bool(v.get("pools")) and v.get("generator") == "template_mix",
              when="pools.enabled and pools.generator is template_mix",
              help="least T for template_mix; more templates fill a larger budget (up to fit.max_templates)"),
+    # fixed-only, and sampled last so they never shift the seeded order of the searched knobs above
+    KnobSpec("lora_alpha", "relaxation", "alpha", float, DEFAULT_LORA_ALPHA, low=1e-6, high=1e6,
+             applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
+             help="LoRA scale numerator: delta = (alpha / r) B A, or alpha / sqrt(r) with rslora"),
+    KnobSpec("lora_scaling", "relaxation", "scaling", str, "standard", allowed=get_args(LoraScaling),
+             applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
+             help="standard: alpha / r (PEFT); rslora: alpha / sqrt(r)"),
 )
 
 # Settings of a space that shape every candidate but are never searched: fixed values only.

@@ -182,7 +182,8 @@ class Space:
 
         def make(ch: Chassis, widths: tuple[int, ...]) -> ArchConfig:
             return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=blocks, lora_attn=lora_attn,
-                              lora_mlp=lora_mlp, untied_norms=bool(value(values, "untied_norms")),
+                              lora_mlp=lora_mlp, lora_alpha=float(value(values, "lora_alpha")),
+                              lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
                               dtype=self.dtype)
 
         if not value(values, "pools"):

@@ -57,11 +57,11 @@ class Layer(nn.Module):
         ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
         if ra:
             for slot in ATTN_SLOTS:
-                self.lora[slot] = LoRA(ra, c.d_model, c.d_model)
+                self.lora[slot] = LoRA(ra, c.d_model, c.d_model, cfg.lora_scale(ra))
         if rm:
             for slot in MLP_SLOTS[c.activation]:
                 d_in, d_out = (self.width, c.d_model) if slot == "mlp_down" else (c.d_model, self.width)
-                self.lora[slot] = LoRA(rm, d_in, d_out)
+                self.lora[slot] = LoRA(rm, d_in, d_out, cfg.lora_scale(rm))
 
     def _weight(self, slot: str, w: Tensor) -> Tensor:
         if slot in self.lora:  # this depth's relaxation, merged once per forward (see sharing.LoRA)
