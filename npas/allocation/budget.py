@@ -23,6 +23,7 @@ from npas.allocation.config import (
 from npas.errors import BudgetError
 
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
+MAX_BUDGET = 10**15  # a cap no allocation npas builds comes near; above it a budget is a typo (1e400 is inf)
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 
 
@@ -39,6 +40,9 @@ def parse_budget(spec: str | int | float, reference_params: int) -> int:
         raise BudgetError(f"budget {spec!r} does not parse; write an absolute count (1.5M, 250k) or a ratio (0.25x)")
     value, unit = float(m.group(1)), m.group(2).lower()
     params = value * reference_params if unit == "x" else value * _SUFFIX[unit]
+    if not math.isfinite(params) or params > MAX_BUDGET:
+        raise BudgetError(f"budget {spec!r} is more than {MAX_BUDGET:.0e} parameters; write a realistic budget "
+                          f"such as 1.5M or 2x")
     if params < 1:
         raise BudgetError(f"budget {spec!r} is {params:.3g} parameters; it must be at least 1")
     return int(params)

@@ -85,8 +85,12 @@ def bank_members(cfg: ArchConfig, rule: str, n_banks: int,
     if rule == "explicit":
         if not explicit:
             raise ValueError("bank rule 'explicit' needs knobs.pools.groups (lists of block indices)")
-        return [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
-                if any(b < cfg.n_blocks for b in grp)]
+        out = [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
+               if any(b < cfg.n_blocks for b in grp)]
+        if not out:
+            raise ValueError(f"pool groups {explicit} name no block of this candidate (its blocks are "
+                             f"0..{cfg.n_blocks - 1} after tying)")
+        return out
     if rule == "all":
         keys = {m: () for m in items}
     elif rule == "by_type":

@@ -9,6 +9,7 @@ builds a model; it only counts.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -32,7 +33,9 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob, check_keys, parse_knob
-from npas.errors import BudgetError, SpaceError
+from npas.errors import BudgetError, NpasError, SampleError, SpaceError
+
+log = logging.getLogger(__name__)
 
 OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
               "peak_memory_bytes")
@@ -131,7 +134,22 @@ class Space:
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample(self, trial: optuna.Trial, fixed: dict[str, Any] | None = None) -> Candidate:
-        """Define-by-run: suggest each knob that applies (values in `fixed` are used as given)."""
+        """Define-by-run: suggest each knob that applies (values in `fixed` are used as given).
+
+        Raises only `NpasError`s: `load_space` rejects every space it knows would fail here, and
+        anything unforeseen becomes a `SampleError` with its reason, so the caller can FAIL this one
+        trial instead of leaving it RUNNING to be re-enqueued and crash again on resume.
+        """
+        try:
+            return self._sample(trial, fixed)
+        except NpasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the one place an unforeseen failure becomes a typed one
+            log.warning("trial %s: sampling failed: %s: %s", getattr(trial, "number", "?"), type(e).__name__, e)
+            raise SampleError(f"sampling failed ({type(e).__name__}: {e}); the space allows a value npas cannot "
+                              f"build: narrow the knob named above, or report it") from e
+
+    def _sample(self, trial: optuna.Trial, fixed: dict[str, Any] | None) -> Candidate:
         fixed = fixed or {}
         values: dict[str, Any] = {}
 
@@ -279,13 +297,23 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     if not isinstance(objectives, list) or not objectives:
         problems.append(f"space.objectives: must be a list, e.g. [val_loss, train_memory_bytes]; got {objectives!r}")
         objectives = ["val_loss"]
+    if len(set(map(repr, objectives))) != len(objectives):
+        problems.append(f"space.objectives: each objective once, got {objectives!r}")
     for o in objectives:
-        if o not in OBJECTIVES:
+        if not isinstance(o, str):
+            problems.append(f"space.objectives: {o!r} is not an objective name; allowed: {', '.join(OBJECTIVES)}")
+        elif o not in OBJECTIVES:
             parse_knob("space.objectives", o, problems, kind=str, allowed=OBJECTIVES)
     if not any(o in LOSS_OBJECTIVES for o in objectives):
         problems.append(f"space.objectives: needs a loss ({' or '.join(LOSS_OBJECTIVES)}), got {objectives!r}")
 
     knobs, extras = _parse_knobs(data.get("knobs") or {}, chassis, problems)
+    if "templates" in knobs and max(knobs["templates"].options()) > settings["max_templates"]:
+        problems.append(f"knobs.pools.templates: up to {max(knobs['templates'].options())} exceeds "
+                        f"fit.max_templates={settings['max_templates']}; lower it or raise fit.max_templates")
+    for key in ("name", "description", "recipe"):
+        if key in data and not isinstance(data[key], str):
+            problems.append(f"space.{key}: must be text, got {data[key]!r}")
 
     budget_spec = str(data.get("budget", "1x"))
     try:  # syntax always; feasibility against the reference only when the chassis is valid
@@ -352,6 +380,13 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
             problems.append(f"knobs.{sec}.groups: an index appears twice in {groups!r}")
         if sec == "tying" and sorted(flat) != list(range(L)):
             problems.append(f"knobs.tying.groups: must cover each of the {L} layers exactly once, got {groups!r}")
+        depths = chassis["n_layers"].options() if "n_layers" in chassis else [L]
+        if sec == "tying" and chosen is not None and need in chosen.options() and len(depths) > 1:
+            problems.append(f"knobs.tying.groups: explicit groups list the layers of one depth, but chassis.n_layers "
+                            f"is searched over {depths}; give n_layers one value")
+        if sec == "pools" and flat and max(flat) >= L:
+            problems.append(f"knobs.pools.groups: block {max(flat)} does not exist; a candidate has at most {L} "
+                            f"blocks (one per layer), numbered from 0")
         extras[dest] = tuple(tuple(g) for g in groups)
     return knobs, extras
 
