@@ -115,3 +115,49 @@ def test_lora_scale_travels_with_the_allocation():
     # without LoRA ranks the scale computes nothing: it does not change the allocation or its hash
     plain = ArchConfig.from_dict({**reference_config(CH).to_dict(), "lora_alpha": 3.0, "lora_scaling": "rslora"})
     assert plain == reference_config(CH)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"untied_norms": "false"}, "untied_norms: must be true or false"),
+    ({"untied_norms": 0}, "untied_norms: must be true or false"),
+    ({"chassis": {**CH.__dict__, "d_model": "32"}}, "chassis.d_model: must be an integer"),
+    ({"chassis": {**CH.__dict__, "d_model": 32.0}}, "chassis.d_model: must be an integer"),
+    ({"chassis": {**CH.__dict__, "n_layers": True}}, "chassis.n_layers: must be an integer"),
+    ({"chassis": {**CH.__dict__, "d_ff": -64}}, "chassis.d_ff: must be a positive integer"),
+    ({"chassis": [68, 32]}, "chassis: must be a mapping"),
+    ({"mlp_widths": [64, 64, 64, 64.0]}, "mlp_widths: must be a list of integers"),
+    ({"mlp_widths": "64,64,64,64"}, "mlp_widths: must be a list of integers"),
+    ({"mlp_widths": 64}, "mlp_widths: must be a list of integers"),
+    ({"block_of_layer": [0, 1, True, 3]}, "block_of_layer: must be a list of integers"),
+    ({"lora_mlp": [0, 1, 0, -2]}, "lora ranks must be >= 0"),
+    ({"lora_alpha": "16"}, "lora_alpha: must be a number"),
+    ({"lora_alpha": -1.0, "lora_mlp": [1, 1, 1, 1]}, "lora_alpha: must be a positive finite number"),
+    ({"lora_scaling": "rs", "lora_mlp": [1, 1, 1, 1]}, "lora_scaling: 'rs' is not one of"),
+    ({"dtype": ["float32"]}, "dtype: must be one of"),
+    ({"version": "2"}, "version: '2' is not a schema version"),
+    ({"version": 2.0}, "version: 2.0 is not a schema version"),
+    ({"banks": {"members": []}}, "banks: must be a list"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": "tie", "size": "1024"}]}, r"banks\[0\].size: must be an integer"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": "tie", "size": 1024.0}]}, r"banks\[0\].size: must be an integer"),
+    ({"banks": [{"members": [["0", "attn_q"]], "generator": "tie", "size": 1024}]}, r"banks\[0\].members: must be a list"),
+    ({"banks": [{"members": [[0, 7]], "generator": "tie", "size": 1024}]}, r"banks\[0\].members: must be a list"),
+    ({"banks": [{"members": [0, "attn_q"], "generator": "tie", "size": 1024}]}, r"banks\[0\].members: must be a list"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": ["tie"], "size": 1024}]}, r"banks\[0\].generator: must be"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": "tile", "size": -5}]}, "size and templates must be >= 1"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": "tile", "size": 5, "templates": True}]},
+     r"banks\[0\].templates: must be an integer"),
+    ({"banks": [{"members": [[0, "attn_q"]], "generator": "tile", "size": 5, "extra": 1}]}, r"banks\[0\]: must be a mapping"),
+])
+def test_wrongly_typed_fields_are_refused_not_coerced(change, fragment):
+    d = json.loads(pooled().to_json())
+    d.update(change)
+    with pytest.raises(ConfigError, match=fragment) as info:
+        ArchConfig.from_dict(d)
+    assert "\n" not in str(info.value)
+
+
+def test_every_wrongly_typed_field_is_named_at_once():
+    d = {**json.loads(pooled().to_json()), "untied_norms": "no", "mlp_widths": [1.5] * 4, "lora_alpha": None}
+    with pytest.raises(ConfigError) as info:
+        ArchConfig.from_dict(d)
+    assert all(k in str(info.value) for k in ("untied_norms", "mlp_widths", "lora_alpha"))

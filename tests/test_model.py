@@ -209,3 +209,34 @@ def test_a_relaxed_layer_computes_the_scaled_lora_delta(rank, scaling):
     x = torch.randn(5, CH.d_model, generator=g)
     w = model.blocks[0].attn_v
     torch.testing.assert_close(F.linear(x, w + lo.delta()), x @ (w + scale * lo.B @ lo.A).T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dtype_means_stored_and_exported_weights_and_accounting_agrees(dtype, tmp_path):
+    # every dtype the schema accepts: built parameters, counted bytes and saved weights agree
+    from safetensors.torch import load_file
+
+    from npas.allocation.budget import count
+    from npas.allocation.config import DTYPE_BYTES
+    from npas.training.data import CharTokenizer
+    from npas.training.train import MODEL_FILE, load_trained, save_trained
+
+    ch = Chassis(vocab_size=12, context=16, d_model=16, n_layers=3, n_heads=2, d_ff=24, activation="swiglu")
+    bank = Bank(((0, "attn_q"), (1, "attn_q")), "template_mix", size=100, templates=2)
+    cfg = ArchConfig(chassis=ch, mlp_widths=(24, 16, 24), block_of_layer=(0, 1, 0), lora_mlp=(2, 0, 2),
+                     banks=(bank,), dtype=dtype)
+    assert DTYPE_BYTES[dtype] == getattr(torch, dtype).itemsize
+    model = npas.build_model(cfg)
+    acc = count(cfg)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == acc.param_bytes
+    assert torch.isfinite(model(torch.randint(0, 12, (1, 8)))[0].float()).all()
+    trained = model.float()  # what the proxy trains: fp32 master weights
+    save_trained(trained, cfg, CharTokenizer.from_text("abcdefghijk\n"), tmp_path)
+    saved = load_file(str(tmp_path / MODEL_FILE))
+    assert {t.dtype for t in saved.values()} == {getattr(torch, dtype)}
+    assert sum(t.numel() * t.element_size() for t in saved.values()) == acc.param_bytes
+    loaded, _, back = load_trained(tmp_path)
+    assert back == cfg and {p.dtype for p in loaded.parameters()} == {getattr(torch, dtype)}
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, trained.get_parameter(name).to(p.dtype)), name

@@ -59,7 +59,7 @@ class Accounting:
     generation_flops_per_step: int  # template mixing and LoRA merges, once per forward pass (not per token)
     kv_cache_bytes_per_token: int  # K and V for every layer, at the parameter dtype
     inference_bytes: int  # params + KV cache for one full context at batch 1
-    train_memory_bytes: int  # weights + grads + AdamW states + generated weights + activations
+    train_memory_bytes: int  # fp32 weights + grads + AdamW states + generated weights + activations
     activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
     embedding_params: int
     block_params: int  # direct (unbanked) block weights
@@ -206,7 +206,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     gate = 3 if c.activation == "swiglu" else 2
     per_token = sum(8 * d + gate * w for w in cfg.mlp_widths) + 2 * d + 2 * V
     act = 4 * batch_size * T * per_token + 4 * batch_size * c.n_heads * T * T * L
-    train = stored * nbytes * 2 + stored * 8 + generated * 4 * 2 + act
+    train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
     return Accounting(
         stored_params=stored,
         param_bytes=stored * nbytes,

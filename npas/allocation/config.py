@@ -40,6 +40,11 @@ MLP_SLOTS: dict[str, tuple[str, ...]] = {
     "gelu": ("mlp_up", "mlp_down"),
     "swiglu": ("mlp_gate", "mlp_up", "mlp_down"),
 }
+# `dtype` is the dtype the allocation's weights are stored and exported in: `build_model` returns
+# parameters of that dtype, `count(...).param_bytes` and `inference_bytes` count its size, and the
+# safetensors weights `npas train` writes hold it. Training keeps fp32 master weights whatever the
+# dtype (the proxy casts the built model up; low-precision AdamW states lose small updates on CPU),
+# so the training-memory estimate counts 4 bytes for weights and for gradients.
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -125,7 +130,7 @@ class ArchConfig:
     lora_alpha: float = DEFAULT_LORA_ALPHA  # delta = lora_scale(alpha, r) * B @ A; part of the function
     lora_scaling: LoraScaling = "standard"  # standard: alpha / r (PEFT); rslora: alpha / sqrt(r)
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
-    dtype: DType = "float32"  # parameter storage dtype, for byte accounting
+    dtype: DType = "float32"  # dtype of the stored and exported weights (see DTYPE_BYTES)
     version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

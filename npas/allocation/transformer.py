@@ -179,9 +179,26 @@ class TransformerLM(nn.Module):
         return idx
 
 
+TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                        "float16": torch.float16}
+
+
 def build_model(cfg: ArchConfig) -> TransformerLM:
-    """Build the exact module an allocation describes; init draws from torch's global RNG."""
-    return TransformerLM(cfg)
+    """Build the exact module an allocation describes, its parameters in `cfg.dtype`.
+
+    Init draws from torch's global RNG in fp32 and then rounds to the dtype, so one seed gives the
+    same weights at every dtype up to rounding. Train it as `build_model(cfg).float()` (fp32 master
+    weights); `export_state` rounds the trained weights back to `cfg.dtype` for saving.
+    """
+    model = TransformerLM(cfg)
+    return model if cfg.dtype == "float32" else model.to(TORCH_DTYPES[cfg.dtype])
+
+
+def export_state(model: TransformerLM) -> dict[str, Tensor]:
+    """The weights to save, in the allocation's dtype, each tensor once (tied layers share Parameters
+    by reference, never by a second name, so the state dict holds no aliases)."""
+    dtype = TORCH_DTYPES[model.cfg.dtype]
+    return {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
 
 
 def load_weights(model: TransformerLM, path: str | Path, config_text: str) -> None:

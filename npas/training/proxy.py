@@ -193,7 +193,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         torch.cuda.reset_peak_memory_stats(dev)
     try:
         torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
-        model = npas.build_model(cfg).to(dev)
+        model = npas.build_model(cfg).float().to(dev)  # fp32 master weights at any cfg.dtype
         model.train()
         run = _loop(model, recipe, corpus, dev, report, progress)
     finally:

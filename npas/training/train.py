@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 from torch import nn
 
 from npas.errors import DataError
@@ -57,12 +57,14 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
 
 
 def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: str | Path) -> None:
-    """Weights, vocabulary and allocation. ``save_model`` (not ``save_file``) de-duplicates tied
-    Parameters, which safetensors would otherwise refuse; the rebuilt module re-ties them."""
+    """Weights (in ``cfg.dtype``, each tensor once: see ``export_state``), vocabulary and allocation;
+    the rebuilt module re-ties shared Parameters."""
+    from npas.allocation.transformer import export_state
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = model.to("cpu")
-    save_model(model, str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
+    save_file(export_state(model), str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
     (out / VOCAB_FILE).write_text(tokenizer.to_json() + "\n", encoding="utf-8")
     (out / CONFIG_FILE).write_text(cfg.to_yaml(), encoding="utf-8")
 
