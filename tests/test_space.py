@@ -294,3 +294,45 @@ def test_budget_overflow_is_one_line_at_load_and_bind():
         parse_space(GOOD.replace("0.5x", "1e400"))
     with pytest.raises(BudgetError, match="is more than"):
         parse_space(GOOD).bind(budget="1e400")
+
+
+def test_conditional_knobs_are_suggested_only_when_they_apply():
+    # define-by-run for real: unique_blocks is searched, yet a trial has it only when its tying uses it
+    space = parse_space(GOOD.replace("unique_blocks: 2", "unique_blocks: {low: 2, high: 3}") +
+                        "  relaxation: {rank: [0, 2], targets: [attn, mlp]}\n")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    modes = set()
+    for _ in range(20):
+        t = study.ask()
+        cand = space.sample(t)
+        study.tell(t, 0.0)
+        mode = t.params["tying"]
+        modes.add(mode)
+        assert ("unique_blocks" in t.params) == (mode == "cycle")
+        assert ("lora_rank" in t.params) == (mode == "cycle")  # relaxation applies to tied positions only
+        assert ("lora_targets" in t.params) == bool(t.params.get("lora_rank"))
+        if cand.feasible and mode == "cycle":
+            assert cand.config.n_blocks == t.params["unique_blocks"]
+    assert modes == {"none", "cycle"}
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_baselines_fit_the_budget_in_every_shipped_space(path):
+    space = load_space(path)
+    assert set(space.baselines()) >= {"narrow_untied", "full_tying"}
+    for name, vals in space.baselines().items():
+        cand = space.candidate({**{k: kn.default for k, kn in space.chassis.items()}, **vals})
+        assert cand.feasible, (path.stem, name, cand.reason)
+        assert cand.fill <= 1.0 and (cand.fit.capped or cand.fill >= 0.99), (path.stem, name, cand.fill)
+
+
+def test_explicit_tying_groups_and_explicit_pools():
+    text = BARE + ("knobs:\n  tying: {mode: explicit, groups: [[0, 5], [1, 2], [3, 4]]}\n"
+                   "  pools: {enabled: true, rule: explicit, generator: slice, groups: [[0, 1], [2]]}\n")
+    cfg = parse_space(text).sample(optuna.create_study().ask()).config
+    assert cfg.block_of_layer == (0, 1, 1, 2, 2, 0)
+    # one bank per slot per group, members exactly the listed blocks, in slot order
+    groups = sorted({tuple(b for b, _ in bank.members) for bank in cfg.banks})
+    assert groups == [(0, 1), (2,)]
+    assert len(cfg.banks) == 2 * 6  # two groups x (q, k, v, o, up, down)
+    assert all(len({s for _, s in bank.members}) == 1 for bank in cfg.banks)
