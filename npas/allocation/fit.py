@@ -1,6 +1,7 @@
 """Fit a candidate to the budget by construction: solve its one free size analytically.
 
-A sampled candidate fixes everything but one size (DESIGN §3):
+A sampled candidate fixes everything but one size, and that size is solved so stored params <= budget
+as closely as the shapes allow:
   * `slice` / `tile` pools  -> bank sizes (integers, distributed in proportion to each bank's cap),
   * `template_mix` pools    -> the template count T,
   * everything else         -> a width scale on the MLP (and, in `all` mode, on d_model too).

@@ -42,7 +42,7 @@ OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "infer
 LOSS_OBJECTIVES = ("val_loss", "val_bpc")
 TOP_KEYS = ("name", "description", "chassis", "budget", "dtype", "objectives", "recipe", "fit", "knobs")
 BASELINES: dict[str, dict[str, Any]] = {
-    # hand-crafted sharing every front is compared against (DESIGN §6)
+    # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives
     "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all"},
     "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True},
     "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True},
