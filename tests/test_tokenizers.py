@@ -212,3 +212,18 @@ def test_bits_per_byte_divides_by_bytes_not_chars():
     assert bpb < loss / math.log(2)
     with pytest.raises(ValueError):
         bits_per_byte(loss, 10, 0)
+
+
+def test_saved_truncation_and_padding_do_not_cut_the_corpus(bpe, shakespeare):
+    d = json.loads(bpe.to_json())
+    d["truncation"] = {"direction": "Right", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+    d["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None,
+                    "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+    tok = tokenizer_from_json(json.dumps(d))
+    text = shakespeare[:5000]
+    assert tok.encode(text) == bpe.encode(text)  # not 16 tokens, not padded to 64
+    assert tok.fingerprint == bpe.fingerprint
+    assert HFTokenizer.from_json(bpe.to_json()).fingerprint == bpe.fingerprint
+    assert CharLevel.from_json(CharLevel.from_text("abc").to_json()).encode("cab") == [2, 0, 1]
+    with pytest.raises(DataError, match="not a Hugging Face"):
+        HFTokenizer.from_json(CharLevel.from_text("abc").to_json())

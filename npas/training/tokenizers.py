@@ -154,6 +154,10 @@ class CharLevel:
     def to_json(self) -> str:
         return self.char.to_json()
 
+    @classmethod
+    def from_json(cls, text: str, name: str = "char") -> CharLevel:
+        return cls(CharTokenizer.from_json(text), name=name)
+
     def token_byte_lengths(self) -> np.ndarray:
         return np.array([len(c.encode("utf-8")) for c in self.char.chars], dtype=np.int64)
 
@@ -204,6 +208,14 @@ class HFTokenizer:
 
     def to_json(self) -> str:
         return self.hf.to_str()
+
+    @classmethod
+    def from_json(cls, text: str, name: str = "tokenizer.json") -> HFTokenizer:
+        tok = tokenizer_from_json(text, name)
+        if not isinstance(tok, HFTokenizer):
+            raise DataError(f"tokenizer {name} is an npas character vocabulary, not a Hugging Face "
+                            "tokenizer.json; load it with tokenizer_from_json")
+        return tok
 
     def token_byte_lengths(self) -> np.ndarray:
         """UTF-8 bytes of text each id stands for, so a scored window's bytes are a lookup.
@@ -269,6 +281,12 @@ def tokenizer_from_json(text: str, name: str = "tokenizer.json") -> Tokenizer:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"tokenizer {name} could not be loaded by Hugging Face tokenizers ({first}); "
                         "re-save it with tokenizers' Tokenizer.save") from None
+    if tok.truncation is not None or tok.padding is not None:
+        # a saved tokenizer.json may carry a model's max length or padding: either would silently cut
+        # or pad every piece of a corpus, so npas turns both off (and the fingerprint is of that form)
+        log.info("tokenizer %s: truncation/padding settings ignored; npas encodes whole texts", name)
+        tok.no_truncation()
+        tok.no_padding()
     return HFTokenizer(tok, name=name)
 
 
