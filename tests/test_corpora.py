@@ -12,7 +12,7 @@ import pytest
 
 from npas.errors import DataError
 from npas.training.corpora import SEPARATOR, check_source, corpus_format, read_corpus, read_documents
-from npas.training.data import fingerprint_text
+from npas.training.data import bundled_text, fingerprint_text, load_corpus
 from npas.training.tokenizers import encode_array, train_bpe
 
 DOCS = [
@@ -139,3 +139,9 @@ def test_check_source_runs_before_reading(tmp_path):
     assert check_source(p) == p  # cheap checks only: the broken record is found when reading
     with pytest.raises(DataError, match="does not exist"):
         check_source(tmp_path / "nope")
+
+
+def test_bundled_corpus_by_name():
+    c = read_corpus("bundled:shakespeare")
+    assert c.text == bundled_text() and c.source == "bundled:shakespeare"
+    assert c.fingerprint == load_corpus().fingerprint  # the fingerprint studies already record

@@ -7,7 +7,8 @@ Formats, chosen by the path:
   own suffix below;
 - ``.jsonl`` / ``.jsonl.gz``: one JSON object per line, the document in ``text_field``;
 - ``.parquet``: read through pandas (pyarrow engine), the document in column ``text_field``;
-- ``.gz``: gzipped text; anything else: UTF-8 text. A text file is one document.
+- ``.gz``: gzipped text; anything else: UTF-8 text. A text file is one document;
+- ``bundled:shakespeare`` (or ``shakespeare``): the corpus shipped in the package.
 
 Documents are joined with ``SEPARATOR`` (a blank line), so a JSONL or Parquet corpus gives exactly
 the text of a ``.txt`` file holding the same documents joined by a blank line, and so the same token
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npas.errors import DataError
-from npas.training.data import fingerprint_text
+from npas.training.data import BUNDLED_NAME, bundled_text, fingerprint_text
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,10 @@ def read_corpus(path: str | Path, glob: str = DEFAULT_GLOB, text_field: str = DE
     ``min_chars`` is the least text the caller can use (e.g. what a recipe's ``seq_len`` needs in both
     splits); less is refused here, naming both numbers, rather than deep inside training.
     """
+    if str(path) in (BUNDLED_NAME, f"bundled:{BUNDLED_NAME}"):
+        text = bundled_text()  # one document: the plays, already joined as the package ships them
+        return CorpusText(text=text, source=f"bundled:{BUNDLED_NAME}", n_documents=1,
+                          fingerprint=fingerprint_text(text))
     docs = read_documents(path, glob, text_field)
     kept = [d for d in docs if d.strip()]
     if len(kept) < len(docs):
