@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +143,7 @@ def test_bpe_trained_on_train_text_never_saw_validation(shakespeare):
 
 
 _TRAIN_IN_CHILD = """
-import hashlib, sys
+import hashlib
 from npas.training.data import bundled_text
 from npas.training.tokenizers import train_bpe, encode_array
 text = bundled_text()[:300_000]
@@ -152,10 +154,8 @@ print(tok.fingerprint, hashlib.sha256(ids.tobytes()).hexdigest())
 
 
 def test_bpe_is_deterministic_across_processes(bpe, shakespeare):
-    import hashlib
-
     runs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_CHILD], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300, env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)})
+                           timeout=300, env={**os.environ, "PYTHONHASHSEED": str(seed)})
             for seed in (1, 2)]
     for r in runs:
         assert r.returncode == 0, r.stderr
