@@ -24,6 +24,12 @@ BENCHES = {
                     "relaxed_cycle_lora8")),
         r"^result: \d/6 variants within 1\.10x",
     ],
+    "data.py": [
+        r"^ratio: tokenize\+cache [\d.]+ MB/s vs encode_batch(_fast)? [\d.]+ MB/s = [\d.]+x \(target >= 0\.80x\) "
+        r"(PASS|MISS)$",
+        r"^cache: [\d,]+ tokens, [\d.]+ MB on disk \(uint16",
+        r"^load: hit=True, memory-mapped in [\d.]+ ms",
+    ],
 }
 
 
