@@ -25,6 +25,7 @@ from npas.presentation.cli import main
 from npas.service import study as S
 from npas.service import validate as V
 from npas.service.certificate import CERTIFICATE_ATTR
+from npas.service.validate_plan import SEED_BASE
 from npas.training.recipe import load_recipe
 
 from .conftest import ROOT
@@ -193,6 +194,7 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(tmp_path
 @pytest.mark.parametrize("args, fragment", [
     (["--seeds", "1"], "--seeds must be >= 2"),
     (["--top", "0"], "--top must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
     (["--pick", "best"], "--pick 'best' is not one of"),
     (["--recipe", "nosuch"], "recipe 'nosuch' not found"),
     (["--storage", "nosuch://x"], "unknown storage backend"),
@@ -219,8 +221,25 @@ def test_table_format_reports_every_statistic(tmp_path, monkeypatch, capsys):
                  "--sample", "3"]) == 0
     out = capsys.readouterr().out
     for needle in ("Kendall tau", "Spearman rho", "rank flips among front points", "signal-to-noise",
-                   "seed noise", "R²", "equal stored params", "FLOPs ratio", f"seeds {V.SEED_BASE}"):
+                   "seed noise", "R²", "equal stored params", "FLOPs ratio", f"seeds {SEED_BASE}"):
         assert needle in out, needle
+
+
+def test_scores_on_the_test_split_once_the_corpus_has_one(monkeypatch):
+    """The one guard against a build without a test split: it switches by itself when one lands."""
+    import npas.training.proxy as P
+    from npas.service.validate_plan import scoring_split
+
+    def with_split(corpus, recipe, split="val"):
+        return split
+
+    def without_split(corpus, recipe):
+        return "val"
+
+    monkeypatch.setattr(P, "eval_batches", with_split)
+    assert scoring_split() == "test" and V.score_batches(None, None) == "test"
+    monkeypatch.setattr(P, "eval_batches", without_split)
+    assert scoring_split() == "val"
 
 
 @pytest.mark.slow

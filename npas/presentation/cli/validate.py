@@ -17,9 +17,10 @@ Spearman rho with 95% bootstrap intervals (all trials and front points alone), r
 front points, seed noise, signal-to-noise (about 1 = noise), what FLOPs and size alone explain, and
 what the pick buys over dense untied models at equal memory and at about equal compute.
 
-Defaults (--top 4 --sample 4 --seeds 2 --recipe long) retrain about 10 allocations x 2 seeds; at the
-proxy's ~0.5M-parameter scale on 2 CPU cores that is about two hours. Stop it at any time: rerun the
-same command and completed retrainings are not run again. Results are in the linked Optuna study
+Defaults (--top 4 --sample 4 --seeds 2 --recipe long --workers 2 --threads 1) retrain about 9-10
+allocations x 2 seeds, two at a time; at the proxy's ~0.5M-parameter scale on 2 CPU cores a long run
+takes ~9 minutes on one core, so about 1.5-2 hours in all. Stop it at any time: rerun the same
+command and completed retrainings are not run again. Results are in the linked Optuna study
 NAME:validate and in the study's user attr fidelity_certificate."""
 
 
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=2, help="fresh seeds per allocation, >= 2 (default 2)")
     p.add_argument("--workers", type=int, default=2,
                    help="concurrent retrainings on Ray (default 2); 0 runs them one by one without Ray")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per retraining (default 1: two one-thread runs on 2 cores beat one "
+                        "two-thread run)")
     p.add_argument("--ray-address", help="join a Ray cluster: auto, host:port or ray://host:port (default: local)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--storage", help=STORAGE_HELP)
@@ -54,7 +58,8 @@ def run_validate(args: argparse.Namespace) -> int:
     from npas.training.recipe import load_recipe
 
     opts = Options(pick=args.pick, top=args.top, sample=args.sample, recipe=args.recipe, seeds=args.seeds,
-                   workers=args.workers, ray_address=args.ray_address, on_progress=_progress)
+                   workers=args.workers, threads=args.threads, ray_address=args.ray_address,
+                   on_progress=_progress)
     problems = opts.problems()
     if problems:  # all of them, before the database or Ray is touched
         raise StudyError("; ".join(problems))
