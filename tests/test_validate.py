@@ -225,6 +225,28 @@ def test_table_format_reports_every_statistic(tmp_path, monkeypatch, capsys):
         assert needle in out, needle
 
 
+def test_dashboard_fidelity_panel_info(tmp_path, monkeypatch, capsys):
+    from npas.presentation.dashboard.info import fidelity_info
+    from npas.presentation.dashboard.render import render_fidelity
+
+    url = f"sqlite:///{tmp_path}/v.db"
+    name, proxy = synthetic_study(url, n=8)
+    before = fidelity_info(optuna.load_study(study_name=name, storage=url))
+    assert not before.points and f"npas validate {name}" in before.note and render_fidelity(before) is None
+    monkeypatch.setattr(V, "train_and_test", lambda cfg, recipe, **kw: proxy.get(cfg.hash, 3.0)
+                        + _noise(cfg.hash, recipe.seed, 0.02))
+    cert = _run_cli(capsys, name, url, "--top", "2", "--sample", "4", "--seeds", "3")
+    info = fidelity_info(optuna.load_study(study_name=name, storage=url))
+    ranked = [r for r in cert["allocations"] if r["trial"] is not None]
+    assert len(info.points) == len(ranked)
+    for trial, _, p, mean, lo, hi, front in info.points:
+        row = next(r for r in ranked if r["trial"] == trial)
+        assert p == row["proxy_loss"] and mean == pytest.approx(row["test_mean"])
+        assert lo < mean < hi and front == ("front" in row["roles"])
+    assert info.tau_all == cert["all"]["kendall_tau"]
+    assert render_fidelity(info) is not None
+
+
 def test_scores_on_the_test_split_once_the_corpus_has_one(monkeypatch):
     """The one guard against a build without a test split: it switches by itself when one lands."""
     import npas.training.proxy as P

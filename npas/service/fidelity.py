@@ -183,3 +183,8 @@ def paired_delta(a: list[float], b: list[float]) -> Interval:
         return Interval(mean, None, None, n)
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
     return Interval(mean, mean - half, mean + half, n)
+
+
+def mean_interval(losses: list[float]) -> Interval:
+    """The seed mean of one allocation with its 95% t-interval (the error bar of a validated point)."""
+    return paired_delta(losses, [0.0] * len(losses))
