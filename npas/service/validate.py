@@ -42,6 +42,13 @@ V_SOURCE_STUDY = "source_study"  # linked study attr
 Retrain = Callable[[ArchConfig, Recipe], float]  # (allocation, recipe with the fresh seed) -> test loss
 
 
+class ClusterLost(StudyError):
+    """Ray itself stopped running tasks (its raylet or every worker died): stop instead of failing
+    every remaining retraining in turn."""
+
+    exit_code = 1
+
+
 class Interrupted(StudyError):
     """Stopped by SIGINT/SIGTERM; completed retrainings are kept and a rerun continues from them."""
 
@@ -198,6 +205,7 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
     # the storage beats for trials of `study.optimize`; these retrainings are asked and told here,
     # and a killed run's trials are recovered by `recover` from the recorded driver instead
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    remote = _start_ray(opts, plan) if opts.workers > 0 else None  # before our handler: ray.init sets its own
     previous = signal.getsignal(signal.SIGTERM)
 
     def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: running retrainings are recorded as stopped
@@ -216,16 +224,24 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
                 live.clear()
                 finish(trial, loss, err)
         else:
-            _execute_ray(jobs, retrain, opts, plan, start, finish, recipe_for, live)
+            _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live)
+    except ClusterLost:
+        _abandon(linked, live, "abandoned: Ray stopped running retrainings")
+        raise
     except KeyboardInterrupt:
-        for entry in live.values():
-            with contextlib.suppress(Exception):
-                entry[0].set_user_attr(V_REASON, "interrupted")
-                linked.tell(entry[0], state=TrialState.FAIL)
+        _abandon(linked, live, "interrupted")
         raise Interrupted(f"validation interrupted after {done} of {total} retrainings; run the same "
                           f"`npas validate {plan.study} --storage {redact(url)}` to continue") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _abandon(linked: optuna.Study, live: dict, reason: str) -> None:
+    for entry in live.values():
+        with contextlib.suppress(Exception):
+            entry[0].set_user_attr(V_REASON, reason)
+            linked.tell(entry[0], state=TrialState.FAIL)
+    live.clear()
 
 
 def _call(retrain: Retrain, cfg: dict, recipe: dict) -> float:
@@ -233,7 +249,7 @@ def _call(retrain: Retrain, cfg: dict, recipe: dict) -> float:
     return float(retrain(ArchConfig.from_dict(cfg), Recipe.from_dict(recipe)))
 
 
-def _execute_ray(jobs, retrain, opts, plan, start, finish, recipe_for, live) -> None:
+def _start_ray(opts: Options, plan: Plan):
     """Plain Ray tasks rather than Ray Tune: no scheduler decisions are needed (every retraining runs
     to the end), and the Optuna ask/tell stays in this process, the only writer of the database."""
     import ray
@@ -243,8 +259,14 @@ def _execute_ray(jobs, retrain, opts, plan, start, finish, recipe_for, live) -> 
     init_ray(opts.ray_address, num_cpus=None)
     cpus = float(max(1, plan.recipe.threads))
     check_resources(max(1, opts.workers), cpus, 0.0)
-    remote = ray.remote(num_cpus=cpus, max_retries=1)(_call)
+    return ray.remote(num_cpus=cpus, max_retries=1)(_call)
+
+
+def _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live) -> None:
+    import ray
+
     pending = list(jobs)
+    lost = 0  # retrainings lost in a row to Ray itself (a dead worker, node or raylet), not to training
     while pending or live:
         while pending and len(live) < opts.workers:
             target, seed, key = pending.pop(0)
@@ -256,6 +278,15 @@ def _execute_ray(jobs, retrain, opts, plan, start, finish, recipe_for, live) -> 
             (trial,) = live.pop(ref)
             try:
                 finish(trial, ray.get(ref), None)
-            except ray.exceptions.RayError as e:
+                lost = 0
+            except ray.exceptions.RayTaskError as e:  # the retraining itself raised: record it, go on
                 last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-                finish(trial, None, "worker error: " + (last[-1] if last else type(e).__name__))
+                finish(trial, None, "retraining error: " + (last[-1] if last else type(e).__name__))
+                lost = 0
+            except ray.exceptions.RayError as e:  # Ray lost the task (after its own retry)
+                finish(trial, None, f"worker error: {' '.join(str(e).split())[:200]}")
+                lost += 1
+                if lost > opts.workers:  # not one unlucky worker: the cluster is gone
+                    raise ClusterLost(f"Ray stopped running retrainings ({' '.join(str(e).split())[:120]}); "
+                                      f"completed ones are kept: rerun the same `npas validate {plan.study}` "
+                                      f"to continue") from None
