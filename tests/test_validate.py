@@ -143,12 +143,14 @@ sys.exit(main(["validate", {name!r}, "--storage", {url!r}, "--recipe", {fast!r},
 """
 
 
-def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp_path, monkeypatch, capsys):
     url = f"sqlite:///{tmp_path}/v.db"
     name, _ = synthetic_study(url, n=10)
     script = textwrap.dedent(KILLED.format(name=name, url=url, fast=FAST))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True)
     linked = V.linked_name(name)
     deadline = time.time() + 120
     done_before: list = []
@@ -161,8 +163,10 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(tmp_path
         done_before = lst.get_trials(states=(TrialState.COMPLETE,))
         if len(done_before) >= 3:
             break
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up: a RUNNING trial is left behind
-    proc.wait()
+    proc.send_signal(sig)  # SIGKILL: no chance to clean up, a RUNNING trial is left behind
+    err = proc.communicate()[1]
+    if sig == signal.SIGTERM:  # stopped like Ctrl-C: says how to continue, exit 130
+        assert proc.returncode == 130 and "npas validate: error: validation interrupted" in err, err
     lst = optuna.load_study(study_name=linked, storage=url)
     done_before = lst.get_trials(states=(TrialState.COMPLETE,))
     assert len(done_before) >= 3
