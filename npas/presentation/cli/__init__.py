@@ -15,7 +15,7 @@ from importlib import import_module
 from npas.errors import NpasError
 
 # A closed registry: command modules are named here, never loaded from strings in user files.
-COMMAND_MODULES = ("count", "train", "search", "dashboard")
+COMMAND_MODULES = ("count", "train", "search", "dashboard", "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -360,6 +360,40 @@ def _front(study: optuna.Study) -> list[FrozenTrial]:
     return S.front_trials(study)
 
 
+# ---- proxy vs validated (the fidelity certificate of `npas validate`) -----------------------------
+@dataclass(frozen=True)
+class FidelityInfo:
+    points: list[tuple[int, str, float, float, float | None, float | None, bool]]
+    # (trial, label, proxy loss, validated seed mean, its 95% low, high, on the front)
+    tau_all: dict | None = None  # Interval dicts as the certificate stores them
+    tau_front: dict | None = None
+    snr: float | None = None
+    split: str = "test"
+    recipe: str = ""
+    note: str | None = None
+
+
+def fidelity_info(study: optuna.Study) -> FidelityInfo:
+    """The certificate stored in the study by `npas validate`, as points with seed-mean intervals."""
+    from npas.service.certificate import CERTIFICATE_ATTR
+    from npas.service.fidelity import mean_interval
+
+    cert = study.user_attrs.get(CERTIFICATE_ATTR)
+    if not cert:
+        return FidelityInfo([], note=f"no fidelity certificate yet: run `npas validate {study.study_name}`")
+    points = []
+    for r in cert.get("allocations", []):
+        if not r.get("complete") or r.get("trial") is None or r.get("proxy_loss") is None:
+            continue
+        iv = mean_interval(r["test_losses"])
+        name = f"#{r['trial']}" + (f" {r['label']}" if r.get("label") and "baseline" in r["roles"] else "")
+        points.append((int(r["trial"]), name, float(r["proxy_loss"]), float(iv.value), iv.low, iv.high,
+                       "front" in r["roles"]))
+    note = None if points else "the certificate has no complete validated trial yet"
+    return FidelityInfo(points, cert["all"]["kendall_tau"], cert["front"]["kendall_tau"], cert.get("snr"),
+                        cert.get("split", "test"), cert.get("recipe", ""), note)
+
+
 # ---- the trials table ------------------------------------------------------------------------------
 def trials_frame(study: optuna.Study):
     """Every trial as one row of a pandas DataFrame, raw numbers (the renderer formats them)."""

@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 from npas.presentation.dashboard.info import (
     AllocationInfo,
     CurvesInfo,
+    FidelityInfo,
     HypervolumeInfo,
     ImportanceInfo,
     ParetoInfo,
@@ -303,4 +304,38 @@ def render_curves(info: CurvesInfo) -> Figure | None:
     ax.set_title("Learning curves of the front trials", fontsize=13, loc="left")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    return fig
+
+
+def _tau_text(iv: dict | None) -> str:
+    if not iv or iv.get("value") is None:
+        return "-"
+    if iv.get("low") is None:
+        return f"{iv['value']:.2f}"
+    return f"{iv['value']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def render_fidelity(info: FidelityInfo) -> Figure | None:
+    if not info.points:
+        return None
+    fig = new_figure(8.5, 5.2)
+    ax = fig.add_subplot()
+    for front in (False, True):
+        pts = [p for p in info.points if p[6] == front]
+        if not pts:
+            continue
+        x = [p[2] for p in pts]
+        y = [p[3] for p in pts]
+        err = [[p[3] - p[4] if p[4] is not None else 0.0 for p in pts],
+               [p[5] - p[3] if p[5] is not None else 0.0 for p in pts]]
+        ax.errorbar(x, y, yerr=err, fmt="o", ms=6, capsize=3, color=FRONT if front else SEARCHED,
+                    label="front point" if front else "other validated trial")
+    _label_points(ax, [((p[2], p[3]), p[1], None) for p in info.points])
+    snr = "-" if info.snr is None else f"{info.snr:.2f}"
+    ax.set_title(f"Proxy vs validated ({info.recipe}, {info.split} split): Kendall τ all {_tau_text(info.tau_all)}, "
+                 f"front {_tau_text(info.tau_front)}; SNR {snr}", fontsize=10, loc="left")
+    ax.set_xlabel("proxy loss (search)")
+    ax.set_ylabel(f"validated loss, seed mean ± 95% ({info.split} split)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9, frameon=False)
     return fig

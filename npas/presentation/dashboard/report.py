@@ -59,6 +59,7 @@ def report_html(study: optuna.Study) -> str:
     pareto, hv = I.pareto_info(study), I.hypervolume_info(study)
     alloc, taper, curves = I.allocation_info(study), I.taper_info(study), I.curves_info(study)
     importance = I.importance_info(study)
+    fidelity = I.fidelity_info(study)
     frame = I.trials_frame(study)
     sections = [
         _section("front", "Pareto front", R.render_pareto(pareto), _pareto_caption(pareto),
@@ -74,6 +75,11 @@ def report_html(study: optuna.Study) -> str:
         _section("curves", "Learning curves", R.render_curves(curves),
                  "Validation loss at each evaluation of the front trials, as recorded in their `curve` attribute.",
                  curves.note),
+        _section("fidelity", "Proxy vs validated", R.render_fidelity(fidelity),
+                 "Each point is a trial retrained by `npas validate` with a longer recipe on fresh seeds: its proxy "
+                 "loss against its validated seed-mean loss with a 95% t-interval over seeds. Points in the proxy's "
+                 "order rise left to right; error bars that overlap cannot be told apart. An SNR near 1 means the "
+                 "differences are seed noise.", fidelity.note),
         _table_section(frame, pareto.front, summary.objectives),
     ]
     log.debug("report for %s built in %.2fs", study.study_name, time.perf_counter() - t0)
@@ -130,7 +136,7 @@ def _header(s: I.SummaryInfo) -> str:
 def _nav() -> str:
     links = [("front", "Pareto front"), ("hypervolume", "Hypervolume"), ("allocation", "Allocation map"),
              ("taper", "MLP taper"), ("importance", "Importance"), ("curves", "Learning curves"),
-             ("trials", "All trials")]
+             ("fidelity", "Proxy vs validated"), ("trials", "All trials")]
     return "<nav>" + " · ".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in links) + "</nav>"
 
 

@@ -1,0 +1,292 @@
+"""`npas validate`: retrain a study's front and a sample of its trials longer, on fresh seeds, and
+score them on the held-out test split, so the study carries evidence of whether its ranking holds.
+
+What is retrained is the plan (`npas.service.validate_plan`). Each retraining is one trial of a
+linked Optuna study, ``"{study}:validate"``, in the same storage: value = test loss, user attrs =
+source trial, seed, recipe, allocation hash and the job key. A job whose key already has a COMPLETE
+trial never runs again, so a killed `npas validate` resumes where it stopped, and plain
+``optuna.load_study`` reads every number. The certificate (``npas.service.certificate``) is built
+from the linked study alone and goes into the source study's user attr ``fidelity_certificate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import socket
+import warnings
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from npas.allocation.config import ArchConfig
+from npas.errors import StudyError
+from npas.service import study as S
+from npas.service.storage import open_storage, redact, resolve_url
+from npas.service.validate_plan import Options, Plan, Target, make_plan, score_batches
+from npas.training.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+LINKED_SUFFIX = ":validate"
+# linked-study trial attributes (readable by plain Optuna)
+V_SOURCE, V_SEED, V_RECIPE, V_TEST_LOSS, V_HASH = "source_trial", "seed", "recipe", "test_loss", "allocation_hash"
+V_KEY, V_ROLES, V_SPLIT, V_ALLOC, V_DRIVER, V_REASON = ("job_key", "roles", "split", "allocation", "driver",
+                                                      "failure_reason")
+V_SOURCE_STUDY = "source_study"  # linked study attr
+
+Retrain = Callable[[ArchConfig, Recipe], float]  # (allocation, recipe with the fresh seed) -> test loss
+
+
+class ClusterLost(StudyError):
+    """Ray itself stopped running tasks (its raylet or every worker died): stop instead of failing
+    every remaining retraining in turn."""
+
+    exit_code = 1
+
+
+class Interrupted(StudyError):
+    """Stopped by SIGINT/SIGTERM; completed retrainings are kept and a rerun continues from them."""
+
+    exit_code = 130
+
+
+@functools.lru_cache(maxsize=2)
+def _corpus(source: str | None, val_fraction: float, fingerprint: str):
+    from npas.training.data import load_corpus
+
+    corpus = load_corpus(source, val_fraction=val_fraction)
+    if corpus.fingerprint != fingerprint:
+        raise StudyError(f"the corpus at {source or 'bundled'} differs from the one the study ran on "
+                         f"(fingerprint {corpus.fingerprint} != {fingerprint})")
+    return corpus
+
+
+def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
+                   val_fraction: float, score_recipe: dict) -> float:
+    """The real retraining: train under ``recipe`` (fresh seed) and return the test-split loss.
+
+    The corpus is split as the study's search split it (its recipe's ``val_fraction``), so the
+    held-out text is the text the search never trained on, whatever the long recipe says."""
+    from npas.training.proxy import evaluate, pick_device, train_model
+
+    corpus = _corpus(source, val_fraction, fingerprint)
+    model, result = train_model(cfg, recipe, corpus)
+    if result.status != "ok":
+        raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")
+    score = Recipe.from_dict(score_recipe)
+    return evaluate(model, score_batches(corpus, score), pick_device(), score)
+
+
+# ---- the linked study ------------------------------------------------------------------------
+def linked_name(name: str) -> str:
+    return name + LINKED_SUFFIX
+
+
+def open_linked(storage, source: optuna.Study) -> optuna.Study:
+    linked = optuna.create_study(study_name=linked_name(source.study_name), storage=storage,
+                                 directions=["minimize"], load_if_exists=True)
+    if not linked.metric_names:
+        linked.set_metric_names(["test_loss"])
+        linked.set_user_attr(V_SOURCE_STUDY, source.study_name)
+    return linked
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(linked: optuna.Study) -> list[int]:
+    """Fail the RUNNING retrainings of a validate process that died (killed, machine reset); refuse
+    while another live process on this host still runs them."""
+    here, failed = socket.gethostname(), []
+    for t in linked.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        drv = t.user_attrs.get(V_DRIVER) or {}
+        if drv.get("host") == here and drv.get("pid") and _alive(int(drv["pid"])) and drv["pid"] != os.getpid():
+            raise StudyError(f"`npas validate {linked.user_attrs.get(V_SOURCE_STUDY)}` is already running "
+                             f"(pid {drv['pid']}); wait for it or stop it first")
+        linked._storage.set_trial_user_attr(t._trial_id, V_REASON, "orphaned: its validate process stopped")
+        linked._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        failed.append(t.number)
+    return failed
+
+
+def completed_keys(linked: optuna.Study) -> set[str]:
+    return {str(t.user_attrs.get(V_KEY)) for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+# ---- running ---------------------------------------------------------------------------------
+def validate(name: str, opts: Options | None = None, *, storage: str | None = None,
+             retrain: Retrain | None = None) -> dict:
+    """Run (or finish) the validation of study ``name`` and return its fidelity certificate."""
+    from npas.service.certificate import CERTIFICATE_ATTR, build_certificate
+    from npas.training.recipe import load_recipe
+
+    opts = opts or Options()
+    problems = opts.problems()
+    if problems:
+        raise StudyError("; ".join(problems))
+    recipe = load_recipe(opts.recipe)
+    if opts.threads is not None:
+        recipe = Recipe.from_dict({**recipe.to_dict(), "threads": opts.threads})
+    url = resolve_url(storage)
+    st = open_storage(url)
+    source = S.load(name, st, url)
+    plan = make_plan(source, opts, recipe)
+    short = sorted({t.cfg.chassis.context for t in plan.targets if t.cfg.chassis.context < recipe.seq_len})
+    if short:
+        raise StudyError(f"recipe {recipe.name!r} trains at seq_len={recipe.seq_len} but study {name!r} has "
+                         f"allocations with context {short[0]}; pick a recipe with seq_len <= {short[0]}")
+    linked = open_linked(st, source)
+    orphans = recover(linked)
+    if orphans:
+        log.warning("failed orphaned retrainings %s of a stopped validate run", orphans)
+    done = completed_keys(linked)
+    jobs, seen = [], set(done)
+    for target, seed, key in plan.jobs():
+        if key not in seen:
+            seen.add(key)
+            jobs.append((target, seed, key))
+    total = len({k for _, _, k in plan.jobs()})
+    if retrain is None:
+        ua = source.user_attrs
+        split_at = float((ua.get(S.S_RECIPE) or {}).get("val_fraction", recipe.val_fraction))
+        retrain = functools.partial(train_and_test, source=ua.get(S.S_DATA), fingerprint=plan.fingerprint,
+                                    val_fraction=split_at, score_recipe=recipe.to_dict())
+    log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
+    if jobs:
+        _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
+    cert = build_certificate(source, linked, plan)
+    source.set_user_attr(CERTIFICATE_ATTR, cert)
+    return cert
+
+
+def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opts: Options, done: int,
+             total: int, url: str) -> None:
+    live: dict = {}  # handle -> (trial, target, seed, key)
+
+    def start(target: Target, seed: int, key: str) -> optuna.Trial:
+        trial = linked.ask()
+        for k, v in ((V_SOURCE, target.source), (V_SEED, seed), (V_RECIPE, plan.recipe.name), (V_KEY, key),
+                     (V_HASH, target.cfg.hash), (V_ROLES, list(target.roles)), (V_SPLIT, plan.split),
+                     (V_ALLOC, target.cfg.to_dict()),
+                     (V_DRIVER, {"host": socket.gethostname(), "pid": os.getpid()})):
+            trial.set_user_attr(k, v)
+        return trial
+
+    def finish(trial: optuna.Trial, loss: float | None, error: str | None) -> None:
+        nonlocal done
+        if error is None and loss is not None and loss == loss and loss != float("inf"):
+            trial.set_user_attr(V_TEST_LOSS, float(loss))
+            linked.tell(trial, float(loss))
+            done += 1
+        else:
+            trial.set_user_attr(V_REASON, error or f"non-finite test loss {loss}")
+            linked.tell(trial, state=TrialState.FAIL)
+            log.warning("retraining trial %d failed: %s", trial.number, error)
+        if opts.on_progress:
+            opts.on_progress(done, total)
+
+    def recipe_for(seed: int) -> Recipe:
+        r = Recipe.from_dict({**plan.recipe.to_dict(), "seed": seed})
+        assert r.seed != plan.recipe.seed, "a retraining reused the recipe's own seed"
+        return r
+
+    # the storage beats for trials of `study.optimize`; these retrainings are asked and told here,
+    # and a killed run's trials are recovered by `recover` from the recorded driver instead
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    remote = _start_ray(opts, plan) if opts.workers > 0 else None  # before our handler: ray.init sets its own
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: running retrainings are recorded as stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        if opts.workers == 0:
+            for target, seed, key in jobs:
+                trial = start(target, seed, key)
+                live[0] = (trial,)
+                try:
+                    loss, err = retrain(target.cfg, recipe_for(seed)), None
+                except Exception as e:  # one failed retraining is recorded; the others go on
+                    loss, err = None, f"{type(e).__name__}: {e}"
+                live.clear()
+                finish(trial, loss, err)
+        else:
+            _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live)
+    except ClusterLost:
+        _abandon(linked, live, "abandoned: Ray stopped running retrainings")
+        raise
+    except KeyboardInterrupt:
+        _abandon(linked, live, "interrupted")
+        raise Interrupted(f"validation interrupted after {done} of {total} retrainings; run the same "
+                          f"`npas validate {plan.study} --storage {redact(url)}` to continue") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _abandon(linked: optuna.Study, live: dict, reason: str) -> None:
+    for entry in live.values():
+        with contextlib.suppress(Exception):
+            entry[0].set_user_attr(V_REASON, reason)
+            linked.tell(entry[0], state=TrialState.FAIL)
+    live.clear()
+
+
+def _call(retrain: Retrain, cfg: dict, recipe: dict) -> float:
+    """Runs inside a Ray worker."""
+    return float(retrain(ArchConfig.from_dict(cfg), Recipe.from_dict(recipe)))
+
+
+def _start_ray(opts: Options, plan: Plan):
+    """Plain Ray tasks rather than Ray Tune: no scheduler decisions are needed (every retraining runs
+    to the end), and the Optuna ask/tell stays in this process, the only writer of the database."""
+    import ray
+
+    from npas.service.runner import check_resources, init_ray
+
+    init_ray(opts.ray_address, num_cpus=None)
+    cpus = float(max(1, plan.recipe.threads))
+    check_resources(max(1, opts.workers), cpus, 0.0)
+    return ray.remote(num_cpus=cpus, max_retries=1)(_call)
+
+
+def _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live) -> None:
+    import ray
+
+    pending = list(jobs)
+    lost = 0  # retrainings lost in a row to Ray itself (a dead worker, node or raylet), not to training
+    while pending or live:
+        while pending and len(live) < opts.workers:
+            target, seed, key = pending.pop(0)
+            trial = start(target, seed, key)
+            ref = remote.remote(retrain, target.cfg.to_dict(), recipe_for(seed).to_dict())
+            live[ref] = (trial,)
+        ready, _ = ray.wait(list(live), num_returns=1)
+        for ref in ready:
+            (trial,) = live.pop(ref)
+            try:
+                finish(trial, ray.get(ref), None)
+                lost = 0
+            except ray.exceptions.RayTaskError as e:  # the retraining itself raised: record it, go on
+                last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+                finish(trial, None, "retraining error: " + (last[-1] if last else type(e).__name__))
+                lost = 0
+            except ray.exceptions.RayError as e:  # Ray lost the task (after its own retry)
+                finish(trial, None, f"worker error: {' '.join(str(e).split())[:200]}")
+                lost += 1
+                if lost > opts.workers:  # not one unlucky worker: the cluster is gone
+                    raise ClusterLost(f"Ray stopped running retrainings ({' '.join(str(e).split())[:120]}); "
+                                      f"completed ones are kept: rerun the same `npas validate {plan.study}` "
+                                      f"to continue") from None

@@ -1,0 +1,219 @@
+"""What `npas validate` retrains: the plan, deterministic for a given study and options.
+
+- the K front points with the lowest loss (the loss objective found by name), the point `--pick`
+  chooses, and M other completed full-fidelity trials spread over the proxy-loss range (one per
+  equal-count stratum, the one nearest the stratum's middle); the hand-crafted baselines are always
+  among them;
+- two matched baselines for the picked point: the dense untied model with equal stored parameters
+  (the space's `narrow_untied` baseline is exactly that) and the dense untied model whose FLOPs per
+  token come as close to the pick's as a uniform MLP width allows (the exact ratio is reported);
+- fresh seeds ``10_000 + s``, never a recipe's own seed: training a pick again on the seed that
+  selected it would keep the luck that put it on the front (the winner's curse).
+
+Every (allocation, seed) is one job with a key over allocation, recipe, seed, data and split, so the
+same retraining is recognised whatever role it plays and however often the command is rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from npas.allocation.budget import count
+from npas.allocation.config import ArchConfig
+from npas.allocation.space import LOSS_OBJECTIVES
+from npas.errors import StudyError
+from npas.service import study as S
+from npas.training.recipe import Recipe
+
+SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds recipes use
+
+
+# ---- the one place that knows whether the corpus has a test split ------------------------------
+def scoring_split() -> str:
+    """'test' once `eval_batches` takes a split (the text-level train/validation/test split); until
+    that lands, this build scores on the validation split and every certificate records so."""
+    from npas.training.proxy import eval_batches
+
+    return "test" if "split" in inspect.signature(eval_batches).parameters else "val"
+
+
+def score_batches(corpus, recipe: Recipe):
+    """The fixed scoring windows, drawn with the *long recipe's* own seed so every allocation and
+    every fresh training seed is scored on the same text."""
+    from npas.training.proxy import eval_batches
+
+    split = scoring_split()
+    return eval_batches(corpus, recipe, split=split) if split == "test" else eval_batches(corpus, recipe)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `npas validate` retrains and how; defaults fit about two hours on 2 CPU cores."""
+
+    pick: str = "knee"
+    top: int = 4  # front points with the lowest loss
+    sample: int = 4  # other completed trials, baselines included (all baselines even if more)
+    recipe: str = "long"
+    seeds: int = 2  # fresh seeds per allocation; >= 2 so seed noise and SNR exist
+    workers: int = 2  # concurrent retrainings on Ray; 0 runs them one by one in this process
+    threads: int | None = 1  # torch threads per retraining (None: the recipe's); one run per core
+    # scales better than one run on two threads, so the long recipe's 2 threads become 1 here
+    ray_address: str | None = None
+    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (done, total)
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.top < 1:
+            out.append(f"--top must be >= 1, got {self.top}")
+        if self.sample < 0:
+            out.append(f"--sample must be >= 0, got {self.sample}")
+        if self.seeds < 2:
+            out.append(f"--seeds must be >= 2 (seed noise and signal-to-noise need two), got {self.seeds}")
+        if self.threads is not None and self.threads < 1:
+            out.append(f"--threads must be >= 1, got {self.threads}")
+        if self.workers < 0:
+            out.append(f"--workers must be >= 0 (0 = in this process), got {self.workers}")
+        how = self.pick
+        ok = how in ("knee", "min-loss") or (how.startswith("trial=") and how[6:].isdigit()) or (
+            how.startswith("max-memory=") and _is_number(how[11:]))
+        if not ok:
+            out.append(f"--pick {how!r} is not one of knee, min-loss, max-memory=BYTES, trial=N")
+        return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Target:
+    """One allocation to retrain on every seed."""
+
+    cfg: ArchConfig
+    roles: tuple[str, ...]  # front | sample | baseline | pick | memory_matched | flops_matched
+    source: int | None  # trial number in the source study; None for the constructed FLOPs match
+    proxy_loss: float | None
+    label: str = ""  # baseline name or how the allocation was constructed
+
+
+@dataclass(frozen=True)
+class Plan:
+    study: str
+    targets: tuple[Target, ...]
+    seeds: tuple[int, ...]
+    recipe: Recipe
+    pick: int  # source trial number of the picked point
+    memory_matched: str | None  # allocation hashes of the matched baselines
+    flops_matched: str | None
+    flops_ratio: float | None  # matched FLOPs / picked FLOPs
+    split: str
+    fingerprint: str
+
+    def key(self, target: Target, seed: int) -> str:
+        """Same allocation, recipe, seed and data -> same retraining, whatever role it plays."""
+        blob = json.dumps({"a": target.cfg.hash, "r": self.recipe.to_dict(), "s": seed, "d": self.fingerprint,
+                           "split": self.split}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def jobs(self) -> list[tuple[Target, int, str]]:
+        return [(t, s, self.key(t, s)) for t in self.targets for s in self.seeds]
+
+
+def fresh_seeds(n: int, avoid: set[int]) -> tuple[int, ...]:
+    seeds, s = [], SEED_BASE
+    while len(seeds) < n:
+        if s not in avoid:
+            seeds.append(s)
+        s += 1
+    assert not set(seeds) & avoid, "a validation seed equals a recipe's seed"
+    return tuple(seeds)
+
+
+def loss_index(study: optuna.Study) -> int:
+    names = list(study.metric_names or study.user_attrs.get(S.S_OBJECTIVES, []))
+    for i, n in enumerate(names):
+        if n in LOSS_OBJECTIVES:
+            return i
+    raise StudyError(f"study {study.study_name!r} has no loss objective (objectives: {names}); "
+                     f"validation ranks by one of {', '.join(LOSS_OBJECTIVES)}")
+
+
+def _cfg(t: FrozenTrial) -> ArchConfig:
+    return ArchConfig.from_dict(t.user_attrs[S.T_ALLOC])
+
+
+def flops_matched(cfg: ArchConfig, seq_len: int) -> tuple[ArchConfig, float]:
+    """The dense untied uniform model on ``cfg``'s chassis whose FLOPs per token are nearest ``cfg``'s
+    (FLOPs grow monotonically with the MLP width, so a bisection over the width finds it)."""
+    c, L = cfg.chassis, cfg.chassis.n_layers
+    target = count(cfg, seq_len=seq_len).flops_per_token
+
+    def dense(w: int) -> ArchConfig:
+        return ArchConfig(chassis=c, mlp_widths=(w,) * L, block_of_layer=tuple(range(L)), dtype=cfg.dtype)
+
+    def flops(w: int) -> int:
+        return count(dense(w), seq_len=seq_len).flops_per_token
+
+    lo, hi = 1, max(2, 16 * c.d_ff)
+    while lo < hi:  # smallest width with flops >= target
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if flops(mid) < target else (lo, mid)
+    best = min({max(1, lo - 1), lo}, key=lambda w: (abs(flops(w) - target), w))
+    return dense(best), flops(best) / target
+
+
+def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
+    li = loss_index(study)
+    front = [t for t in S.front_trials(study) if S.T_ALLOC in t.user_attrs]
+    front.sort(key=lambda t: t.values[li])
+    picked = S.pick(study, opts.pick)
+    targets: dict[str, dict] = {}  # allocation hash -> Target fields, in plan order
+
+    def add(t: FrozenTrial | None, role: str, cfg: ArchConfig | None = None, label: str = "") -> str:
+        cfg = cfg or _cfg(t)
+        entry = targets.setdefault(cfg.hash, {"cfg": cfg, "roles": [], "source": t.number if t else None,
+                                              "proxy_loss": t.values[li] if t else None, "label": label})
+        if role not in entry["roles"]:
+            entry["roles"].append(role)
+        entry["label"] = entry["label"] or label
+        return cfg.hash
+
+    for t in front[:opts.top]:
+        add(t, "front")
+    add(picked, "pick")
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if S.is_full_fidelity(t) and S.T_ALLOC in t.user_attrs]
+    baselines = sorted((t for t in done if t.user_attrs.get(S.T_BASELINE)), key=lambda t: t.number)
+    for t in baselines:
+        add(t, "baseline", label=str(t.user_attrs[S.T_BASELINE]))
+    rest = sorted((t for t in done if _cfg_hash(t) not in targets), key=lambda t: (t.values[li], t.number))
+    m = min(len(rest), max(0, opts.sample - len(baselines)))
+    for k in range(m):  # the middle of each of m equal-count strata of the proxy-loss order
+        add(rest[int((k + 0.5) * len(rest) / m)], "sample")
+    narrow = next((t for t in baselines if t.user_attrs[S.T_BASELINE] == "narrow_untied"), None)
+    mem = add(narrow, "memory_matched", label="narrow_untied") if narrow is not None else None
+    seq_len = recipe.seq_len
+    dense, ratio = flops_matched(_cfg(picked), seq_len)
+    flo = add(None, "flops_matched", cfg=dense, label=f"dense untied d_ff={dense.mlp_widths[0]}")
+    proxy_seed = int((study.user_attrs.get(S.S_RECIPE) or {}).get("seed", 0))
+    seeds = fresh_seeds(opts.seeds, {proxy_seed, recipe.seed})
+    return Plan(study=study.study_name,
+                targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"])
+                              for e in targets.values()),
+                seeds=seeds, recipe=recipe, pick=picked.number, memory_matched=mem, flops_matched=flo,
+                flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(S.S_FINGERPRINT, "")))
+
+
+def _cfg_hash(t: FrozenTrial) -> str:
+    return str(t.user_attrs.get(S.T_HASH) or _cfg(t).hash)
