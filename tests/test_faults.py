@@ -19,7 +19,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from npas.service import study as S
+from npas.service.record import TrialAttr
+from npas.service.study import counts_toward_target, status
 
 from .conftest import ROOT
 from .test_search import PG_URL, STORAGES, pg_reachable
@@ -69,10 +70,10 @@ def n_complete(url: str, name: str) -> int:
 def check_final(url: str, name: str, target: int) -> list[optuna.trial.FrozenTrial]:
     ts = trials(url, name)
     assert not [t.number for t in ts if t.state == TrialState.RUNNING], "trials left RUNNING"
-    counted = [t for t in ts if S.counts_toward_target(t)]
+    counted = [t for t in ts if counts_toward_target(t)]
     assert len(counted) == target
-    done = [t for t in ts if t.state == TrialState.COMPLETE and S.status(t) == "ok"]
-    keys = [t.user_attrs[S.T_KEY] for t in done]
+    done = [t for t in ts if t.state == TrialState.COMPLETE and status(t) == "ok"]
+    keys = [t.user_attrs[TrialAttr.KEY] for t in done]
     assert len(keys) == len(set(keys)), "a trial was run twice"
     return ts
 
@@ -99,8 +100,8 @@ def test_sigkill_driver_then_resume(kind, tmp_path, slow_recipe):
     for number, (values, attrs) in before.items():  # completed trials unchanged
         assert by_number[number].values == values and by_number[number].user_attrs == attrs
     for number in orphans:  # orphans failed with their reason and re-ran with the same parameters
-        assert S.status(by_number[number]) == "orphaned"
-        reruns = [t for t in ts if t.user_attrs.get(S.T_RETRY_OF) == number]
+        assert status(by_number[number]) == "orphaned"
+        reruns = [t for t in ts if t.user_attrs.get(TrialAttr.RETRY_OF) == number]
         # a driver killed mid-sampling leaves some knobs unsuggested: those it had are kept exactly
         assert reruns and by_number[number].params.items() <= reruns[0].params.items()
     print(f"[{kind}] orphans {orphans}, lost 0, run twice 0, resume wall {recover_s:.1f}s")
@@ -115,13 +116,13 @@ def test_sigint_then_resume_reaches_the_target(tmp_path, slow_recipe):
     assert proc.wait(timeout=120) == 130
     log = (tmp_path / "search.log").read_text()
     assert f"npas resume {name}" in log
-    interrupted = [t for t in trials(url, name) if S.status(t) == "interrupted"]
+    interrupted = [t for t in trials(url, name) if status(t) == "interrupted"]
     out = subprocess.run([sys.executable, "-m", "npas", "resume", name, "--storage", url], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     ts = check_final(url, name, target)
     for t in interrupted:
-        assert any(r.user_attrs.get(S.T_RETRY_OF) == t.number for r in ts)
+        assert any(r.user_attrs.get(TrialAttr.RETRY_OF) == t.number for r in ts)
 
 
 @pytest.fixture
@@ -153,7 +154,7 @@ def test_two_drivers_share_one_postgresql_study(tmp_path, empty_pg_database):
     assert a.wait(timeout=400) == 0, (tmp_path / "a.log").read_text()[-2000:]
     assert b.wait(timeout=400) == 0, (tmp_path / "b.log").read_text()[-2000:]
     ts = check_final(url, name, target)
-    pids = {t.user_attrs[S.T_DRIVER]["pid"] for t in ts if S.counts_toward_target(t)}
+    pids = {t.user_attrs[TrialAttr.DRIVER]["pid"] for t in ts if counts_toward_target(t)}
     assert len(pids) == 2, "both drivers ran trials"
 
 
@@ -162,7 +163,7 @@ def test_sqlite_refuses_a_second_live_driver(tmp_path, slow_recipe):
     args = ("search", TINY, "--recipe", slow_recipe, "--trials", "6", "--study", name, "--storage", url)
     a = npas_proc(*args, log=tmp_path / "a.log")
     try:
-        wait_until(lambda: any(t.state == TrialState.RUNNING and S.T_DRIVER in t.user_attrs
+        wait_until(lambda: any(t.state == TrialState.RUNNING and TrialAttr.DRIVER in t.user_attrs
                                for t in trials(url, name)), 120, "a running trial")
         out = subprocess.run([sys.executable, "-m", "npas", *args], cwd=ROOT, capture_output=True, text=True,
                              timeout=120)
@@ -193,10 +194,10 @@ def test_two_node_ray_cluster_survives_losing_a_node(two_node_cluster, tmp_path,
     proc = npas_proc("search", TINY, "--recipe", slow_recipe, "--trials", str(target), "--study", name,
                      "--storage", url, "--ray-address", address, "--no-early-stop", log=tmp_path / "search.log",
                      env=env)
-    nodes = lambda: {t.user_attrs.get(S.T_NODE) for t in trials(url, name) if t.state == TrialState.COMPLETE}  # noqa: E731
+    nodes = lambda: {t.user_attrs.get(TrialAttr.NODE) for t in trials(url, name) if t.state == TrialState.COMPLETE}  # noqa: E731
     wait_until(lambda: len(nodes()) >= 2, 240, "completed trials on both nodes")
     subprocess.run(["pkill", "-9", "-f", "raylet.*node_manager_port=6411"], check=False)  # the second node dies
     assert proc.wait(timeout=400) == 0, (tmp_path / "search.log").read_text()[-3000:]
     ts = check_final(url, name, target)
-    retried = [t.number for t in ts if t.user_attrs.get(S.T_RETRIES)]
+    retried = [t.number for t in ts if t.user_attrs.get(TrialAttr.RETRIES)]
     print(f"nodes used {len(nodes())}, trials retried after the node died: {retried}")
