@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -15,12 +17,14 @@ from optuna.trial import TrialState
 import npas
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
-from npas.service.driver import Launch, search
+from npas.errors import StudyError
+from npas.service import driver
+from npas.service.driver import Launch, resume, search
 from npas.service.exporter import export, write_export
 from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study import counts_toward_target, front_trials, pick, status
 
-from .conftest import ROOT
+from .conftest import ROOT, needs
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")
@@ -39,8 +43,7 @@ def pg_reachable() -> bool:
 
 STORAGES = [
     pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.skipif(
-        not pg_reachable(), reason=f"no PostgreSQL server reachable at {PG_URL}")),
+    pytest.param("postgresql", id="postgresql", marks=needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")),
 ]
 
 
@@ -48,7 +51,7 @@ STORAGES = [
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -196,3 +199,49 @@ def test_the_final_line_never_shows_a_secret_of_the_url(ray_local, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "study q in sqlite:///" in out.stdout
     assert "s3cr3t" not in out.stdout + out.stderr and "t0k3n" not in out.stdout + out.stderr
+
+
+def test_a_joiner_keeps_the_study_settings_or_is_refused(ray_local, tmp_path, caplog):
+    """The stored settings are the truth: a second `search --study` matches them or is refused, and
+    the trial target is the study's unless --trials sets it (which is logged)."""
+    url, space = f"sqlite:///{tmp_path}/j.db", npas.load_space(TINY)
+    search(space, trials=2, study="j", storage=url, recipe=FAST, sampler="random", seed=5,
+           launch=Launch(workers=2, early_stop=False))
+
+    def counted() -> int:
+        return sum(counts_toward_target(t) for t in optuna.load_study(study_name="j", storage=url).trials)
+
+    n_trials = len(optuna.load_study(study_name="j", storage=url).trials)
+    for kwargs, fragment in (({"sampler": "tpe", "recipe": FAST}, "--sampler 'tpe' (the study's is 'random')"),
+                             ({"seed": 6}, "--seed 6 (the study's is 5)"),
+                             ({"recipe": "smoke"}, "--recipe 'smoke' (the study's is 'fast')")):
+        with pytest.raises(StudyError, match=re.escape(fragment)):
+            search(space, study="j", storage=url, **{"recipe": FAST, **kwargs}, launch=Launch(workers=2))
+    plain = optuna.load_study(study_name="j", storage=url)
+    assert len(plain.trials) == n_trials and plain.user_attrs[StudyAttr.TARGET] == 2  # refused: nothing written
+
+    search(space, study="j", storage=url, recipe=FAST, launch=Launch(workers=2))  # no --trials: the study's 2
+    assert counted() == 2 and optuna.load_study(study_name="j", storage=url).user_attrs[StudyAttr.TARGET] == 2
+
+    with caplog.at_level(logging.WARNING, logger="npas.service.driver"):
+        search(space, trials=3, study="j", storage=url, launch=Launch(workers=2))
+    assert "trial target set to 3 (was 2)" in caplog.text
+    assert counted() == 3 and optuna.load_study(study_name="j", storage=url).user_attrs[StudyAttr.TARGET] == 3
+
+
+def test_resume_keeps_the_stored_early_stop_setting(ray_local, tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path}/e.db"
+    search(npas.load_space(TINY), trials=1, study="e", storage=url, recipe=FAST,
+           launch=Launch(workers=1, early_stop=False))
+    seen: dict = {}
+
+    def run_trials(searcher, **kw):  # record what the driver launches with, run nothing
+        seen.update(kw)
+        searcher.finished = True
+        return True
+
+    monkeypatch.setattr(driver, "run_trials", run_trials)
+    resume("e", storage=url, trials=2, launch=Launch(workers=1))
+    assert seen["early_stop"] is False  # the study was created with --no-early-stop
+    with pytest.raises(StudyError, match="runs with --no-early-stop"):
+        resume("e", storage=url, launch=Launch(workers=1, early_stop=True))

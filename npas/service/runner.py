@@ -181,6 +181,44 @@ def check_address_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise RayError(f"cannot reach Ray at {target!r} from {origin}{stale}: {e.strerror or e}; start a head "
                        f"with `ray start --head --port {port}`, fix the address, or omit --ray-address to run "
                        f"locally") from None
+    if not target.startswith("ray://"):
+        _probe_gcs(f"{host}:{port}", origin)
+
+
+def _probe_gcs(hostport: str, origin: str, timeout_ms: int = 5000) -> None:
+    """Ask the cluster's GCS for its id, as `ray.init` does first, but once and with a deadline:
+    `ray.init` retries a refused token for ~20 s and then reports only "Failed to connect".
+
+    `InnerGcsClient.standalone` is Ray's own client (private; no public call does one bounded
+    request). Its C++ core logs each failed attempt straight to stderr; that one line is silenced
+    here because npas reports the failure itself, in one line.
+    """
+    from ray._raylet import InnerGcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        with _stderr_silenced():
+            InnerGcsClient.standalone(hostport, None, timeout_ms)
+    except AuthenticationError:
+        raise RayError(f"Ray at {hostport} (from {origin}) refused this driver's token; {AUTH_HINT}") from None
+    except Exception as e:
+        raise RayError(f"Ray at {hostport} (from {origin}) does not answer as a Ray head: "
+                       f"{' '.join(str(e).split())[:160]}; check the address, or omit --ray-address to run "
+                       f"locally") from None
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """fd 2 to /dev/null for the duration (the C++ core writes there directly, not through Python)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) -> dict[str, float]:
