@@ -8,10 +8,10 @@ import time
 import optuna
 import pytest
 
-from npas.errors import StudyError
+from npas.errors import StorageError, StudyError
 from npas.service import driver
 from npas.service.record import StudyAttr
-from npas.service.storage import open_storage
+from npas.service.storage import open_storage, redact, scrub
 
 
 def _half_created(url: str, name: str) -> optuna.Study:
@@ -60,3 +60,37 @@ def test_a_study_that_already_ran_trials_needs_no_marker(tmp_path, monkeypatch):
     study.tell(study.ask(), [1.0, 2.0])
     monkeypatch.setattr(driver, "SETUP_WAIT_S", 0.0)
     assert driver._await_setup("old", open_storage(url)).study_name == "old"
+
+
+@pytest.mark.parametrize("url, secrets", [
+    ("postgresql+psycopg://npas:s3cr3t@db:5432/npas", ["s3cr3t"]),
+    ("postgresql+psycopg://npas@db/npas?password=s3cr3t&sslpassword=pw2&application_name=npas", ["s3cr3t", "pw2"]),
+    ("mysql://u@h/db?auth_token=t0k3n&client_secret=xyz", ["t0k3n", "xyz"]),
+    ("sqlite:///trials/x.db?password=s3cr3t", ["s3cr3t"]),
+])
+def test_redaction_hides_every_secret_a_url_can_carry(url, secrets):
+    shown = redact(url)
+    assert not any(s in shown for s in secrets), shown
+    assert "***" in shown
+    # what drivers echo in their errors: the URL itself and a libpq-style connection string
+    echoed = scrub(f"connection to {url} failed: password=s3cr3t sslpassword='pw2' user=npas", url)
+    assert not any(s in echoed for s in secrets), echoed
+    assert "user=npas" in echoed  # only secrets go
+
+
+def test_opening_for_reading_creates_nothing(tmp_path):
+    for url in (f"sqlite:///{tmp_path}/typo/x.db", f"sqlite:///{tmp_path}/x.db"):
+        with pytest.raises(StorageError, match="no database at"):
+            open_storage(url, read_only=True)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "junk.db").write_bytes(b"")  # an existing file that is not an Optuna database stays empty
+    with pytest.raises(StorageError, match="not an Optuna database"):
+        open_storage(f"sqlite:///{tmp_path}/junk.db", read_only=True)
+    assert (tmp_path / "junk.db").read_bytes() == b""
+
+
+def test_one_handle_per_database_and_process(tmp_path):
+    url = f"sqlite:///{tmp_path}/h.db"
+    handle = open_storage(url)
+    assert open_storage(url) is handle and open_storage(url, read_only=True) is handle  # a writer can read
+    assert handle.redacted == url and handle.is_sqlite

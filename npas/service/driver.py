@@ -62,9 +62,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
-    launch = launch or Launch()
-    if trials is not None and trials < 1:
-        raise StudyError(f"trials must be >= 1, got {trials}")
+    launch = _checked(launch or Launch(), trials)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
@@ -101,6 +99,22 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     mark_ready(created)  # last: a driver joining by name waits for this
     _run(created, handle, space, record, corpus, record.target_trials, launch, cpus)
     return created
+
+
+def _checked(launch: Launch, trials: int | None) -> Launch:
+    """Counts that can never work, refused before the database or Ray is touched."""
+    problems = []
+    if trials is not None and trials < 1:
+        problems.append(f"--trials must be >= 1, got {trials}")
+    if launch.workers < 1:
+        problems.append(f"--workers must be >= 1, got {launch.workers}")
+    if not launch.gpus_per_trial >= 0:  # also NaN
+        problems.append(f"--gpus-per-trial must be >= 0, got {launch.gpus_per_trial}")
+    if launch.max_retries < 0:
+        problems.append(f"max_retries must be >= 0, got {launch.max_retries}")
+    if problems:
+        raise StudyError("; ".join(problems))
+    return launch
 
 
 def _prove_ray(launch: Launch, threads: int | None) -> float:
@@ -164,9 +178,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
 
-    launch = launch or Launch()
-    if trials is not None and trials < 1:
-        raise StudyError(f"trials must be >= 1, got {trials}")
+    launch = _checked(launch or Launch(), trials)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     handle = open_storage(storage)
