@@ -20,7 +20,6 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -28,15 +27,15 @@ from optuna.trial import TrialState
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prints its own progress line
 from ray.tune.search import Searcher  # noqa: E402
 
-from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
 from npas.service import faults  # noqa: E402
 from npas.service import optuna_adapter as adapter  # noqa: E402
+from npas.service.candidate import Skip, prepare  # noqa: E402
 from npas.service.outcome import fidelity_constraint, objective_values  # noqa: E402
 from npas.service.progress import Progress  # noqa: E402
 from npas.service.record import Constraint, TrialAttr  # noqa: E402
 from npas.service.samplers import random_when_stuck  # noqa: E402
-from npas.service.study import counts_toward_target, same_key, trial_key  # noqa: E402
+from npas.service.study import counts_toward_target, same_key  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -144,48 +143,21 @@ class NpasSearcher(Searcher):
                 return Searcher.FINISHED
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
-        """Sample, fit and record one candidate; None if it must not reach a worker."""
-        baseline = trial.user_attrs.get(TrialAttr.BASELINE)
-        try:
-            cand = self.space.sample(trial, fixed=self.baselines.get(baseline) if baseline else None)
-        except Exception as e:  # SampleError, or any bug in sampling: end the trial, never leave it RUNNING
-            log.warning("sampling trial %d failed: %s", trial.number, e)
-            self.progress.failed += 1
-            self._tell_skip(trial, "sample_error", f"sampling raised {type(e).__name__}: {e}"[:2000])
-            return None
-        trial.set_user_attr(TrialAttr.KNOBS, cand.values)
-        if not cand.feasible:
-            self.progress.infeasible += 1
-            self._tell_skip(trial, "infeasible", cand.reason or "does not fit the budget")
-            return None
-        cfg = cand.config
-        acc = count(cfg, batch_size=self.recipe["batch_size"], seq_len=self.recipe["seq_len"])
-        key = trial_key(cfg, self.recipe, self.fingerprint)
-        for attr, value in ((TrialAttr.ALLOC, cfg.to_dict()), (TrialAttr.HASH, cfg.hash),
-                            (TrialAttr.ACCOUNTING, acc.to_dict()), (TrialAttr.KEY, key),
-                            (TrialAttr.FILL, round(cand.fill, 6)), (TrialAttr.MAX_FIDELITY, self.recipe["steps"])):
-            trial.set_user_attr(attr, value)
-        trial.set_constraint(Constraint.BUDGET, float(acc.stored_params - self.space.budget_params))
-        if (reason := self._cannot_run(cfg)) is not None:  # deterministic: no worker, no retry
-            self.progress.infeasible += 1
-            self._tell_skip(trial, "infeasible", reason)
-            return None
-        twin = same_key(self.study, key, trial.number)
-        if twin is not None:
-            self._tell_duplicate(trial, twin, f"same allocation, recipe and data as trial {twin}")
+        """The worker's config, or None once the trial was told why it must not run."""
+        prepared = prepare(trial, self.space, self.baselines, self.recipe, self.fingerprint)
+        if isinstance(prepared, Skip):
+            if prepared.status == "duplicate":
+                self._tell_duplicate(trial, prepared.same_as, prepared.reason)
+                return None
+            if prepared.status == "sample_error":
+                self.progress.failed += 1
+            else:
+                self.progress.infeasible += 1
+            self._tell_skip(trial, prepared.status, prepared.reason)
             return None
         self._skipped = 0
-        self._accounting[trial.number] = acc.to_dict()
-        return {"allocation": cfg.to_dict(), "recipe": self.recipe, "number": trial.number,
-                "baseline": trial.user_attrs.get(TrialAttr.BASELINE)}
-
-    def _cannot_run(self, cfg: Any) -> str | None:
-        """What would make the worker raise on every attempt, checked before launch."""
-        seq_len = int(self.recipe.get("seq_len", 0))
-        if seq_len > cfg.chassis.context:
-            return (f"the recipe trains at seq_len={seq_len} > this allocation's context {cfg.chassis.context}; "
-                    f"lower seq_len or raise the searched context")
-        return None
+        self._accounting[trial.number] = prepared.accounting
+        return prepared.config
 
     def _tell_duplicate(self, trial: optuna.Trial, twin: int, reason: str) -> None:
         self.progress.duplicates += 1
