@@ -8,8 +8,9 @@ only this driver process writes to the database.
 
 It is the Tune protocol and nothing else. The runner reports what Tune's protocol does not carry
 (a failed trial's error text, restarts after a lost node) through `record_error`/`record_retry`;
-heartbeats and orphan recovery live in `npas.service.faults`, objective values in
-`npas.service.outcome`, the sampler swap in `npas.service.samplers`.
+candidate preparation lives in `npas.service.candidate`, heartbeats and orphan recovery in
+`npas.service.faults`, objective values in `npas.service.outcome`, the sampler swap in
+`npas.service.samplers`.
 """
 
 from __future__ import annotations
