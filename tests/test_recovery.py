@@ -93,3 +93,13 @@ def test_this_process_never_recovers_its_own_trials(study):
     time.sleep(3.2)  # even stale: a heartbeat thread that fell behind is not a dead driver
     assert faults.recover_orphans(study) == []
     assert state(study, trial) == TrialState.RUNNING
+
+
+def test_resume_waits_for_a_trial_its_driver_never_claimed(study):
+    """Killed between ask and claim: the trial counts toward the target while RUNNING, so recovery at
+    resume waits (one grace period, database clock) until it is provably orphaned, then re-enqueues it."""
+    trial = study.ask()
+    t0 = time.monotonic()
+    assert faults.recover_orphans(study, wait_unclaimed_s=30) == [trial.number]
+    assert 1.5 < time.monotonic() - t0 < 30
+    assert state(study, trial) == TrialState.FAIL

@@ -211,7 +211,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
         study.set_user_attr(StudyAttr.TARGET, trials)
         log.warning("study %s: trial target set to %d (was %d)", name, trials, target)
         target = trials
-    recovered = faults.recover_orphans(study)
+    recovered = faults.recover_orphans(study, wait_unclaimed_s=faults.GRACE_S + 2 * faults.HEARTBEAT_S)
     if recovered:
         log.warning("re-enqueued orphaned trials %s", recovered)
     _run(study, handle, space, record, corpus, target, launch, cpus)

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 10  # a driver beats for its running trials this often...
 GRACE_S = 60  # ...and a trial silent this long (database clock) belongs to a dead driver
 RECOVER_EVERY_S = 30  # a running driver also recovers other drivers' orphans this often
+
+
+_ADOPTED: set[int] = set()  # unclaimed trials this process gave their one heartbeat
 
 
 @cache
@@ -84,7 +88,32 @@ def _provably_dead(driver: dict[str, Any]) -> bool:
     return False
 
 
-def recover_orphans(study: optuna.Study) -> list[int]:
+def recover_orphans(study: optuna.Study, wait_unclaimed_s: float = 0.0) -> list[int]:
+    """`recover_once`, repeated for up to `wait_unclaimed_s` while unclaimed RUNNING trials remain.
+
+    A driver killed between its ask and its claim leaves a trial no pid or driver record speaks for;
+    only its heartbeat going stale (one grace period) shows it is orphaned. It counts toward the
+    target while RUNNING, so a resume that did not wait for it would stop one trial short.
+    """
+    recovered = recover_once(study)
+    deadline = time.monotonic() + wait_unclaimed_s
+    told = False
+    while wait_unclaimed_s > 0 and (pending := unclaimed(study)) and time.monotonic() < deadline:
+        if not told:
+            log.warning("waiting up to %.0f s for trial(s) %s, asked by a driver that never claimed them",
+                        wait_unclaimed_s, pending)
+            told = True
+        time.sleep(1.0)
+        recovered += recover_once(study)
+    return recovered
+
+
+def unclaimed(study: optuna.Study) -> list[int]:
+    return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not t.user_attrs.get(TrialAttr.DRIVER)]
+
+
+def recover_once(study: optuna.Study) -> list[int]:
     """Fail + re-enqueue RUNNING trials whose driver is dead; returns their numbers.
 
     An unclaimed trial (its driver died between the ask and the claim, which beats first) is given a
@@ -102,8 +131,9 @@ def recover_orphans(study: optuna.Study) -> list[int]:
         if is_this_process(drv):
             continue
         if tid not in stale and not _provably_dead(drv):
-            if not drv:  # unclaimed: beating it starts its grace period (harmless if its driver is mid-claim)
-                adapter.record_heartbeat(study, tid)
+            if not drv and tid not in _ADOPTED:  # unclaimed: one beat starts its grace period
+                adapter.record_heartbeat(study, tid)  # (harmless if its driver is mid-claim: it beats too)
+                _ADOPTED.add(tid)
             continue
         try:
             storage.set_trial_user_attr(tid, TrialAttr.STATUS, "orphaned")
@@ -171,7 +201,7 @@ class Heartbeat:
             if since_recovery >= self.recover_every_s:
                 since_recovery = 0.0
                 try:
-                    found = recover_orphans(self.study)
+                    found = recover_once(self.study)
                 except Exception as e:
                     log.warning("orphan recovery failed: %s", e)
                     continue
