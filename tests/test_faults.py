@@ -72,7 +72,8 @@ def n_complete(url: str, name: str) -> int:
 
 def check_final(url: str, name: str, target: int) -> list[optuna.trial.FrozenTrial]:
     ts = trials(url, name)
-    assert not [t.number for t in ts if t.state == TrialState.RUNNING], "trials left RUNNING"
+    assert not [t.number for t in ts if t.state == TrialState.RUNNING], \
+        f"trials left RUNNING: {[(t.number, t.user_attrs) for t in ts if t.state == TrialState.RUNNING]}"
     counted = [t for t in ts if counts_toward_target(t)]
     assert len(counted) == target
     done = [t for t in ts if t.state == TrialState.COMPLETE and status(t) == "ok"]
