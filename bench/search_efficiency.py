@@ -166,7 +166,8 @@ def real_mode(trials: int, seed: int) -> None:
 
     import npas
     from npas.errors import NpasError
-    from npas.service.driver import Launch, search
+    from npas.service.driver import search
+    from npas.service.launch import Launch
 
     print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
           f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict; ideal point 10% of the "

@@ -36,7 +36,8 @@ from npas.presentation.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.service.driver import Launch, search
+from npas.service.driver import search
+from npas.service.launch import Launch
 from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study import front_trials, is_full_fidelity, status
 

@@ -19,8 +19,9 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
 from npas.service import driver
-from npas.service.driver import Launch, resume, search
+from npas.service.driver import resume, search
 from npas.service.exporter import export, write_export
+from npas.service.launch import Launch
 from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study import counts_toward_target, front_trials, pick, status
 

@@ -11,7 +11,8 @@ import pytest
 from npas.errors import StorageError, StudyError
 from npas.service import driver
 from npas.service.record import StudyAttr
-from npas.service.storage import open_storage, redact, scrub
+from npas.service.storage import open_storage
+from npas.service.urls import redact, scrub
 
 
 def _half_created(url: str, name: str) -> optuna.Study:

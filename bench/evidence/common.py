@@ -441,7 +441,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def _launch(workers: int, early_stop: bool):
-    from npas.service.driver import Launch
+    from npas.service.launch import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 

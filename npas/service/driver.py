@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import optuna
 
@@ -23,7 +21,7 @@ from npas import __version__
 from npas.allocation.space import Space, parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service import faults
-from npas.service.progress import Progress
+from npas.service.launch import Launch, check_inputs
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
 from npas.service.samplers import make_sampler
@@ -38,21 +36,6 @@ DEFAULT_TRIALS = 20  # a new study's target when `trials` is not given
 DEFAULT_SAMPLER, DEFAULT_SEED = "tpe", 0
 
 
-@dataclass(frozen=True)
-class Launch:
-    """How and where to run (Ray Tune's RunConfig concerns), apart from what to search.
-
-    `early_stop=None` means: the study's stored setting (ASHA on, for a new study)."""
-
-    ray_address: str | None = None
-    workers: int = 2
-    gpus_per_trial: float = 0.0
-    early_stop: bool | None = None
-    max_retries: int = 2
-    on_progress: Callable[[Progress], None] | None = None
-    on_trial_done: Callable[[optuna.Study], None] | None = None  # e.g. refresh the HTML report
-
-
 def search(space: Space, *, trials: int | None = None, study: str | None = None, storage: str | None = None,
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
            sampler: str | None = None, seed: int | None = None, launch: Launch | None = None) -> optuna.Study:
@@ -62,7 +45,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
-    launch = _checked(launch or Launch(), trials)
+    launch = check_inputs(trials, launch or Launch(), storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
@@ -99,22 +82,6 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     mark_ready(created)  # last: a driver joining by name waits for this
     _run(created, handle, space, record, corpus, record.target_trials, launch, cpus)
     return created
-
-
-def _checked(launch: Launch, trials: int | None) -> Launch:
-    """Counts that can never work, refused before the database or Ray is touched."""
-    problems = []
-    if trials is not None and trials < 1:
-        problems.append(f"--trials must be >= 1, got {trials}")
-    if launch.workers < 1:
-        problems.append(f"--workers must be >= 1, got {launch.workers}")
-    if not launch.gpus_per_trial >= 0:  # also NaN
-        problems.append(f"--gpus-per-trial must be >= 0, got {launch.gpus_per_trial}")
-    if launch.max_retries < 0:
-        problems.append(f"max_retries must be >= 0, got {launch.max_retries}")
-    if problems:
-        raise StudyError("; ".join(problems))
-    return launch
 
 
 def _prove_ray(launch: Launch, threads: int | None) -> float:
@@ -178,7 +145,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
 
-    launch = _checked(launch or Launch(), trials)
+    launch = check_inputs(trials, launch or Launch(), storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     handle = open_storage(storage)

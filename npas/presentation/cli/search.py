@@ -66,7 +66,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.service.driver import Launch
+    from npas.service.launch import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
                   early_stop=False if args.no_early_stop else None, on_progress=_progress_printer(),
@@ -141,12 +141,15 @@ def run_search(args: argparse.Namespace) -> int:
     if not Path(args.space).is_file():
         raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
     space = npas.load_space(args.space)
+    from npas.service.launch import check_inputs
+
+    launch = check_inputs(args.trials, _launch(args), args.storage)
     _start_ray(args)
     from npas.service.driver import search
-    from npas.service.storage import redact, resolve_url
+    from npas.service.urls import redact, resolve_url
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
-                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
+                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -156,12 +159,15 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
+    from npas.service.launch import check_inputs
+
+    launch = check_inputs(args.trials, _launch(args), args.storage)
     _start_ray(args)
     from npas.service.driver import resume
 
     text = Path(args.space).read_text() if args.space else None
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
-                   allow_space_change=args.allow_space_change, data=args.data, launch=_launch(args))
+                   allow_space_change=args.allow_space_change, data=args.data, launch=launch)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
