@@ -60,7 +60,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
 from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service import study as S  # noqa: E402
+from npas.service.record import TrialAttr  # noqa: E402
+from npas.service.samplers import make_sampler  # noqa: E402
+from npas.service.study import counts_toward_target  # noqa: E402
 from npas.training.recipe import Recipe  # noqa: E402
 
 TARGET = 1.10
@@ -200,12 +202,12 @@ def read_trials(url: str) -> list[TrialRow]:
     study = optuna.load_study(study_name="o", storage=url)
     rows = []
     for t in study.get_trials(deepcopy=False):
-        proxy = t.user_attrs.get(S.T_PROXY)
-        if not S.counts_toward_target(t) or not proxy:
+        proxy = t.user_attrs.get(TrialAttr.PROXY)
+        if not counts_toward_target(t) or not proxy:
             continue
-        rows.append(TrialRow(t.number, str(t.user_attrs.get(S.T_BASELINE, "")), t.datetime_start,
+        rows.append(TrialRow(t.number, str(t.user_attrs.get(TrialAttr.BASELINE, "")), t.datetime_start,
                              t.datetime_complete, float(proxy["wall_s"]), float(proxy.get("val_loss") or "nan"),
-                             ArchConfig.from_dict(t.user_attrs[S.T_ALLOC])))
+                             ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])))
     return sorted(rows, key=lambda r: r.number)
 
 
@@ -218,24 +220,21 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
-    study = optuna.create_study(study_name="s", storage=open_storage(url), directions=["minimize"] * 2,
-                                sampler=S.make_sampler("tpe", 0, 2))
+    study = optuna.create_study(study_name="s", storage=open_storage(url).storage, directions=["minimize"] * 2,
+                                sampler=make_sampler("tpe", 0, 2))
     searcher = NpasSearcher(study, space, recipe.to_dict(), corpus.fingerprint, trials)
     ask, tell = [], []
-    try:
-        for i in range(trials):
-            t = time.perf_counter()
-            cfg = searcher.suggest(f"t{i}")
-            ask.append(time.perf_counter() - t)
-            if not isinstance(cfg, dict):
-                break
-            result = {"proxy": json.dumps({**proxy, "steps_done": recipe.steps}),
-                      "step": recipe.steps, "val_loss": proxy["val_loss"], "final": True}
-            t = time.perf_counter()
-            searcher.on_trial_complete(f"t{i}", result)
-            tell.append(time.perf_counter() - t)
-    finally:
-        searcher.close()
+    for i in range(trials):
+        t = time.perf_counter()
+        cfg = searcher.suggest(f"t{i}")
+        ask.append(time.perf_counter() - t)
+        if not isinstance(cfg, dict):
+            break
+        result = {"proxy": json.dumps({**proxy, "steps_done": recipe.steps}),
+                  "step": recipe.steps, "val_loss": proxy["val_loss"], "final": True}
+        t = time.perf_counter()
+        searcher.on_trial_complete(f"t{i}", result)
+        tell.append(time.perf_counter() - t)
     return 1e3 * statistics.median(ask), 1e3 * statistics.median(tell), import_s
 
 

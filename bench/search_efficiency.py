@@ -22,7 +22,7 @@ space's baselines are enqueued first, infeasible candidates and duplicates of an
 are told FAIL and do not count, each counted trial gets the budget and fidelity constraints. Samplers
 come from `npas.service.study.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
-Hypervolume: Optuna's exact `optuna._hypervolume.compute_hypervolume` (what npas/dashboard/info.py
+Hypervolume: Optuna's exact hypervolume (through `npas.service.optuna_adapter`) (what npas/dashboard/info.py
 uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
 reference point for every run (best and worst x 1.1 over all points of all runs), so all numbers are
 comparable. random@N is the first N counted trials of the random run that goes to 3N (a random
@@ -49,8 +49,10 @@ sys.path.insert(0, str(ROOT))  # a checkout run without the editable install sti
 
 from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service import study as S  # noqa: E402
+from npas.service.record import TrialAttr  # noqa: E402
+from npas.service.samplers import make_sampler  # noqa: E402
 from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
+from npas.service.study import is_full_fidelity, status  # noqa: E402
 
 TARGET = 1.00
 SPACE = ROOT / "search_spaces" / "full.yaml"
@@ -103,27 +105,24 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
     from npas.service.storage import open_storage
 
     tmp = tempfile.mkdtemp(prefix="npas-se-")
-    storage = open_storage(f"sqlite:///{tmp}/s.db")
+    storage = open_storage(f"sqlite:///{tmp}/s.db").storage
     study = optuna.create_study(storage=storage, directions=["minimize"] * 2,
-                                sampler=S.make_sampler(sampler, seed, 2))
+                                sampler=make_sampler(sampler, seed, 2))
     for name in space.baselines():
-        study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
+        study.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: name})
     recipe = {"batch_size": batch, "seq_len": seq, "steps": 1}
     searcher = NpasSearcher(study, space, recipe, "synthetic", n)
     values: list[list[float]] = []
-    try:
-        i = 0
-        while True:
-            config = searcher.suggest(f"t{i}")
-            if config is Searcher.FINISHED or config is None:
-                break
-            loss = surrogate_loss(ArchConfig.from_dict(config["allocation"]))
-            proxy = {"status": "ok", "val_loss": loss, "steps_done": 1, "curve": [[1, loss]]}
-            searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": 1, "final": True,
-                                                 "proxy": json.dumps(proxy)})
-            i += 1
-    finally:
-        searcher.close()
+    i = 0
+    while True:
+        config = searcher.suggest(f"t{i}")
+        if config is Searcher.FINISHED or config is None:
+            break
+        loss = surrogate_loss(ArchConfig.from_dict(config["allocation"]))
+        proxy = {"status": "ok", "val_loss": loss, "steps_done": 1, "curve": [[1, loss]]}
+        searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": 1, "final": True,
+                                             "proxy": json.dumps(proxy)})
+        i += 1
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.COMPLETE:
             values.append(list(t.values))
@@ -147,11 +146,11 @@ class SharedHV:
         self.span = np.where(self.ref - self.best > 0, self.ref - self.best, 1.0)
 
     def __call__(self, points: list[list[float]]) -> float:
-        from optuna._hypervolume import compute_hypervolume
+        from npas.service.optuna_adapter import hypervolume
 
         p = (np.asarray(points, dtype=float) - self.best) / self.span
         p = p[(p < 1.0).all(axis=1)]
-        return float(compute_hypervolume(p, np.ones(p.shape[1]))) if len(p) else 0.0
+        return hypervolume(p, np.ones(p.shape[1]))
 
 
 def mean_std(xs: list[float]) -> str:
@@ -167,7 +166,8 @@ def real_mode(trials: int, seed: int) -> None:
 
     import npas
     from npas.errors import NpasError
-    from npas.service.driver import Launch, search
+    from npas.service.driver import search
+    from npas.service.launch import Launch
 
     print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
           f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict; ideal point 10% of the "
@@ -190,19 +190,19 @@ def real_mode(trials: int, seed: int) -> None:
                     note = f"; the search STOPPED with: {e}"
                 studies[sampler] = optuna.load_study(study_name=f"real-{sampler}", storage=url)
                 skipped = sum(1 for t_ in studies[sampler].get_trials(deepcopy=False)
-                              if S.status(t_) in ("infeasible", "duplicate"))
+                              if status(t_) in ("infeasible", "duplicate"))
                 print(f"  {sampler}: search took {time.perf_counter() - t:.1f} s, {skipped} infeasible/duplicate "
                       f"asks{note}")
         finally:
             ray.shutdown()
             os.chdir(cwd)
         points = {k: [list(t.values) for t in st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                      if S.is_full_fidelity(t)] for k, st in studies.items()}
+                      if is_full_fidelity(t)] for k, st in studies.items()}
         hv = SharedHV([p for ps in points.values() for p in ps], margin=0.1)
         for k, ps in points.items():
             print(f"  real {k}@{trials}: HV {hv(ps):.4f} ({len(ps)} complete full-fidelity trials, "
                   f"front {len(studies[k].best_trials)})")
-        distinct = len({t.user_attrs.get(S.T_HASH) for st in studies.values() for t in st.get_trials(deepcopy=False)
+        distinct = len({t.user_attrs.get(TrialAttr.HASH) for st in studies.values() for t in st.get_trials(deepcopy=False)
                         if t.state == TrialState.COMPLETE})
         print(f"  distinct allocations evaluated by the two runs together: {distinct}")
 

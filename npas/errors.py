@@ -47,5 +47,15 @@ class StudyError(NpasError):
     """A study that does not exist, does not match, or cannot be continued."""
 
 
+class RayError(NpasError):
+    """Ray could not be started, reached (address, authentication), or lacks the resources asked for."""
+
+
+class Interrupted(StudyError):
+    """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
+
+    exit_code = 130  # the shell's convention for a run stopped by Ctrl-C
+
+
 class TrialError(NpasError):
     """A proxy run that failed for a recorded reason (non-finite loss, dead worker...)."""

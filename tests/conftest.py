@@ -24,3 +24,9 @@ def _quiet_optuna():
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def needs(available: bool, reason: str) -> pytest.MarkDecorator:
+    """Skip a test whose service (PostgreSQL ...) is missing on a developer machine; in CI (CI=true)
+    run it anyway, so a service that failed to start fails the run instead of skipping it."""
+    return pytest.mark.skipif(not available and os.environ.get("CI") != "true", reason=reason)

@@ -36,8 +36,10 @@ from npas.presentation.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.service import study as S
-from npas.service.driver import Launch, search
+from npas.service.driver import search
+from npas.service.launch import Launch
+from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study import front_trials, is_full_fidelity, status
 
 from .conftest import ROOT
 
@@ -67,9 +69,9 @@ def npas_attrs(study: optuna.Study) -> None:
     """The study attributes `npas search` writes, enough for the dashboard and `npas.service.study.load`."""
     space = npas.load_space(TINY)
     study.set_metric_names(list(space.objectives))
-    for k, v in {S.S_SPACE_TEXT: space.text, S.S_SPACE_NAME: space.name, S.S_BUDGET: space.budget_params,
-                 S.S_BUDGET_SPEC: space.budget_spec, S.S_REFERENCE: space.reference_params,
-                 S.S_OBJECTIVES: list(space.objectives), S.S_VOCAB: 68}.items():
+    for k, v in {StudyAttr.SPACE_TEXT: space.text, StudyAttr.SPACE_NAME: space.name, StudyAttr.BUDGET: space.budget_params,
+                 StudyAttr.BUDGET_SPEC: space.budget_spec, StudyAttr.REFERENCE: space.reference_params,
+                 StudyAttr.OBJECTIVES: list(space.objectives), StudyAttr.VOCAB: 68}.items():
         study.set_user_attr(k, v)
 
 
@@ -78,8 +80,8 @@ def failed_only(storage=None, name: str = "failed-only", n: int = 3) -> optuna.S
     npas_attrs(st)
     for i in range(n):
         t = st.ask()
-        t.set_user_attr(S.T_STATUS, "infeasible" if i == 0 else "failed")
-        t.set_user_attr(S.T_REASON, "does not fit the budget" if i == 0 else "non-finite validation loss at step 20")
+        t.set_user_attr(TrialAttr.STATUS, "infeasible" if i == 0 else "failed")
+        t.set_user_attr(TrialAttr.REASON, "does not fit the budget" if i == 0 else "non-finite validation loss at step 20")
         st.tell(t, state=TrialState.FAIL)
     return st
 
@@ -94,14 +96,14 @@ def mixed(smoke):
     for k, v in real.user_attrs.items():
         st.set_user_attr(k, v)
     st.add_trials(real.get_trials(deepcopy=False))
-    donor = S.front_trials(real)[0].user_attrs
+    donor = front_trials(real)[0].user_attrs
     best = [0.5, 1000.0]
-    st.add_trial(create_trial(values=best, user_attrs={**donor, S.T_STATUS: "stopped", S.T_FIDELITY: 20},
-                              constraints={S.C_BUDGET: -1.0, S.C_FIDELITY: 0.5}))
-    st.add_trial(create_trial(values=best, user_attrs={**donor, S.T_STATUS: "ok"},
-                              constraints={S.C_BUDGET: 500.0, S.C_FIDELITY: 0.0}))
-    for status in ("infeasible", "failed"):
-        st.add_trial(create_trial(state=TrialState.FAIL, user_attrs={S.T_STATUS: status, S.T_REASON: status}))
+    st.add_trial(create_trial(values=best, user_attrs={**donor, TrialAttr.STATUS: "stopped", TrialAttr.FIDELITY: 20},
+                              constraints={Constraint.BUDGET: -1.0, Constraint.FIDELITY: 0.5}))
+    st.add_trial(create_trial(values=best, user_attrs={**donor, TrialAttr.STATUS: "ok"},
+                              constraints={Constraint.BUDGET: 500.0, Constraint.FIDELITY: 0.0}))
+    for name in ("infeasible", "failed"):
+        st.add_trial(create_trial(state=TrialState.FAIL, user_attrs={TrialAttr.STATUS: name, TrialAttr.REASON: name}))
     return st
 
 
@@ -113,13 +115,13 @@ def test_pareto_info_points_are_the_trials_and_the_front_is_optunas(smoke):
     assert info.names == ["val_loss", "train_memory_bytes"]
     assert {p.number: p.values for p in info.points} == {t.number: tuple(t.values) for t in complete}
     assert sorted(p.values for p in info.points if p.on_front) == sorted(tuple(t.values) for t in st.best_trials)
-    assert info.front == [t.number for t in S.front_trials(st)]
-    baselines = {t.number: t.user_attrs[S.T_BASELINE] for t in complete if t.user_attrs.get(S.T_BASELINE)}
+    assert info.front == [t.number for t in front_trials(st)]
+    baselines = {t.number: t.user_attrs[TrialAttr.BASELINE] for t in complete if t.user_attrs.get(TrialAttr.BASELINE)}
     assert {p.number: p.baseline for p in info.points if p.baseline} == baselines
-    assert info.budget_params == st.user_attrs[S.S_BUDGET]
-    space, rec = npas.load_space(TINY), st.user_attrs[S.S_RECIPE]
+    assert info.budget_params == st.user_attrs[StudyAttr.BUDGET]
+    space, rec = npas.load_space(TINY), st.user_attrs[StudyAttr.RECIPE]
     ref = count(reference_config(space.reference_chassis), batch_size=rec["batch_size"], seq_len=rec["seq_len"])
-    assert info.reference == ReferenceMark("train_memory_bytes", ref.train_memory_bytes, st.user_attrs[S.S_REFERENCE])
+    assert info.reference == ReferenceMark("train_memory_bytes", ref.train_memory_bytes, st.user_attrs[StudyAttr.REFERENCE])
 
 
 def test_pareto_info_keeps_stopped_and_over_budget_trials_off_the_front(smoke, mixed):
@@ -137,7 +139,7 @@ def test_hypervolume_info_agrees_with_optunas_history(smoke, mixed):
 
     for st in (smoke[0], mixed):
         info = hypervolume_info(st)
-        full = [t for t in st.trials if S.is_full_fidelity(t)]
+        full = [t for t in st.trials if is_full_fidelity(t)]
         worst = np.max([t.values for t in full], axis=0)
         best = np.min([t.values for t in full], axis=0)
         assert info.reference_point == pytest.approx(list(worst * 1.1))
@@ -150,11 +152,11 @@ def test_hypervolume_info_agrees_with_optunas_history(smoke, mixed):
 def test_allocation_info_has_a_row_per_front_trial_and_a_column_per_layer(smoke):
     st, _ = smoke
     info = allocation_info(st)
-    front = S.front_trials(st)
+    front = front_trials(st)
     assert info.n_layers == 4
     assert [r.number for r in info.rows] == [t.number for t in front]
     for row, t in zip(info.rows, front, strict=True):
-        alloc, acc = t.user_attrs[S.T_ALLOC], t.user_attrs[S.T_ACCOUNTING]
+        alloc, acc = t.user_attrs[TrialAttr.ALLOC], t.user_attrs[TrialAttr.ACCOUNTING]
         assert len(row.cells) == info.n_layers
         assert [c.stored for c in row.cells] == acc["layer_stored"]
         assert [c.block for c in row.cells] == alloc["block_of_layer"]
@@ -167,14 +169,14 @@ def test_allocation_info_has_a_row_per_front_trial_and_a_column_per_layer(smoke)
 
 def test_taper_and_curves_info_follow_the_front(smoke):
     st, _ = smoke
-    front = S.front_trials(st)
+    front = front_trials(st)
     taper = taper_info(st)
     assert taper.reference_width == 96  # tiny.yaml's chassis d_ff
-    assert [(n, w) for n, _, w in taper.lines] == [(t.number, t.user_attrs[S.T_ALLOC]["mlp_widths"]) for t in front]
+    assert [(n, w) for n, _, w in taper.lines] == [(t.number, t.user_attrs[TrialAttr.ALLOC]["mlp_widths"]) for t in front]
     curves = curves_info(st)
     assert curves.max_fidelity == 40
     assert [(n, [[s, v] for s, v in zip(steps, vals, strict=True)]) for n, _, steps, vals in curves.curves] == \
-        [(t.number, t.user_attrs[S.T_CURVE]) for t in front]
+        [(t.number, t.user_attrs[TrialAttr.CURVE]) for t in front]
 
 
 def test_importance_info_needs_enough_trials_and_survives_conditional_params(smoke):
@@ -182,7 +184,7 @@ def test_importance_info_needs_enough_trials_and_survives_conditional_params(smo
     few = importance_info(st)  # 6 trials, 3 of them baselines: below the default minimum
     assert all(not imp for _, imp in few.per_objective) and set(few.notes) == {"val_loss", "train_memory_bytes"}
     some = importance_info(st, min_trials=2)  # conditional knobs (generator only with pools) included
-    searched = [t for t in st.trials if t.params and S.is_full_fidelity(t)]
+    searched = [t for t in st.trials if t.params and is_full_fidelity(t)]
     assert some.n_trials == len(searched)
     params = set().union(*(t.params for t in searched))
     for _, imp in some.per_objective:
@@ -192,7 +194,7 @@ def test_importance_info_needs_enough_trials_and_survives_conditional_params(smo
 def test_trials_frame_has_one_row_per_trial(mixed):
     frame = trials_frame(mixed)
     assert list(frame["trial"]) == [t.number for t in mixed.trials]
-    assert list(frame["status"]) == [S.status(t) for t in mixed.trials]
+    assert list(frame["status"]) == [status(t) for t in mixed.trials]
     over = frame[frame["budget_margin"] < 0]
     assert list(over["trial"]) == [mixed.trials[-3].number]
 

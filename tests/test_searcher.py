@@ -7,13 +7,18 @@ on_trial_complete) are made directly so that many trials cost milliseconds, not 
 from __future__ import annotations
 
 import json
+import math
 
 import optuna
 from ray.tune.search import Searcher
 
 import npas
-from npas.service import study as S
+from npas.allocation.space import Space
+from npas.service.faults import recover_orphans
+from npas.service.record import Constraint, TrialAttr
+from npas.service.samplers import make_sampler
 from npas.service.searcher import NpasSearcher
+from npas.service.study import counts_toward_target, status
 from npas.training.recipe import load_recipe
 
 from .conftest import ROOT
@@ -23,23 +28,20 @@ def drive(sampler: str, target: int, tmp_path) -> tuple[optuna.Study, NpasSearch
     space = npas.load_space(ROOT / "tests" / "data" / "tiny.yaml")
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
-                                sampler=S.make_sampler(sampler, 0, 2))
+                                sampler=make_sampler(sampler, 0, 2))
     for name in space.baselines():
-        study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
+        study.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: name})
     searcher = NpasSearcher(study, space, recipe, "fp", target)
-    try:
-        for i in range(10 * target):
-            config = searcher.suggest(f"t{i}")
-            if config is Searcher.FINISHED:
-                break
-            acc = searcher.accounting[str(config["number"])]
-            loss = 3.0 - acc["materialised_params"] / 1e5  # a cheap stand-in for training
-            searcher.on_trial_result(f"t{i}", {"val_loss": loss + 0.1, "step": 20, "final": False})
-            proxy = {"status": "ok", "val_loss": loss, "steps_done": recipe["steps"], "curve": [[20, loss + 0.1]]}
-            searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": recipe["steps"], "final": True,
-                                                 "proxy": json.dumps(proxy)})
-    finally:
-        searcher.close()
+    for i in range(10 * target):
+        config = searcher.suggest(f"t{i}")
+        if config is Searcher.FINISHED:
+            break
+        acc = searcher.accounting_of(config["number"])
+        loss = 3.0 - acc["materialised_params"] / 1e5  # a cheap stand-in for training
+        searcher.on_trial_result(f"t{i}", {"val_loss": loss + 0.1, "step": 20, "final": False})
+        proxy = {"status": "ok", "val_loss": loss, "steps_done": recipe["steps"], "curve": [[20, loss + 0.1]]}
+        searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": recipe["steps"], "final": True,
+                                             "proxy": json.dumps(proxy)})
     return study, searcher
 
 
@@ -47,14 +49,82 @@ def test_tpe_does_not_get_stuck_on_skipped_candidates(tmp_path):
     # tiny.yaml has few distinct allocations: past TPE's startup trials it keeps proposing finished ones
     study, searcher = drive("tpe", 16, tmp_path)
     assert searcher.error is None
-    counted = [t for t in study.trials if S.counts_toward_target(t)]
+    counted = [t for t in study.trials if counts_toward_target(t)]
     assert len(counted) == 16
-    keys = [t.user_attrs[S.T_KEY] for t in counted]
+    keys = [t.user_attrs[TrialAttr.KEY] for t in counted]
     assert len(set(keys)) == 16, "a candidate ran twice"
-    assert all(t.user_attrs[S.T_CURVE] == [[20, t.values[0] + 0.1]] for t in counted)
+    assert all(t.user_attrs[TrialAttr.CURVE] == [[20, t.values[0] + 0.1]] for t in counted)
 
 
 def test_exhausted_space_stops_with_a_clear_reason(tmp_path):
     study, searcher = drive("random", 10_000, tmp_path)
     assert searcher.error is not None and "raise the budget or widen the space" in searcher.error
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def searcher_for(tmp_path, space_text: str, target: int = 4) -> tuple[optuna.Study, NpasSearcher]:
+    path = tmp_path / "space.yaml"
+    path.write_text(space_text)
+    space = npas.load_space(path)
+    recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize"] * len(space.objectives),
+                                sampler=make_sampler("random", 0, len(space.objectives)))
+    return study, NpasSearcher(study, space, recipe, "fp", target)
+
+
+TINY_TEXT = (ROOT / "tests" / "data" / "tiny.yaml").read_text()
+
+
+def test_a_trial_stopped_early_gets_every_objective(tmp_path):
+    """ASHA ends a trial at an intermediate report: no proxy metrics. A measured objective
+    (peak_memory_bytes) falls back to the analytic estimate; the trial is told, not left RUNNING."""
+    study, searcher = searcher_for(tmp_path, TINY_TEXT.replace("[val_loss, train_memory_bytes]",
+                                                              "[val_loss, peak_memory_bytes, val_bpc, param_bytes]"))
+    config = searcher.suggest("t0")
+    acc = searcher.accounting_of(config["number"])
+    searcher.on_trial_result("t0", {"val_loss": 3.0, "step": 20, "final": False})
+    searcher.on_trial_complete("t0", {"val_loss": 3.0, "step": 20, "final": False})  # stopped by ASHA
+    (t,) = [t for t in study.trials if t.number == config["number"]]
+    assert t.state == optuna.trial.TrialState.COMPLETE
+    assert t.values == [3.0, acc["train_memory_bytes"], 3.0 / math.log(2), acc["param_bytes"]]
+    assert status(t) == "stopped" and t.user_attrs[TrialAttr.FIDELITY] == 20
+    assert t.constraints[Constraint.FIDELITY] == 0.5  # half the recipe's 40 steps are missing: off the full-fidelity front
+
+
+def test_a_sampling_error_fails_that_trial_with_its_reason(tmp_path, monkeypatch):
+    """Whatever raises inside space.sample ends that trial as FAIL, once: it is not RUNNING, does not
+    count toward the target, and is not re-enqueued by a later recovery."""
+    study, searcher = searcher_for(tmp_path, TINY_TEXT)
+    real = Space.sample
+    calls = {"n": 0}
+
+    def flaky(self, trial, fixed=None):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise IndexError("tying group 5 out of range for 4 layers")
+        return real(self, trial, fixed)
+
+    monkeypatch.setattr(Space, "sample", flaky)
+    config = searcher.suggest("t0")
+    assert config is not Searcher.FINISHED and config["number"] == 1  # the search went on to the next trial
+    first = study.trials[0]
+    assert first.state == optuna.trial.TrialState.FAIL
+    assert "IndexError: tying group 5 out of range" in first.user_attrs[TrialAttr.REASON]
+    assert not counts_toward_target(first)
+    assert recover_orphans(study) == [] and not [t for t in study.trials if t.state.name == "WAITING"]
+
+
+def test_a_context_shorter_than_the_recipe_never_reaches_a_worker(tmp_path):
+    """seq_len 32 > a searched context of 16 raises in the worker on every attempt: refuse it at launch."""
+    study, searcher = searcher_for(tmp_path, TINY_TEXT.replace("context: 64", "context: [64, 16]"), target=6)
+    handed = []
+    for i in range(60):
+        config = searcher.suggest(f"t{i}")
+        if config is Searcher.FINISHED:
+            break
+        handed.append(config["allocation"]["chassis"]["context"])
+        searcher.on_trial_complete(f"t{i}", {"val_loss": 3.0, "step": 40, "final": True,
+                                             "proxy": json.dumps({"status": "ok", "val_loss": 3.0, "steps_done": 40})})
+    assert handed and min(handed) >= 32
+    short = [t for t in study.trials if t.user_attrs.get(TrialAttr.REASON, "").startswith("the recipe trains at seq_len")]
+    assert short and all(t.state == optuna.trial.TrialState.FAIL and status(t) == "infeasible" for t in short)

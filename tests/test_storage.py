@@ -8,41 +8,42 @@ import time
 import optuna
 import pytest
 
-from npas.service import driver as service
-from npas.errors import StudyError
-from npas.service import study as S
+from npas.errors import StorageError, StudyError
+from npas.service import driver
+from npas.service.record import StudyAttr
 from npas.service.storage import open_storage
+from npas.service.urls import redact, scrub
 
 
 def _half_created(url: str, name: str) -> optuna.Study:
     """What a joiner can see while the creator is between create_study and its last attribute."""
-    st = open_storage(url)
+    st = open_storage(url).storage
     study = optuna.create_study(study_name=name, storage=st, directions=["minimize", "minimize"])
-    study.set_user_attr(S.S_VERSION, "x")
-    study.set_user_attr(S.S_SPACE_TEXT, "name: half\n")  # the hash, recipe ... not written yet
+    study.set_user_attr(StudyAttr.VERSION, "x")
+    study.set_user_attr(StudyAttr.SPACE_TEXT, "name: half\n")  # the hash, recipe ... not written yet
     return study
 
 
 def test_joiner_waits_for_the_creator_to_finish(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'j.db'}"
     study = _half_created(url, "j")
-    monkeypatch.setattr(service, "SETUP_WAIT_S", 30.0)
+    monkeypatch.setattr(driver, "SETUP_WAIT_S", 30.0)
     t0 = time.monotonic()
-    threading.Timer(0.6, lambda: (study.set_user_attr(S.S_SPACE_HASH, "h"), study.set_user_attr(S.S_READY, True)))\
+    threading.Timer(0.6, lambda: (study.set_user_attr(StudyAttr.SPACE_HASH, "h"), study.set_user_attr(StudyAttr.READY, True)))\
         .start()
-    joined = service._await_setup("j", open_storage(url), url)
+    joined = driver._await_setup("j", open_storage(url))
     assert time.monotonic() - t0 >= 0.5
-    assert joined.user_attrs[S.S_SPACE_HASH] == "h"  # read after the creator finished, not half-way
+    assert joined.user_attrs[StudyAttr.SPACE_HASH] == "h"  # read after the creator finished, not half-way
 
 
 def test_a_study_whose_creator_died_during_setup_is_named(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'd.db'}"
     _half_created(url, "d")
-    monkeypatch.setattr(service, "SETUP_WAIT_S", 0.3)
+    monkeypatch.setattr(driver, "SETUP_WAIT_S", 0.3)
     with pytest.raises(StudyError, match="was never fully set up.*another --study name"):
-        service.resume("d", storage=url)
+        driver.resume("d", storage=url)
     # nothing was deleted or changed
-    assert optuna.load_study(study_name="d", storage=url).user_attrs[S.S_SPACE_TEXT] == "name: half\n"
+    assert optuna.load_study(study_name="d", storage=url).user_attrs[StudyAttr.SPACE_TEXT] == "name: half\n"
 
 
 
@@ -50,7 +51,7 @@ def test_resume_of_an_unknown_study_lists_what_is_there(tmp_path):
     url = f"sqlite:///{tmp_path / 'u.db'}"
     _half_created(url, "present")
     with pytest.raises(StudyError, match=r"no study 'absent' .*studies there: present"):
-        service.resume("absent", storage=url)
+        driver.resume("absent", storage=url)
 
 
 def test_a_study_that_already_ran_trials_needs_no_marker(tmp_path, monkeypatch):
@@ -58,5 +59,39 @@ def test_a_study_that_already_ran_trials_needs_no_marker(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'o.db'}"
     study = _half_created(url, "old")
     study.tell(study.ask(), [1.0, 2.0])
-    monkeypatch.setattr(service, "SETUP_WAIT_S", 0.0)
-    assert service._await_setup("old", open_storage(url), url).study_name == "old"
+    monkeypatch.setattr(driver, "SETUP_WAIT_S", 0.0)
+    assert driver._await_setup("old", open_storage(url)).study_name == "old"
+
+
+@pytest.mark.parametrize("url, secrets", [
+    ("postgresql+psycopg://npas:s3cr3t@db:5432/npas", ["s3cr3t"]),
+    ("postgresql+psycopg://npas@db/npas?password=s3cr3t&sslpassword=pw2&application_name=npas", ["s3cr3t", "pw2"]),
+    ("mysql://u@h/db?auth_token=t0k3n&client_secret=xyz", ["t0k3n", "xyz"]),
+    ("sqlite:///trials/x.db?password=s3cr3t", ["s3cr3t"]),
+])
+def test_redaction_hides_every_secret_a_url_can_carry(url, secrets):
+    shown = redact(url)
+    assert not any(s in shown for s in secrets), shown
+    assert "***" in shown
+    # what drivers echo in their errors: the URL itself and a libpq-style connection string
+    echoed = scrub(f"connection to {url} failed: password=s3cr3t sslpassword='pw2' user=npas", url)
+    assert not any(s in echoed for s in secrets), echoed
+    assert "user=npas" in echoed  # only secrets go
+
+
+def test_opening_for_reading_creates_nothing(tmp_path):
+    for url in (f"sqlite:///{tmp_path}/typo/x.db", f"sqlite:///{tmp_path}/x.db"):
+        with pytest.raises(StorageError, match="no database at"):
+            open_storage(url, read_only=True)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "junk.db").write_bytes(b"")  # an existing file that is not an Optuna database stays empty
+    with pytest.raises(StorageError, match="not an Optuna database"):
+        open_storage(f"sqlite:///{tmp_path}/junk.db", read_only=True)
+    assert (tmp_path / "junk.db").read_bytes() == b""
+
+
+def test_one_handle_per_database_and_process(tmp_path):
+    url = f"sqlite:///{tmp_path}/h.db"
+    handle = open_storage(url)
+    assert open_storage(url) is handle and open_storage(url, read_only=True) is handle  # a writer can read
+    assert handle.redacted == url and handle.is_sqlite

@@ -441,7 +441,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def _launch(workers: int, early_stop: bool):
-    from npas.service.driver import Launch
+    from npas.service.launch import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 
@@ -466,25 +466,26 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
     from optuna.trial import TrialState
 
-    from npas.service import study as S
+    from npas.service.record import StudyAttr, TrialAttr
+    from npas.service.study import front_trials, is_full_fidelity, status
 
-    tokens_per_step = int(study.user_attrs[S.S_RECIPE]["seq_len"]) * int(study.user_attrs[S.S_RECIPE]["batch_size"])
-    front = {t.number for t in S.front_trials(study)}
+    tokens_per_step = int(study.user_attrs[StudyAttr.RECIPE]["seq_len"]) * int(study.user_attrs[StudyAttr.RECIPE]["batch_size"])
+    front = {t.number for t in front_trials(study)}
     rows = []
     for t in study.get_trials(deepcopy=False):
-        proxy = t.user_attrs.get(S.T_PROXY) or {}
-        status = S.status(t)
-        if t.state != TrialState.COMPLETE and status != "failed":
+        proxy = t.user_attrs.get(TrialAttr.PROXY) or {}
+        state = status(t)
+        if t.state != TrialState.COMPLETE and state != "failed":
             continue
-        steps = int(proxy.get("steps_done", t.user_attrs.get(S.T_FIDELITY, 0)) or 0)
-        alloc = t.user_attrs.get(S.T_ALLOC)
+        steps = int(proxy.get("steps_done", t.user_attrs.get(TrialAttr.FIDELITY, 0)) or 0)
+        alloc = t.user_attrs.get(TrialAttr.ALLOC)
         rows.append({
-            "number": t.number, "status": status, "baseline": t.user_attrs.get(S.T_BASELINE, ""),
+            "number": t.number, "status": state, "baseline": t.user_attrs.get(TrialAttr.BASELINE, ""),
             "values": list(t.values) if t.values else None, "steps_done": steps,
             "tokens": steps * tokens_per_step, "wall_s": proxy.get("wall_s"),
-            "full_fidelity": S.is_full_fidelity(t), "on_front": t.number in front,
+            "full_fidelity": is_full_fidelity(t), "on_front": t.number in front,
             "summary": ArchConfig.from_dict(alloc).summary() if alloc else "", "allocation": alloc,
-            "stored_params": (t.user_attrs.get(S.T_ACCOUNTING) or {}).get("stored_params"),
-            "knobs": t.user_attrs.get(S.T_KNOBS),
+            "stored_params": (t.user_attrs.get(TrialAttr.ACCOUNTING) or {}).get("stored_params"),
+            "knobs": t.user_attrs.get(TrialAttr.KNOBS),
         })
     return rows

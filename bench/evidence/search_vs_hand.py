@@ -26,8 +26,8 @@ import common
 
 import npas
 from npas.allocation.config import ArchConfig
-from npas.service import study as S
 from npas.service.exporter import export
+from npas.service.study import pick
 from npas.training.recipe import Recipe
 
 
@@ -55,7 +55,7 @@ def main() -> None:
     print(f"search: {len(rows)} proxy runs in {info['wall_s']:.0f} s; study {info['study']} at {info['storage']}")
     print_trials(rows)
 
-    knee, minloss = S.pick(study, "knee"), S.pick(study, "min-loss")
+    knee, minloss = pick(study, "knee"), pick(study, "min-loss")
     picks = {"knee": export(study, "knee"), "min-loss": export(study, "min-loss")}
     front = [r for r in rows if r["on_front"]]
     baselines = {r["baseline"]: r for r in rows if r["baseline"]}

@@ -1,114 +1,51 @@
-"""`npas.search` and `npas.resume`: launch or continue a study, the Python API behind the CLI.
+"""`npas.search` and `npas.resume`: launch, join or continue a study, the Python API behind the CLI.
 
-Everything a resume needs is written into the study when it is created (space text and hash,
-budget, recipe, data fingerprint, objectives, sampler, seed), so `resume(name)` needs nothing but
-the name and the storage URL. Orphaned trials of a dead driver are failed and re-enqueued with
-their exact parameters before any new trial is asked.
+Everything a resume needs is written into the study when it is created (its `StudyRecord`), so
+`resume(name)` needs nothing but the name and the storage URL. The record is the truth for every
+later driver: a joiner (`search --study NAME` on an existing study) or a resume either matches the
+stored recipe, sampler, seed and early stopping or is refused with the reason; the trial target is
+study-wide and changes only when `trials` is given, which is logged. Ray is started (and a cluster's
+address and authentication proven) before anything is written, so a driver that cannot run leaves
+the database as it found it.
 """
 
 from __future__ import annotations
 
-import datetime
+import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import optuna
-from optuna.trial import TrialState
 
 from npas import __version__
 from npas.allocation.space import Space, parse_space
-from npas.errors import StudyError
-from npas.service import study as S
+from npas.errors import Interrupted, StudyError
+from npas.service import faults
+from npas.service.launch import Launch, check_inputs
+from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
-from npas.service.searcher import NpasSearcher, Progress, requeue
-from npas.service.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
+from npas.service.samplers import make_sampler
+from npas.service.searcher import NpasSearcher
+from npas.service.storage import StorageHandle, open_storage
+from npas.service.study import is_set_up, load, mark_ready, read_record, write_record
 
 log = logging.getLogger(__name__)
 
 SETUP_WAIT_S = 60.0  # how long a joining driver waits for the creator to finish writing the study's record
+DEFAULT_TRIALS = 20  # a new study's target when `trials` is not given
+DEFAULT_SAMPLER, DEFAULT_SEED = "tpe", 0
 
 
-class Interrupted(StudyError):
-    """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
-
-    exit_code = 130  # the shell's convention for a run stopped by Ctrl-C
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How and where to run (Ray Tune's RunConfig concerns), apart from what to search."""
-
-    ray_address: str | None = None
-    workers: int = 2
-    gpus_per_trial: float = 0.0
-    early_stop: bool = True
-    max_retries: int = 2
-    on_progress: Callable[[Progress], None] | None = None
-    on_trial_done: Callable[[optuna.Study], None] | None = None  # e.g. refresh the HTML report
-
-
-def _stale_ids(study: optuna.Study) -> set[int]:
-    """Trial ids whose heartbeat is older than the grace period (Optuna's own check on its table)."""
-    storage = study._storage
-    check = getattr(storage, "_get_stale_trial_ids", None)  # RDBStorage; the public wrapper fails them too early
-    return set(check(study._study_id)) if check is not None else set()
-
-
-def recover_orphans(study: optuna.Study) -> list[int]:
-    """Fail + re-enqueue RUNNING trials whose driver is dead: at once if it ran on this host and its
-    process is gone, else once its heartbeat is older than the grace period.
-
-    The status is written while the trial is still RUNNING (a finished trial cannot be updated),
-    then the state flips to FAIL; a trial some other process finished first is left alone.
-    """
-    here = socket.gethostname()
-    storage = study._storage
-    stale = _stale_ids(study)
-    recovered = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        drv = t.user_attrs.get(S.T_DRIVER) or {}
-        local_dead = drv.get("host") == here and drv.get("pid") and not _alive(int(drv["pid"]))
-        unclaimed = not drv and t.datetime_start is not None and (
-            datetime.datetime.now() - t.datetime_start).total_seconds() > GRACE_S  # asked, never claimed
-        if not (local_dead or unclaimed or t._trial_id in stale):
-            continue
-        try:
-            storage.set_trial_user_attr(t._trial_id, S.T_STATUS, "orphaned")
-            storage.set_trial_user_attr(t._trial_id, S.T_REASON, "orphaned: its driver stopped while it ran")
-            ok = storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            ok = False
-        if ok:
-            requeue(study, storage.get_trial(t._trial_id))
-            recovered.append(t.number)
-    return recovered
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def search(space: Space, *, trials: int = 20, study: str | None = None, storage: str | None = None,
+def search(space: Space, *, trials: int | None = None, study: str | None = None, storage: str | None = None,
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
-           sampler: str = "tpe", seed: int = 0, launch: Launch | None = None) -> optuna.Study:
-    """Create a study for `space` and run it to `trials` proxy runs. Returns the Optuna study."""
+           sampler: str | None = None, seed: int | None = None, launch: Launch | None = None) -> optuna.Study:
+    """Create a study for `space` and run it to `trials` proxy runs, or join the study named `study`.
+
+    Options left as None take the study's stored value when joining, and the defaults when creating."""
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
-    launch = launch or Launch()
-    url = resolve_url(storage)
+    launch = check_inputs(trials, launch or Launch(), storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
@@ -118,71 +55,88 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     if rec.seq_len > space.reference_chassis.context:
         raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
-    chosen = S.make_sampler(sampler, seed, len(space.objectives))  # validates the name before any database write
+    sampler_name = sampler or DEFAULT_SAMPLER
+    chosen = make_sampler(sampler_name, DEFAULT_SEED if seed is None else seed, len(space.objectives))
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    st = open_storage(url)
+    cpus = _prove_ray(launch, rec.threads)  # before the first write
+    handle = open_storage(storage)
     try:
-        created = optuna.create_study(study_name=name, storage=st, directions=["minimize"] * len(space.objectives),
-                                      sampler=chosen)
+        created = optuna.create_study(study_name=name, storage=handle.storage,
+                                      directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
-        return _join(name, st, url, space, trials, data, launch)
+        given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed}
+        return _join(name, handle, space, trials, data, launch, given)
+    record = StudyRecord(
+        version=__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
+        space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
+        reference_params=space.reference_params, recipe=rec.to_dict(),
+        data_source=None if corpus.source.startswith("bundled") else corpus.source,
+        data_fingerprint=corpus.fingerprint, vocab_size=corpus.vocab_size, objectives=tuple(space.objectives),
+        sampler=sampler_name, seed=DEFAULT_SEED if seed is None else seed,
+        early_stop=True if launch.early_stop is None else launch.early_stop,
+        target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides))
     created.set_metric_names(list(space.objectives))
-    attrs = {
-        S.S_VERSION: __version__, S.S_SPACE_TEXT: space.text, S.S_SPACE_HASH: space.hash,
-        S.S_SPACE_NAME: space.name, S.S_SPACE_SOURCE: space.source, S.S_BUDGET: space.budget_params,
-        S.S_BUDGET_SPEC: space.budget_spec, S.S_REFERENCE: space.reference_params, S.S_RECIPE: rec.to_dict(),
-        S.S_DATA: None if corpus.source.startswith("bundled") else corpus.source,
-        S.S_FINGERPRINT: corpus.fingerprint, S.S_VOCAB: corpus.vocab_size, S.S_OBJECTIVES: list(space.objectives),
-        S.S_SAMPLER: sampler, S.S_SEED: seed, S.S_EARLY_STOP: launch.early_stop, S.S_TARGET: trials,
-        "overrides": space.overrides,
-    }
-    for k, v in attrs.items():
-        created.set_user_attr(k, v)
+    write_record(created, record)
     for bname in space.baselines():
-        created.enqueue_trial({}, user_attrs={S.T_BASELINE: bname})
-    created.set_user_attr(S.S_READY, True)  # last: a driver joining by name waits for this
-    _run(created, space, rec.to_dict(), corpus, trials, url, launch)
+        created.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: bname})
+    mark_ready(created)  # last: a driver joining by name waits for this
+    _run(created, handle, space, record, corpus, record.target_trials, launch, cpus)
     return created
 
 
-def _join(name: str, st, url: str, space: Space, trials: int, data: str | None, launch: Launch) -> optuna.Study:
+def _prove_ray(launch: Launch, threads: int | None) -> float:
+    """Start or join Ray and check the resources a trial needs; returns the CPUs per trial."""
+    init_ray(launch.ray_address, num_cpus=None)
+    cpus = float(max(1, threads or 1))
+    check_resources(launch.workers, cpus, launch.gpus_per_trial)
+    return cpus
+
+
+def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, data: str | None, launch: Launch,
+          given: dict) -> optuna.Study:
     """`npas search --study S` on an existing study: another driver joins it (PostgreSQL), or a
-    stopped one continues (SQLite), provided the space and its launch overrides are unchanged."""
-    existing = _await_setup(name, st, url)
-    if existing.user_attrs.get(S.S_SPACE_HASH) != space.hash:
-        raise StudyError(f"study {name!r} already exists in {redact(url)} with a different space, budget or data; "
-                         f"pick another --study name, or `npas resume {name}` to continue it as it was")
-    return resume(name, trials=trials, storage=url, data=data, launch=launch)
+    stopped one continues (SQLite), provided the space, its launch overrides and the settings match."""
+    existing = _await_setup(name, handle)
+    record = read_record(existing)
+    if record.space_hash != space.hash:
+        raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
+                         f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
+    stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed}
+    mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in given.items()
+                if v is not None and _plain(v) != stored[k]]
+    if mismatch:
+        raise StudyError(f"study {name!r} was created with other settings: {'; '.join(mismatch)}; drop the "
+                         f"option to use the study's, or pick another --study name")
+    return resume(name, trials=trials, storage=handle.url, data=data, launch=launch)
 
 
-def _await_setup(name: str, st, url: str) -> optuna.Study:
-    """Wait for a study's creator to finish writing its attributes and baselines.
+def _plain(value: object) -> object:
+    """As stored: JSON turns tuples into lists."""
+    return json.loads(json.dumps(value))
+
+
+def _show(value: object) -> str:
+    return repr(value["name"]) if isinstance(value, dict) and "name" in value else repr(value)
+
+
+def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
+    """Wait for a study's creator to finish writing its record and baselines.
 
     Optuna writes study attributes one at a time, so two drivers started together on one
-    PostgreSQL study can see it half-written; the joiner polls for S_READY rather than
+    PostgreSQL study can see it half-written; the joiner polls for the ready marker rather than
     misreading a partial record as a different space.
     """
-    try:
-        sid = st.get_study_id_from_name(name)
-    except KeyError:
-        S.load(name, st, url)  # raises the StudyError that lists the studies there
-        raise
+    if name not in {s.study_name for s in handle.storage.get_all_studies()}:
+        load(name, handle)  # raises the StudyError that lists the studies there
+    study = optuna.load_study(study_name=name, storage=handle.storage)
     deadline = time.monotonic() + SETUP_WAIT_S
-    while not _set_up(st, sid):
+    while not is_set_up(study):
         if time.monotonic() > deadline:
-            raise StudyError(f"study {name!r} in {redact(url)} was never fully set up (the driver that created it "
-                             f"stopped during set-up); pick another --study name, or delete it with "
+            raise StudyError(f"study {name!r} in {handle.redacted} was never fully set up (the driver that "
+                             f"created it stopped during set-up); pick another --study name, or delete it with "
                              f"`optuna delete-study --study-name {name} --storage URL`")
         time.sleep(0.25)
-    return S.load(name, st, url)
-
-
-def _set_up(st, sid: int) -> bool:
-    """Marked ready by its creator, or (a study from before the marker) it has already run trials."""
-    if st.get_study_user_attrs(sid).get(S.S_READY):
-        return True
-    ran = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-    return bool(st.get_all_trials(sid, deepcopy=False, states=ran))
+    return load(name, handle)
 
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
@@ -191,65 +145,63 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
 
-    launch = launch or Launch()
-    url = resolve_url(storage)
+    launch = check_inputs(trials, launch or Launch(), storage)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
-    st = open_storage(url)
-    peek = _await_setup(name, st, url)
-    ua = peek.user_attrs
-    text = ua[S.S_SPACE_TEXT]
-    space = parse_space(text, ua.get(S.S_SPACE_SOURCE, name))
-    if space_text is not None and space_text != text and not allow_space_change:
+    handle = open_storage(storage)
+    record = read_record(_await_setup(name, handle))
+    space = parse_space(record.space_text, record.space_source or name)
+    if space_text is not None and space_text != record.space_text and not allow_space_change:
         raise StudyError(f"the space file differs from the one study {name!r} was created with; "
                          f"resume without it, or pass --allow-space-change to use the new one")
     if space_text is not None and allow_space_change:
-        space = parse_space(space_text, ua.get(S.S_SPACE_SOURCE, name))
-    over = ua.get("overrides", {})
-    space = space.bind(vocab_size=over.get("vocab_size"), budget=over.get("budget"))
-    rec = Recipe.from_dict(ua[S.S_RECIPE])
-    corpus = load_corpus(data or ua.get(S.S_DATA), val_fraction=rec.val_fraction)
-    if corpus.fingerprint != ua[S.S_FINGERPRINT]:
+        space = parse_space(space_text, record.space_source or name)
+    space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"))
+    if launch.early_stop is not None and launch.early_stop != record.early_stop:
+        flag = "--no-early-stop" if record.early_stop is False else "early stopping (ASHA)"
+        raise StudyError(f"study {name!r} runs with {flag}; continue it as it was created (drop "
+                         f"{'--no-early-stop' if not launch.early_stop else 'the option'}), or start a new study")
+    rec = Recipe.from_dict(dict(record.recipe))
+    corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction)
+    if corpus.fingerprint != record.data_fingerprint:
         raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
-                         f"{corpus.fingerprint} != {ua[S.S_FINGERPRINT]}); pass --data with the original corpus")
-    sampler = S.make_sampler(ua.get(S.S_SAMPLER, "tpe"), ua.get(S.S_SEED), len(space.objectives))
-    study = optuna.load_study(study_name=name, storage=st, sampler=sampler)
-    target = int(trials if trials is not None else ua.get(S.S_TARGET, 20))
-    if trials is not None:
-        study.set_user_attr(S.S_TARGET, target)
-    recovered = recover_orphans(study)
+                         f"{corpus.fingerprint} != {record.data_fingerprint}); pass --data with the original corpus")
+    sampler = make_sampler(record.sampler, record.seed, len(space.objectives))
+    study = optuna.load_study(study_name=name, storage=handle.storage, sampler=sampler)
+    if handle.is_sqlite and (others := faults.live_drivers(study)):
+        drv = others[0]
+        raise StudyError(f"study {name!r} is being run by another driver ({drv.get('host')}, pid {drv.get('pid')}); "
+                         f"SQLite allows one driver per study: use a PostgreSQL --storage to run several")
+    cpus = _prove_ray(launch, rec.threads)  # before the first write
+    target = record.target_trials
+    if trials is not None and trials != target:
+        study.set_user_attr(StudyAttr.TARGET, trials)
+        log.warning("study %s: trial target set to %d (was %d)", name, trials, target)
+        target = trials
+    recovered = faults.recover_orphans(study, wait_unclaimed_s=faults.GRACE_S + 2 * faults.HEARTBEAT_S)
     if recovered:
         log.warning("re-enqueued orphaned trials %s", recovered)
-    _run(study, space, rec.to_dict(), corpus, target, url, launch)
+    _run(study, handle, space, record, corpus, target, launch, cpus)
     return study
 
 
-def _run(study: optuna.Study, space: Space, recipe: dict, corpus, target: int, url: str, launch: Launch) -> None:
-    others = {(d.get("host"), d.get("pid")) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-              if (d := t.user_attrs.get(S.T_DRIVER))}
-    if others and is_sqlite(url):
-        host, pid = sorted(others, key=str)[0]
-        raise StudyError(f"study {study.study_name!r} is being run by another driver ({host}, pid {pid}); SQLite "
-                         f"allows one driver per study: use a PostgreSQL --storage to run several")
-    init_ray(launch.ray_address, num_cpus=None)
-    cpus = float(max(1, recipe.get("threads") or 1))
-    check_resources(launch.workers, cpus, launch.gpus_per_trial)
+def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: StudyRecord, corpus, target: int,
+         launch: Launch, cpus: float) -> None:
+    recipe = dict(record.recipe)
     payload = {"source": None if corpus.source.startswith("bundled") else corpus.source,
                "fingerprint": corpus.fingerprint}
     if launch.ray_address is None and payload["source"] is not None:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
     searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,
                             on_trial_done=launch.on_trial_done)
-    try:
+    with faults.Heartbeat(study, searcher.live_trial_ids):
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=int(recipe["steps"]),
                               eval_every=int(recipe["eval_every"]), corpus_payload=payload, workers=launch.workers,
                               cpus_per_trial=cpus, gpus_per_trial=launch.gpus_per_trial,
-                              early_stop=launch.early_stop, max_retries=launch.max_retries)
-        if not finished:
-            numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
-            raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "
-                              f"continue with `npas resume {study.study_name} --storage {redact(url)}`")
-        if searcher.error:
-            raise StudyError(searcher.error)
-    finally:
-        searcher.close()
+                              early_stop=record.early_stop, max_retries=launch.max_retries)
+    if not finished:
+        numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
+        raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "
+                          f"continue with `npas resume {study.study_name} --storage {handle.redacted}`")
+    if searcher.error:
+        raise StudyError(searcher.error)

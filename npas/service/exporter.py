@@ -9,24 +9,25 @@ import yaml
 
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service import study as S
+from npas.service import study as studies
+from npas.service.record import StudyAttr, TrialAttr
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
     """The allocation of the trial chosen by `pick` (knee | min-loss | max-memory=BYTES | trial=N)."""
-    trial = S.pick(study, pick)
-    cfg = ArchConfig.from_dict(trial.user_attrs[S.T_ALLOC])
-    if cfg.hash != trial.user_attrs.get(S.T_HASH):
-        raise StudyError(f"trial {trial.number}: stored allocation hash {trial.user_attrs.get(S.T_HASH)} does not "
+    trial = studies.pick(study, pick)
+    cfg = ArchConfig.from_dict(trial.user_attrs[TrialAttr.ALLOC])
+    if cfg.hash != trial.user_attrs.get(TrialAttr.HASH):
+        raise StudyError(f"trial {trial.number}: stored allocation hash {trial.user_attrs.get(TrialAttr.HASH)} does not "
                          f"match its allocation ({cfg.hash}); the database was edited by hand")
     return cfg
 
 
 def export_document(study: optuna.Study, pick: str = "knee") -> dict:
     """The YAML document `npas export` writes: allocation first, then where it came from and how it did."""
-    trial = S.pick(study, pick)
+    trial = studies.pick(study, pick)
     cfg = export(study, f"trial={trial.number}")
-    names = list(study.metric_names or study.user_attrs.get(S.S_OBJECTIVES, []))
+    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
     return {
         "allocation": cfg.to_dict(),
         "hash": cfg.hash,
@@ -34,12 +35,12 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
         "study": study.study_name,
         "trial": trial.number,
         "pick": pick,
-        "baseline": trial.user_attrs.get(S.T_BASELINE),
+        "baseline": trial.user_attrs.get(TrialAttr.BASELINE),
         "values": dict(zip(names, trial.values, strict=False)),
-        "accounting": trial.user_attrs.get(S.T_ACCOUNTING),
-        "proxy": {k: v for k, v in (trial.user_attrs.get(S.T_PROXY) or {}).items() if k != "curve"},
-        "recipe": study.user_attrs.get(S.S_RECIPE),
-        "data_fingerprint": study.user_attrs.get(S.S_FINGERPRINT),
+        "accounting": trial.user_attrs.get(TrialAttr.ACCOUNTING),
+        "proxy": {k: v for k, v in (trial.user_attrs.get(TrialAttr.PROXY) or {}).items() if k != "curve"},
+        "recipe": study.user_attrs.get(StudyAttr.RECIPE),
+        "data_fingerprint": study.user_attrs.get(StudyAttr.FINGERPRINT),
     }
 
 

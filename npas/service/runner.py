@@ -22,15 +22,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from npas.errors import NpasError
+from npas.errors import NpasError, RayError
 
 log = logging.getLogger(__name__)
 
-RUNS_DIR = Path("trials") / "runs"
-
-
-class RayError(NpasError):
-    """Ray could not be started, reached, or lacks the resources asked for."""
+RUNS_DIR = Path("trials") / "runs"  # scratch: Tune's experiment directories and `npas train` outputs
+RAY_TEMP = Path("/tmp/ray")  # Ray's default temp dir; `ray start` records the head it started here
+AUTH_HINT = ("the cluster uses token authentication: set RAY_AUTH_MODE=token for this driver too "
+             "(the token is read from ~/.ray/auth_token or RAY_AUTH_TOKEN, as on the cluster's nodes)")
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -70,11 +69,28 @@ def _init_ray(address: str | None, num_cpus: int | None) -> None:
         else:
             # "local": never attach to a cluster that `ray start` left on this machine
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+    except Exception as e:
+        text = " ".join(str(e).split())
+        if address and (_is_auth_error(e) or "InvalidAuthToken" in text or "auth" in type(e).__name__.lower()):
+            raise RayError(f"Ray at {address!r} refused this driver: {text[:160]}; {AUTH_HINT}") from None
+        if not isinstance(e, (ConnectionError, RuntimeError, ValueError, TimeoutError)):
+            raise
         where = f"Ray at {address!r}" if address else "an embedded Ray"
         hint = ("start a head with `ray start --head` (and RAY_AUTH_MODE=token on joining nodes), or omit "
                 "--ray-address to run locally") if address else "check free memory and /tmp space"
         raise RayError(f"cannot start or reach {where}: {' '.join(str(e).split())[:200]}; {hint}") from None
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    from ray.exceptions import AuthenticationError
+
+    return isinstance(e, AuthenticationError)
+
+
+def ray_start_begun() -> bool:
+    """Whether this process began starting Ray in the background (`start_ray_early`). The CLI asks,
+    to know whether exiting on an error may skip Ray's graceful shutdown."""
+    return _EARLY is not None
 
 
 class _EarlyStart:
@@ -126,22 +142,83 @@ def start_ray_early(address: str | None) -> None:
         _EARLY = _EarlyStart(address)
 
 
+def resolve_address(address: str) -> tuple[str, str]:
+    """What `ray.init(address)` would connect to, and where that came from, without connecting:
+    `auto` means $RAY_ADDRESS, else the head last started on this machine (Ray's own order)."""
+    if address != "auto":
+        return address, "--ray-address"
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env, "RAY_ADDRESS"
+    record = RAY_TEMP / "ray_current_cluster"
+    try:
+        recorded = record.read_text().strip()
+    except OSError:
+        recorded = ""
+    if not recorded:
+        raise RayError("--ray-address auto found no Ray cluster (no RAY_ADDRESS, no head started on this "
+                       "machine); start one with `ray start --head`, or pass --ray-address host:port")
+    return recorded, f"the cluster record {record}"
+
+
 def check_address_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a `host:port` nobody listens on (ray.init would retry for a minute)."""
+    """Fail fast on a `host:port` nobody listens on (ray.init would retry for minutes), including a
+    stale record of a head that has since stopped."""
     import socket
 
-    if not address or address == "auto":
+    if not address:
         return
-    hostport = address.removeprefix("ray://")
+    target, origin = resolve_address(address)
+    hostport = target.removeprefix("ray://")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise RayError(f"--ray-address {address!r} is not auto, host:port or ray://host:port")
+        raise RayError(f"Ray address {target!r} (from {origin}) is not auto, host:port or ray://host:port")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except OSError as e:
-        raise RayError(f"cannot reach Ray at {address!r}: {e.strerror or e}; start a head with "
-                       f"`ray start --head --port {port}` or omit --ray-address to run locally") from None
+        stale = " (a stale record: that head has stopped)" if origin.startswith("the cluster record") else ""
+        raise RayError(f"cannot reach Ray at {target!r} from {origin}{stale}: {e.strerror or e}; start a head "
+                       f"with `ray start --head --port {port}`, fix the address, or omit --ray-address to run "
+                       f"locally") from None
+    if not target.startswith("ray://"):
+        _probe_gcs(f"{host}:{port}", origin)
+
+
+def _probe_gcs(hostport: str, origin: str, timeout_ms: int = 5000) -> None:
+    """Ask the cluster's GCS for its id, as `ray.init` does first, but once and with a deadline:
+    `ray.init` retries a refused token for ~20 s and then reports only "Failed to connect".
+
+    `InnerGcsClient.standalone` is Ray's own client (private; no public call does one bounded
+    request). Its C++ core logs each failed attempt straight to stderr; that one line is silenced
+    here because npas reports the failure itself, in one line.
+    """
+    from ray._raylet import InnerGcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        with _stderr_silenced():
+            InnerGcsClient.standalone(hostport, None, timeout_ms)
+    except AuthenticationError:
+        raise RayError(f"Ray at {hostport} (from {origin}) refused this driver's token; {AUTH_HINT}") from None
+    except Exception as e:
+        raise RayError(f"Ray at {hostport} (from {origin}) does not answer as a Ray head: "
+                       f"{' '.join(str(e).split())[:160]}; check the address, or omit --ray-address to run "
+                       f"locally") from None
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """fd 2 to /dev/null for the duration (the C++ core writes there directly, not through Python)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) -> dict[str, float]:
@@ -194,9 +271,17 @@ def trainable(config: dict, data: dict) -> None:
         tune.report({"val_loss": val_loss if math.isfinite(val_loss) else math.inf, "step": step, "final": False})
         return False  # ASHA stops a trial by ending it at a report, not through this return value
 
-    result = run_proxy(cfg, recipe, corpus, report=report)
-    loss = result.val_loss if result.val_loss is not None else math.inf
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
+    try:
+        result = run_proxy(cfg, recipe, corpus, report=report)
+    except Exception as e:
+        # raised by the run itself, so it would raise again on every retry: report it as the trial's
+        # failure instead of crashing the worker (Tune retries only workers and nodes that died)
+        reason = f"the proxy run raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
+        tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
+                     "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
+        return
+    loss = result.val_loss if result.val_loss is not None else math.inf
     # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
     tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,
                  "proxy": json.dumps(result.to_dict())})
@@ -205,7 +290,9 @@ def trainable(config: dict, data: dict) -> None:
 def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, corpus_payload: dict,
                workers: int, cpus_per_trial: float, gpus_per_trial: float, early_stop: bool,
                max_retries: int = 2) -> bool:
-    """Run Tune until the searcher finishes. Returns False if the run was interrupted."""
+    """Run Tune until the searcher finishes. Returns False if the run was interrupted: Tune ended
+    before the searcher said FINISHED (a SIGINT between trials makes Tune return normally), or with
+    trials still live."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
@@ -218,10 +305,10 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
                 with contextlib.suppress(OSError):
                     err = Path(trial.error_file).read_text()[-1500:]
             last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            searcher.errors[trial.trial_id] = "worker error: " + (last[-1] if last else "trial raised or worker died")
+            searcher.record_error(trial.trial_id, "worker error: " + (last[-1] if last else "trial raised or worker died"))
 
         def on_trial_recover(self, iteration, trials, trial, **info):
-            searcher.retries[trial.trial_id] = searcher.retries.get(trial.trial_id, 0) + 1
+            searcher.record_retry(trial.trial_id)
 
     class _ASHA(ASHAScheduler):
         """ASHA on validation loss, except for the enqueued baselines: they always run to full fidelity
@@ -263,4 +350,4 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return not interrupted and not searcher.live
+    return not interrupted and searcher.finished and not searcher.has_live

@@ -1,25 +1,26 @@
 """A Ray Tune `Searcher` that asks and tells an Optuna study directly.
 
 Why not Ray's `OptunaSearch`: it names every study "optuna", ignores constraints, drops
-intermediate values in multi-objective runs and never prunes (DESIGN §7). This searcher keeps the
-bookkeeping npas needs: infeasible candidates are told at once and never reach a worker, the budget
-and the reached fidelity become Optuna constraints, duplicates of a finished trial are not run
-twice, and only this driver process writes to the database.
+intermediate values in multi-objective runs and never prunes. This searcher keeps the bookkeeping
+npas needs: infeasible candidates are told at once and never reach a worker, the budget and the
+reached fidelity become Optuna constraints, duplicates of a finished trial are not run twice, and
+only this driver process writes to the database.
+
+It is the Tune protocol and nothing else. The runner reports what Tune's protocol does not carry
+(a failed trial's error text, restarts after a lost node) through `record_error`/`record_retry`;
+candidate preparation lives in `npas.service.candidate`, heartbeats and orphan recovery in
+`npas.service.faults`, objective values in `npas.service.outcome`, the sampler swap in
+`npas.service.samplers`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import socket
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -27,45 +28,19 @@ from optuna.trial import TrialState
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prints its own progress line
 from ray.tune.search import Searcher  # noqa: E402
 
-from npas.allocation.budget import count
-from npas.allocation.space import Space
-from npas.service import study as S
-from npas.service.storage import HEARTBEAT_S
+from npas.allocation.space import Space  # noqa: E402
+from npas.service import faults  # noqa: E402
+from npas.service import optuna_adapter as adapter  # noqa: E402
+from npas.service.candidate import Skip, prepare  # noqa: E402
+from npas.service.outcome import fidelity_constraint, objective_values  # noqa: E402
+from npas.service.progress import Progress  # noqa: E402
+from npas.service.record import Constraint, TrialAttr  # noqa: E402
+from npas.service.samplers import random_when_stuck  # noqa: E402
+from npas.service.study import counts_toward_target, same_key  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 MAX_SKIPPED_IN_A_ROW = 200  # infeasible or duplicate asks before the space is called exhausted
-RANDOM_AFTER_SKIPS = 3  # skipped asks in a row after which the next ask is a random one
-
-
-@dataclass
-class Progress:
-    """What the progress line shows; counts are this driver's unless named study_*."""
-
-    done: int = 0
-    running: int = 0
-    failed: int = 0
-    infeasible: int = 0
-    stopped: int = 0
-    duplicates: int = 0
-    best_loss: float = math.inf
-    front_size: int = 0
-    study_counted: int = 0  # trials of the whole study that count toward the target
-    target: int = 0
-    started: float = field(default_factory=time.time)
-
-    @property
-    def elapsed(self) -> float:
-        return time.time() - self.started
-
-    def eta(self) -> float | None:
-        finished = self.done + self.failed + self.stopped
-        left = self.target - self.study_counted + self.running
-        return None if finished == 0 else self.elapsed / finished * max(left, 0)
-
-
-def driver_id() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
 class NpasSearcher(Searcher):
@@ -78,37 +53,44 @@ class NpasSearcher(Searcher):
         self.study, self.space, self.recipe, self.fingerprint = study, space, recipe, fingerprint
         self.target = target
         self.objectives = list(space.objectives)
-        self.live: dict[str, optuna.Trial] = {}
-        self.curves: dict[str, list[list[float]]] = {}
-        self.accounting: dict[str, dict] = {}
-        self.errors: dict[str, str] = {}  # filled by the runner's Tune callback
-        self.retries: dict[str, int] = {}  # restarts after a worker or node died (Tune FailureConfig)
         self.progress = Progress(target=target)
         self.on_progress = on_progress
         self.on_trial_done = on_trial_done
         self.error: str | None = None  # set when the search must stop (space exhausted)
+        self.finished = False  # set when suggest said FINISHED: the only way a run ends without an interrupt
         self.baselines = space.baselines()
+        self._live: dict[str, optuna.Trial] = {}
+        self._curves: dict[str, list[list[float]]] = {}
+        self._accounting: dict[int, dict] = {}
+        self._errors: dict[str, str] = {}
+        self._retries: dict[str, int] = {}
         self._skipped = 0
         self._lock = threading.Lock()
-        self._beat_stop = threading.Event()
-        self._beat = threading.Thread(target=self._heartbeat, name="npas-heartbeat", daemon=True)
-        self._beat.start()
 
-    # ---- heartbeats, so a resume can tell our trials from a dead driver's ---------------------
-    def _heartbeat(self) -> None:
-        storage = self.study._storage
-        while not self._beat_stop.wait(HEARTBEAT_S):
-            with self._lock:
-                ids = [t._trial_id for t in self.live.values()]
-            for tid in ids:
-                try:
-                    storage.record_heartbeat(tid)
-                except Exception as e:  # a flaky database must not kill the search; the next beat retries
-                    log.warning("heartbeat failed: %s", e)
+    # ---- what the runner tells the searcher, and asks of it ------------------------------------
+    def record_error(self, trial_id: str, message: str) -> None:
+        """The error text of a failed Tune trial (the protocol's on_trial_complete gets only a flag)."""
+        self._errors[trial_id] = message
 
-    def close(self) -> None:
-        self._beat_stop.set()
+    def record_retry(self, trial_id: str) -> None:
+        """Tune restarted the trial after its worker or node died (FailureConfig)."""
+        self._retries[trial_id] = self._retries.get(trial_id, 0) + 1
 
+    def live_trial_ids(self) -> list[int]:
+        """Storage ids of the trials running for this driver (what the heartbeat beats for)."""
+        with self._lock:
+            return [adapter.trial_id(t) for t in self._live.values()]
+
+    @property
+    def has_live(self) -> bool:
+        with self._lock:
+            return bool(self._live)
+
+    def accounting_of(self, number: int) -> dict:
+        """The accounting of a trial handed to a worker (its memory and size objectives)."""
+        return self._accounting[number]
+
+    # ---- Tune's checkpointing: the database is the state ----------------------------------------
     def save(self, checkpoint_path: str) -> None:
         """Nothing to save: every ask and tell is already in the study's database."""
 
@@ -116,36 +98,42 @@ class NpasSearcher(Searcher):
         """Nothing to restore: `npas resume` rebuilds the run from the database."""
 
     def __getstate__(self) -> dict:
-        """Tune pickles its search algorithm into the (scratch) experiment directory. The study, its
-        engine and the heartbeat thread cannot travel and need not: the database is the state."""
+        """Tune pickles its search algorithm into the (scratch) experiment directory. The study and
+        its engine cannot travel and need not: the database is the state."""
         return {"target": self.target, "objectives": self.objectives}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.live = {}
+        self._live = {}
+        self._lock = threading.Lock()
 
     # ---- counting toward the study-wide target -------------------------------------------------
     def _counted(self, before: int | None = None) -> int:
         trials = self.study.get_trials(deepcopy=False)
-        return sum(S.counts_toward_target(t) for t in trials if before is None or t.number < before)
+        return sum(counts_toward_target(t) for t in trials if before is None or t.number < before)
 
     # ---- Searcher protocol ---------------------------------------------------------------------
     def suggest(self, trial_id: str) -> dict | None:
+        config = self._suggest(trial_id)
+        if config is Searcher.FINISHED:
+            self.finished = True
+        return config
+
+    def _suggest(self, trial_id: str) -> dict | None:
         while True:
             if self.error is not None or self._counted() >= self.target:
                 return Searcher.FINISHED
-            with self._sampler_for_next_ask():
+            with random_when_stuck(self.study, self._skipped):
                 trial = self.study.ask()
                 # claim it at once: a driver killed from here on leaves a trial that resume can attribute
-                trial.set_user_attr(S.T_DRIVER, driver_id())
-                self.study._storage.record_heartbeat(trial._trial_id)
+                faults.claim(self.study, trial)
                 if self._counted(before=trial.number) >= self.target:  # another driver got there first
                     self._tell_skip(trial, "surplus", "the study reached its target while this trial was asked")
                     return Searcher.FINISHED
                 config = self._prepare(trial)
             if config is not None:
                 with self._lock:
-                    self.live[trial_id] = trial
+                    self._live[trial_id] = trial
                 self.progress.running += 1
                 self._emit()
                 return config
@@ -155,87 +143,55 @@ class NpasSearcher(Searcher):
                               f"budget {self.space.budget_params:,}; raise the budget or widen the space")
                 return Searcher.FINISHED
 
-    @contextlib.contextmanager
-    def _sampler_for_next_ask(self):
-        """The study's sampler; after a few skipped candidates in a row, a seeded random one.
-
-        Optuna's model-based samplers ignore FAIL trials, so on a small or mostly infeasible space
-        they propose the same skipped candidate again and again. A random ask breaks the loop
-        without telling the sampler anything false about the skipped ones. The swap spans the ask
-        and the suggestions, since a trial consults `study.sampler` at each suggest call.
-        """
-        if self._skipped < RANDOM_AFTER_SKIPS:
-            yield
-            return
-        model = self.study.sampler
-        self.study.sampler = optuna.samplers.RandomSampler(seed=len(self.study.get_trials(deepcopy=False)))
-        try:
-            yield
-        finally:
-            self.study.sampler = model
-
     def _prepare(self, trial: optuna.Trial) -> dict | None:
-        """Sample, fit and record one candidate; None if it must not reach a worker."""
-        baseline = trial.user_attrs.get(S.T_BASELINE)
-        cand = self.space.sample(trial, fixed=self.baselines.get(baseline) if baseline else None)
-        trial.set_user_attr(S.T_KNOBS, cand.values)
-        if not cand.feasible:
-            self.progress.infeasible += 1
-            self._tell_skip(trial, "infeasible", cand.reason or "does not fit the budget")
-            return None
-        cfg = cand.config
-        acc = count(cfg, batch_size=self.recipe["batch_size"], seq_len=self.recipe["seq_len"])
-        key = S.trial_key(cfg, self.recipe, self.fingerprint)
-        for attr, value in ((S.T_ALLOC, cfg.to_dict()), (S.T_HASH, cfg.hash), (S.T_ACCOUNTING, acc.to_dict()),
-                            (S.T_KEY, key), (S.T_FILL, round(cand.fill, 6)),
-                            (S.T_MAX_FIDELITY, self.recipe["steps"])):
-            trial.set_user_attr(attr, value)
-        trial.set_constraint(S.C_BUDGET, float(acc.stored_params - self.space.budget_params))
-        twin = self._same_key(key, trial.number)
-        if twin is not None:
-            self._tell_duplicate(trial, twin, f"same allocation, recipe and data as trial {twin}")
+        """The worker's config, or None once the trial was told why it must not run."""
+        prepared = prepare(trial, self.space, self.baselines, self.recipe, self.fingerprint)
+        if isinstance(prepared, Skip):
+            if prepared.status == "duplicate":
+                self._tell_duplicate(trial, prepared.same_as, prepared.reason)
+                return None
+            if prepared.status == "sample_error":
+                self.progress.failed += 1
+            else:
+                self.progress.infeasible += 1
+            self._tell_skip(trial, prepared.status, prepared.reason)
             return None
         self._skipped = 0
-        self.accounting[str(trial.number)] = acc.to_dict()
-        return {"allocation": cfg.to_dict(), "recipe": self.recipe, "number": trial.number,
-                "baseline": trial.user_attrs.get(S.T_BASELINE)}
-
-    def _same_key(self, key: str | None, number: int,
-                  states: tuple[TrialState, ...] = (TrialState.COMPLETE, TrialState.RUNNING)) -> int | None:
-        for t in self.study.get_trials(deepcopy=False, states=states):
-            if t.number != number and t.user_attrs.get(S.T_KEY) == key:
-                return t.number
-        return None
+        self._accounting[trial.number] = prepared.accounting
+        return prepared.config
 
     def _tell_duplicate(self, trial: optuna.Trial, twin: int, reason: str) -> None:
         self.progress.duplicates += 1
-        trial.set_user_attr(S.T_SAME_AS, twin)
+        trial.set_user_attr(TrialAttr.SAME_AS, twin)
         self._tell_skip(trial, "duplicate", reason)
 
     def _tell_skip(self, trial: optuna.Trial, status: str, reason: str) -> None:
-        trial.set_user_attr(S.T_STATUS, status)
-        trial.set_user_attr(S.T_REASON, reason)
+        trial.set_user_attr(TrialAttr.STATUS, status)
+        trial.set_user_attr(TrialAttr.REASON, reason)
         self.study.tell(trial, state=TrialState.FAIL)
         self._emit()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if not result.get("final") and math.isfinite(result.get("val_loss", math.inf)):
-            self.curves.setdefault(trial_id, []).append([int(result["step"]), float(result["val_loss"])])
+            self._curves.setdefault(trial_id, []).append([int(result["step"]), float(result["val_loss"])])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         with self._lock:
-            trial = self.live.pop(trial_id, None)
+            trial = self._live.pop(trial_id, None)
         if trial is None:
             return
         self.progress.running -= 1
-        curve = self.curves.pop(trial_id, [])
-        trial.set_user_attr(S.T_CURVE, curve)
-        if trial_id in self.retries:
-            trial.set_user_attr(S.T_RETRIES, self.retries.pop(trial_id))
+        trial.set_user_attr(TrialAttr.CURVE, self._curves.pop(trial_id, []))
+        if trial_id in self._retries:
+            trial.set_user_attr(TrialAttr.RETRIES, self._retries.pop(trial_id))
         if error or not result:
-            self._fail(trial, self.errors.get(trial_id, "worker error: the trial raised or its worker died"))
+            self._fail(trial, self._errors.pop(trial_id, "worker error: the trial raised or its worker died"))
         else:
-            self._finish(trial, result)
+            try:
+                self._finish(trial, result)
+            except Exception as e:  # a result npas cannot record must end the trial, not leave it RUNNING
+                log.warning("recording trial %d failed: %s", trial.number, e)
+                self._fail(trial, f"its result could not be recorded: {type(e).__name__}: {e}")
         self._emit(refresh_front=True)
         if self.on_trial_done is not None:
             try:
@@ -245,8 +201,9 @@ class NpasSearcher(Searcher):
 
     def _fail(self, trial: optuna.Trial, reason: str) -> None:
         self.progress.failed += 1
-        trial.set_user_attr(S.T_STATUS, "failed")
-        trial.set_user_attr(S.T_REASON, reason[:2000])
+        self._accounting.pop(trial.number, None)
+        trial.set_user_attr(TrialAttr.STATUS, "failed")
+        trial.set_user_attr(TrialAttr.REASON, reason[:2000])
         self.study.tell(trial, state=TrialState.FAIL)
 
     def _finish(self, trial: optuna.Trial, result: dict) -> None:
@@ -254,7 +211,7 @@ class NpasSearcher(Searcher):
         steps = int(result.get("step", 0))
         max_steps = int(self.recipe["steps"])
         if proxy is not None and proxy.get("status") == "failed":
-            trial.set_user_attr(S.T_PROXY, proxy)
+            trial.set_user_attr(TrialAttr.PROXY, proxy)
             self._fail(trial, proxy.get("failure_reason") or "proxy run failed")
             return
         loss = proxy.get("val_loss") if proxy else result.get("val_loss")
@@ -262,23 +219,23 @@ class NpasSearcher(Searcher):
             self._fail(trial, f"non-finite validation loss at step {steps}")
             return
         if proxy is not None:
-            trial.set_user_attr(S.T_PROXY, proxy)
-            trial.set_user_attr(S.T_NODE, result.get("node"))
+            trial.set_user_attr(TrialAttr.PROXY, proxy)
+            trial.set_user_attr(TrialAttr.NODE, result.get("node"))
             if proxy.get("curve"):  # the worker's own record includes the last evaluation
-                trial.set_user_attr(S.T_CURVE, proxy["curve"])
+                trial.set_user_attr(TrialAttr.CURVE, proxy["curve"])
             steps = int(proxy.get("steps_done", steps))
-        twin = self._same_key(trial.user_attrs.get(S.T_KEY), trial.number, states=(TrialState.COMPLETE,))
+        twin = same_key(self.study, trial.user_attrs.get(TrialAttr.KEY), trial.number, states=(TrialState.COMPLETE,))
         if twin is not None:  # another driver ran the same candidate concurrently: keep one result
+            self._accounting.pop(trial.number, None)
             self._tell_duplicate(trial, twin, f"ran concurrently with trial {twin}, whose result is kept")
             return
+        values = objective_values(self.objectives, self._accounting.get(trial.number, {}), proxy, loss)
         full = steps >= max_steps
-        trial.set_user_attr(S.T_FIDELITY, steps)
-        trial.set_user_attr(S.T_STATUS, "ok" if full else "stopped")
-        trial.set_constraint(S.C_FIDELITY, 0.0 if full else (max_steps - steps) / max_steps)
-        acc = self.accounting.pop(str(trial.number), {})
-        metrics = {**acc, **(proxy or {}), "val_loss": loss, "val_bpc": loss / math.log(2)}
-        values = [float(metrics[name]) for name in self.objectives]
+        trial.set_user_attr(TrialAttr.FIDELITY, steps)
+        trial.set_user_attr(TrialAttr.STATUS, "ok" if full else "stopped")
+        trial.set_constraint(Constraint.FIDELITY, fidelity_constraint(steps, max_steps))
         self.study.tell(trial, values)
+        self._accounting.pop(trial.number, None)
         if full:
             self.progress.done += 1
             self.progress.best_loss = min(self.progress.best_loss, loss)
@@ -295,20 +252,11 @@ class NpasSearcher(Searcher):
     def abandon_live(self, status: str, reason: str) -> list[int]:
         """Fail every trial still running here (interrupt), re-enqueueing each with its exact params."""
         with self._lock:
-            live, self.live = list(self.live.values()), {}
+            live, self._live = list(self._live.values()), {}
         numbers = []
         for trial in live:
-            frozen = self.study._storage.get_trial(trial._trial_id)
+            frozen = adapter.storage_of(self.study).get_trial(adapter.trial_id(trial))
             self._tell_skip(trial, status, reason)
-            requeue(self.study, frozen)
+            faults.requeue(self.study, frozen)
             numbers.append(trial.number)
         return numbers
-
-
-def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it."""
-    attrs = {S.T_RETRY_OF: trial.number}
-    if S.T_BASELINE in trial.user_attrs:
-        attrs[S.T_BASELINE] = trial.user_attrs[S.T_BASELINE]
-    study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
-

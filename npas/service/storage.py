@@ -2,92 +2,95 @@
 
 npas never writes its own storage layer; the database stays readable by `optuna-dashboard` and a
 plain `optuna.load_study`. What this module adds: the URL resolution order (flag, `NPAS_STORAGE`,
-default SQLite under trials/), errors that name the problem without ever printing a password, and
-trial heartbeats so a resume can tell a dead driver's trials from a live one's.
+default SQLite under trials/, in `npas.service.urls` with the redaction of secrets), one
+`StorageHandle` per database and process that carries the URL, its redacted form for messages and
+the opened storage together, and read-only opening that never creates a file.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import sqlalchemy
-from sqlalchemy.engine import make_url
 
 from npas.errors import StorageError
+from npas.service.faults import GRACE_S, HEARTBEAT_S
+from npas.service.urls import parse_url, redact, resolve_url, scrub
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORAGE = "sqlite:///trials/npas.db"
-SUPPORTED = ("sqlite", "postgresql", "mysql")
-HEARTBEAT_S = 10  # a driver beats for its running trials this often...
-GRACE_S = 60  # ...and a trial silent this long belongs to a dead driver
-
-_CACHE: dict[str, optuna.storages.RDBStorage] = {}
 # heartbeats and metric names are "experimental" in Optuna; npas relies on them knowingly
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def resolve_url(url: str | None = None) -> str:
-    """`--storage`, else `NPAS_STORAGE`, else SQLite at trials/npas.db (relative to the cwd)."""
-    return url or os.environ.get("NPAS_STORAGE") or DEFAULT_STORAGE
+@dataclass(frozen=True)
+class StorageHandle:
+    """One opened database: the full URL (never shown), its redacted form (for every message) and
+    Optuna's storage over it. `open_storage` returns the same handle for the same URL in a process."""
+
+    url: str
+    redacted: str
+    storage: optuna.storages.RDBStorage
+    backend: str
+    read_only: bool = False
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.backend == "sqlite"
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.url)
 
 
-def redact(url: str) -> str:
-    """The URL with any password replaced by ***, for every message a user may see."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL may still hold a secret: show only its scheme
-        return url.split(":", 1)[0] + "://…"
+_CACHE: dict[tuple[str, bool], StorageHandle] = {}
 
 
-def _check(url: str) -> sqlalchemy.engine.URL:
-    try:
-        parsed = make_url(url)
-    except Exception:
-        raise StorageError(
-            f"storage URL {redact(url)!r} does not parse; use e.g. sqlite:///trials/npas.db or "
-            f"postgresql+psycopg://user@host:5432/db"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend not in SUPPORTED:
-        raise StorageError(
-            f"unknown storage backend {backend!r} in {redact(url)}; supported: {', '.join(SUPPORTED)} "
-            f"(e.g. sqlite:///trials/npas.db, postgresql+psycopg://user@host/db)"
-        )
-    if backend == "postgresql" and parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")  # the driver npas installs (psycopg 3)
-    if backend == "sqlite" and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    return parsed
+def _sqlite_file(parsed: sqlalchemy.engine.URL) -> Path | None:
+    db = parsed.database
+    return None if db in (None, "", ":memory:") or str(db).startswith("file:") else Path(db)
 
 
-def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
-    """Optuna's RDBStorage for `url`; cached, so each process holds one engine per database."""
+def open_storage(url: str | None = None, *, read_only: bool = False) -> StorageHandle:
+    """The handle for `url`, opened once per process.
+
+    `read_only` (studies, front, export, dashboard) never creates anything: a SQLite file that does
+    not exist is an error, not a new empty database, and Optuna's tables are not created.
+    A writable open creates the SQLite file's directory.
+    """
     raw = resolve_url(url)
-    if raw in _CACHE:
-        return _CACHE[raw]
-    parsed = _check(raw)
+    for key in ((raw, False), (raw, True)) if read_only else ((raw, False),):
+        if key in _CACHE:
+            return _CACHE[key]
+    parsed = parse_url(raw)
+    redacted = redact(raw)
+    backend = parsed.get_backend_name()
+    path = _sqlite_file(parsed) if backend == "sqlite" else None
+    if path is not None and read_only and not path.is_file():
+        raise StorageError(f"no database at {path} (from {redacted}); check the path or --storage, "
+                           f"or create a study there with `npas search`")
+    if path is not None and not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
     full = parsed.render_as_string(hide_password=False)
     engine_kwargs: dict = {"pool_pre_ping": True}
-    if parsed.get_backend_name() == "sqlite":
+    if backend == "sqlite":
         engine_kwargs["connect_args"] = {"timeout": 60}  # wait for the lock rather than fail at once
     try:
-        storage = _create(full, engine_kwargs)
+        storage = _create(full, engine_kwargs, skip_table_creation=read_only)
     except Exception as e:  # sqlalchemy OperationalError, psycopg errors, alembic errors ...
-        reason = " ".join(str(getattr(e, "orig", None) or e).split())
-        reason = reason.replace(parsed.password or "\0", "***") if parsed.password else reason
-        raise StorageError(
-            f"cannot open storage {redact(raw)}: {reason[:300]}; check the server is running and the URL is right"
-        ) from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        reason = scrub(" ".join(str(getattr(e, "orig", None) or e).split()), raw)
+        hint = ("it is not an Optuna database, or holds no study yet" if read_only
+                else "check the server is running and the URL is right")
+        raise StorageError(f"cannot open storage {redacted}: {reason[:300]}; {hint}") from None
+    if path is not None:
         _tune_sqlite(storage.engine)
-    _CACHE[raw] = storage
-    return storage
+    handle = StorageHandle(url=raw, redacted=redacted, storage=storage, backend=backend, read_only=read_only)
+    _CACHE[(raw, read_only)] = handle
+    return handle
 
 
 def _is_schema_race(e: Exception) -> bool:
@@ -97,10 +100,15 @@ def _is_schema_race(e: Exception) -> bool:
     return isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in text
 
 
-def _create(full: str, engine_kwargs: dict, retries: int = 4) -> optuna.storages.RDBStorage:
+def _create(full: str, engine_kwargs: dict, skip_table_creation: bool = False,
+            retries: int = 4) -> optuna.storages.RDBStorage:
     def make() -> optuna.storages.RDBStorage:
-        return optuna.storages.RDBStorage(
-            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        storage = optuna.storages.RDBStorage(
+            full, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            skip_table_creation=skip_table_creation)
+        if skip_table_creation:
+            storage.get_all_studies()  # prove it is an Optuna database before anyone reads it
+        return storage
 
     for attempt in range(retries):
         try:
@@ -125,10 +133,6 @@ def _tune_sqlite(engine: sqlalchemy.engine.Engine) -> None:
 
     sqlalchemy.event.listen(engine, "connect", pragmas)
     engine.dispose()  # connections opened before the listener get replaced by tuned ones
-
-
-def is_sqlite(url: str | None = None) -> bool:
-    return _check(resolve_url(url)).get_backend_name() == "sqlite"
 
 
 def study_names(storage: optuna.storages.BaseStorage) -> list[str]:

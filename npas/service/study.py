@@ -1,7 +1,8 @@
-"""Optuna studies as npas uses them: what a study and its trials record, samplers, and the front.
+"""Optuna studies as npas uses them: loading, reading trials back, and the front.
 
-The study is the source of truth (DESIGN §6). Its user attributes hold everything a resume needs;
-each trial's user attributes hold the allocation, its hash, the accounting and the proxy metrics.
+The study is the source of truth: its user attributes hold everything a resume needs (the
+`StudyRecord` in `npas.service.record`); each trial's user attributes hold the allocation, its hash,
+the accounting and the proxy metrics.
 Constraints (Optuna 5 `set_constraint`) keep the budget and, for trials stopped early by ASHA, the
 missing fidelity, so plain `optuna.load_study(...).best_trials` already returns the full-fidelity
 front within budget.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,47 +21,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service.storage import redact, study_names
-
-# ---- the attribute schema (readable from optuna-dashboard and plain optuna) -------------------
-# study.user_attrs
-S_VERSION, S_SPACE_TEXT, S_SPACE_HASH, S_SPACE_NAME, S_SPACE_SOURCE = (
-    "npas_version", "space_text", "space_hash", "space_name", "space_source")
-S_BUDGET, S_BUDGET_SPEC, S_REFERENCE = "budget_params", "budget_spec", "reference_params"
-S_RECIPE, S_DATA, S_FINGERPRINT, S_VOCAB = "recipe", "data_source", "data_fingerprint", "vocab_size"
-S_OBJECTIVES, S_SAMPLER, S_SEED, S_EARLY_STOP, S_TARGET = "objectives", "sampler", "seed", "early_stop", "target_trials"
-S_READY = "npas_ready"  # written last at creation: a study without it is still being set up (or its creator died)
-# trial.user_attrs
-T_STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
-T_REASON = "failure_reason"
-T_BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
-T_KNOBS, T_ALLOC, T_HASH, T_ACCOUNTING = "knobs", "allocation", "allocation_hash", "accounting"
-T_PROXY, T_FIDELITY, T_MAX_FIDELITY, T_CURVE = "proxy", "fidelity", "max_fidelity", "curve"
-T_KEY, T_FILL, T_DRIVER, T_RETRY_OF, T_NODE = "trial_key", "budget_fill", "driver", "retry_of", "ray_node"
-T_SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
-T_RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
-C_BUDGET, C_FIDELITY = "budget", "fidelity"
-
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
-
-
-def make_sampler(name: str, seed: int | None, n_objectives: int) -> optuna.samplers.BaseSampler:
-    """Optuna's own samplers; constraints come from `trial.set_constraint` (Optuna 5)."""
-    if name == "tpe":
-        # group=True: the space is define-by-run (LoRA ranks exist only with tying, templates only with
-        # pools ...), and grouped multivariate TPE models each co-occurring set of knobs jointly instead
-        # of falling back to independent sampling; bench/search_efficiency.py measures the difference
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
-                                              constant_liar=True)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8, warn_independent_sampling=False)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise StudyError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+from npas.service.record import Constraint, StudyAttr, StudyRecord, TrialAttr, is_ready
+from npas.service.storage import StorageHandle, study_names
 
 
 def trial_key(cfg: ArchConfig, recipe: dict, fingerprint: str) -> str:
@@ -70,18 +31,48 @@ def trial_key(cfg: ArchConfig, recipe: dict, fingerprint: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def load(name: str, storage: optuna.storages.BaseStorage, url: str,
-         sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+def load(name: str, handle: StorageHandle, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
     """Load an npas study by name; unknown names list what the storage holds."""
-    names = study_names(storage)
+    names = study_names(handle.storage)
     if name not in names:
         have = ", ".join(names[:10]) or "none"
-        raise StudyError(f"no study {name!r} in {redact(url)} (studies there: {have}); "
+        raise StudyError(f"no study {name!r} in {handle.redacted} (studies there: {have}); "
                          f"start one with `npas search SPACE.yaml --study {name}`")
-    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-    if S_SPACE_TEXT not in study.user_attrs:
-        raise StudyError(f"study {name!r} in {redact(url)} was not created by npas (no space recorded)")
+    study = optuna.load_study(study_name=name, storage=handle.storage, sampler=sampler)
+    if StudyAttr.SPACE_TEXT not in study.user_attrs:
+        raise StudyError(f"study {name!r} in {handle.redacted} was not created by npas (no space recorded)")
     return study
+
+
+def read_record(study: optuna.Study) -> StudyRecord:
+    return StudyRecord.from_attrs(study.user_attrs, study.study_name)
+
+
+def write_record(study: optuna.Study, record: StudyRecord) -> None:
+    for key, value in record.to_attrs().items():
+        study.set_user_attr(key, value)
+
+
+def mark_ready(study: optuna.Study) -> None:
+    """Written last at creation (after the baselines): a driver joining by name waits for it."""
+    study.set_user_attr(StudyAttr.READY, True)
+
+
+def is_set_up(study: optuna.Study) -> bool:
+    """Marked ready by its creator, or (a study from before the marker) it has already run trials."""
+    if is_ready(study.user_attrs):
+        return True
+    ran = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    return bool(study.get_trials(deepcopy=False, states=ran))
+
+
+def same_key(study: optuna.Study, key: str | None, number: int,
+             states: tuple[TrialState, ...] = (TrialState.COMPLETE, TrialState.RUNNING)) -> int | None:
+    """Another trial with the same idempotency key (allocation, recipe, data), or None."""
+    for t in study.get_trials(deepcopy=False, states=states):
+        if t.number != number and t.user_attrs.get(TrialAttr.KEY) == key:
+            return t.number
+    return None
 
 
 # ---- reading trials back -------------------------------------------------------------------
@@ -90,11 +81,11 @@ def status(t: FrozenTrial) -> str:
         return "running"
     if t.state == TrialState.WAITING:
         return "waiting"
-    return str(t.user_attrs.get(T_STATUS, "ok" if t.state == TrialState.COMPLETE else "failed"))
+    return str(t.user_attrs.get(TrialAttr.STATUS, "ok" if t.state == TrialState.COMPLETE else "failed"))
 
 
 def is_full_fidelity(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and t.constraints.get(C_FIDELITY, 0.0) <= 0.0
+    return t.state == TrialState.COMPLETE and t.constraints.get(Constraint.FIDELITY, 0.0) <= 0.0
 
 
 def counts_toward_target(t: FrozenTrial) -> bool:
@@ -122,13 +113,13 @@ class FrontRow:
 def front_rows(study: optuna.Study) -> list[FrontRow]:
     rows = []
     for t in front_trials(study):
-        acc = t.user_attrs.get(T_ACCOUNTING, {})
-        alloc = t.user_attrs.get(T_ALLOC)
+        acc = t.user_attrs.get(TrialAttr.ACCOUNTING, {})
+        alloc = t.user_attrs.get(TrialAttr.ALLOC)
         rows.append(FrontRow(
             trial=t.number, values=tuple(t.values), stored_params=int(acc.get("stored_params", 0)),
             flops_per_token=int(acc.get("flops_per_token", 0)),
             summary=ArchConfig.from_dict(alloc).summary() if alloc else "",
-            baseline=str(t.user_attrs.get(T_BASELINE, "")), hash=str(t.user_attrs.get(T_HASH, "")),
+            baseline=str(t.user_attrs.get(TrialAttr.BASELINE, "")), hash=str(t.user_attrs.get(TrialAttr.HASH, "")),
         ))
     return rows
 
@@ -137,7 +128,7 @@ def front_frame(study: optuna.Study):
     """The front as a pandas DataFrame, one column per objective."""
     import pandas as pd
 
-    names = list(study.metric_names or study.user_attrs.get(S_OBJECTIVES, []))
+    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
     records = []
     for r in front_rows(study):
         rec: dict[str, Any] = {"trial": r.trial}
@@ -159,7 +150,7 @@ def pick(study: optuna.Study, how: str) -> FrozenTrial:
             raise StudyError(f"--pick {how!r}: trial=N needs an integer N") from None
         for t in study.get_trials(deepcopy=False):
             if t.number == n:
-                if t.state != TrialState.COMPLETE or T_ALLOC not in t.user_attrs:
+                if t.state != TrialState.COMPLETE or TrialAttr.ALLOC not in t.user_attrs:
                     raise StudyError(f"trial {n} of study {study.study_name!r} is {status(t)}, not complete")
                 return t
         raise StudyError(f"study {study.study_name!r} has no trial {n}")

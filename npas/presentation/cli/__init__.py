@@ -41,8 +41,8 @@ def _exit_without_ray_shutdown(code: int) -> None:
     ~5 s to a one-line error. The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
-    runner = sys.modules.get("npas.service.runner")
-    if runner is None or getattr(runner, "_EARLY", None) is None:
+    runner = sys.modules.get("npas.service.runner")  # not imported: this command never started Ray
+    if runner is None or not runner.ray_start_begun():
         return
     sys.stdout.flush()
     sys.stderr.flush()

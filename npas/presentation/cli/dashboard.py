@@ -21,22 +21,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from npas.presentation.dashboard import write_report
-    from npas.service import study as S
-    from npas.service.storage import open_storage, resolve_url
+    from npas.service.storage import open_storage
+    from npas.service.study import load
 
     if args.live and not 0 < args.port < 65536:
         raise NpasError(f"--port {args.port} is not a TCP port; pick one in 1..65535, e.g. --port 8080")
     serve = _server() if args.live else None  # fail before the report if the extra is missing
-    url = resolve_url(args.storage)
-    storage = open_storage(url)
-    study = S.load(args.name, storage, url)
+    handle = open_storage(args.storage, read_only=True)
+    study = load(args.name, handle)
     path = write_report(study, Path(args.out) if args.out else Path("dashboards") / args.name)
     print(f"wrote {path}")
     if serve is not None:
         print(f"optuna-dashboard serving study {args.name!r} at http://127.0.0.1:{args.port} (Ctrl-C stops it)",
               flush=True)
         try:
-            serve(storage, host="127.0.0.1", port=args.port)
+            serve(handle.storage, host="127.0.0.1", port=args.port)
         except KeyboardInterrupt:  # the normal way to stop a foreground server, not an error
             print("optuna-dashboard stopped")
         except OSError as e:  # port taken, no permission

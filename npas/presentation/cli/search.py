@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from npas.errors import SpaceError
+from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
 
@@ -17,13 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="run a multi-objective search on a space")
     p.add_argument("space", help="search space YAML, e.g. search_spaces/full.yaml")
     p.add_argument("--budget", help="override the space's budget: 0.25x, 1.5M, 250k")
-    p.add_argument("--trials", type=int, default=20, help="proxy runs in the study (baselines included)")
+    p.add_argument("--trials", type=int, help="the study's target of proxy runs, baselines included (default: 20 for a "
+                   "new study, the stored target when joining one)")
     p.add_argument("--study", help="study name (default: SPACE-DATE-TIME)")
     _launch_args(p)
     p.add_argument("--recipe", help="proxy recipe: trials/NAME.yaml or a bare name (default: the space's)")
     p.add_argument("--data", help="a text file or a directory of .txt files (default: bundled Shakespeare)")
-    p.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default="tpe")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampler", choices=SAMPLERS, help="default: tpe (joining a study: the study's)")
+    p.add_argument("--seed", type=int, help="default: 0 (joining a study: the study's)")
     p.set_defaults(func=run_search)
 
     p = sub.add_parser("resume", help="continue a study from its database after any stop")
@@ -64,10 +66,10 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.service.driver import Launch
+    from npas.service.launch import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
-                  early_stop=not args.no_early_stop, on_progress=_progress_printer(),
+                  early_stop=False if args.no_early_stop else None, on_progress=_progress_printer(),
                   on_trial_done=_report_writer(args.dashboard))
 
 
@@ -139,12 +141,15 @@ def run_search(args: argparse.Namespace) -> int:
     if not Path(args.space).is_file():
         raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
     space = npas.load_space(args.space)
+    from npas.service.launch import check_inputs
+
+    launch = check_inputs(args.trials, _launch(args), args.storage)
     _start_ray(args)
     from npas.service.driver import search
-    from npas.service.storage import redact, resolve_url
+    from npas.service.urls import redact, resolve_url
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
-                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=_launch(args))
+                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -154,12 +159,15 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
+    from npas.service.launch import check_inputs
+
+    launch = check_inputs(args.trials, _launch(args), args.storage)
     _start_ray(args)
     from npas.service.driver import resume
 
     text = Path(args.space).read_text() if args.space else None
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
-                   allow_space_change=args.allow_space_change, data=args.data, launch=_launch(args))
+                   allow_space_change=args.allow_space_change, data=args.data, launch=launch)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -167,18 +175,19 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_studies(args: argparse.Namespace) -> int:
-    from npas.service.storage import open_storage, redact, resolve_url
+    from npas.service.optuna_adapter import study_id
+    from npas.service.storage import open_storage
     from npas.service.study import status
 
-    url = resolve_url(args.storage)
-    st = open_storage(url)
+    handle = open_storage(args.storage, read_only=True)
+    st = handle.storage
     summaries = st.get_all_studies()
     if not summaries:
-        print(f"no studies in {redact(url)}")
+        print(f"no studies in {handle.redacted}")
         return 0
-    print(f"studies in {redact(url)}:")
+    print(f"studies in {handle.redacted}:")
     for fs in summaries:
-        trials = st.get_all_trials(fs._study_id, deepcopy=False)
+        trials = st.get_all_trials(study_id(fs), deepcopy=False)
         by: dict[str, int] = {}
         for t in trials:
             by[status(t)] = by.get(status(t), 0) + 1
@@ -189,11 +198,10 @@ def run_studies(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from npas.service.storage import open_storage, resolve_url
+    from npas.service.storage import open_storage
     from npas.service.study import load
 
-    url = resolve_url(args.storage)
-    return load(args.name, open_storage(url), url)
+    return load(args.name, open_storage(args.storage, read_only=True))
 
 
 def run_front(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
+from npas.service.runner import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
 
@@ -57,7 +58,7 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--steps must be >= 1, got {args.steps}")
         recipe = recipe.with_steps(args.steps)
     corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction)
-    out = Path(args.out) if args.out else Path("trials") / "runs" / f"train-{cfg.hash}"
+    out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
 

@@ -18,7 +18,9 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.config import ArchConfig
 from npas.allocation.knob_table import knob_label
 from npas.errors import NpasError
-from npas.service import study as S
+from npas.service.optuna_adapter import hypervolume
+from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study import front_trials, is_full_fidelity, status
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +28,18 @@ IMPORTANCE_MIN_TRIALS = 8  # fewer full-fidelity trials than this: importance is
 
 
 def metric_names(study: optuna.Study) -> list[str]:
-    names = study.metric_names or study.user_attrs.get(S.S_OBJECTIVES) or []
+    names = study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES) or []
     return [str(n) for n in names] or [f"objective {i}" for i in range(len(study.directions))]
 
 
 def label(t: FrozenTrial) -> str:
     """`#3`, or `#0 narrow_untied` for a baseline: how every figure names a trial."""
-    base = t.user_attrs.get(S.T_BASELINE)
+    base = t.user_attrs.get(TrialAttr.BASELINE)
     return f"#{t.number} {base}" if base else f"#{t.number}"
 
 
 def within_budget(t: FrozenTrial) -> bool:
-    return t.constraints.get(S.C_BUDGET, 0.0) <= 0.0
+    return t.constraints.get(Constraint.BUDGET, 0.0) <= 0.0
 
 
 def feasible(t: FrozenTrial) -> bool:
@@ -77,16 +79,16 @@ def summary_info(study: optuna.Study) -> SummaryInfo:
     by_status: dict[str, int] = {}
     reasons: dict[str, int] = {}
     for t in trials:
-        by_status[S.status(t)] = by_status.get(S.status(t), 0) + 1
+        by_status[status(t)] = by_status.get(status(t), 0) + 1
         if t.state == TrialState.FAIL:
-            why = str(t.user_attrs.get(S.T_REASON) or "no reason recorded").splitlines()[0][:160]
+            why = str(t.user_attrs.get(TrialAttr.REASON) or "no reason recorded").splitlines()[0][:160]
             reasons[why] = reasons.get(why, 0) + 1
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     return SummaryInfo(
-        study_name=study.study_name, space_name=str(ua.get(S.S_SPACE_NAME, "?")), objectives=metric_names(study),
-        budget_params=ua.get(S.S_BUDGET), budget_spec=ua.get(S.S_BUDGET_SPEC), reference_params=ua.get(S.S_REFERENCE),
+        study_name=study.study_name, space_name=str(ua.get(StudyAttr.SPACE_NAME, "?")), objectives=metric_names(study),
+        budget_params=ua.get(StudyAttr.BUDGET), budget_spec=ua.get(StudyAttr.BUDGET_SPEC), reference_params=ua.get(StudyAttr.REFERENCE),
         n_trials=len(trials), by_status=by_status, n_complete=len(complete),
-        n_front=len(S.front_trials(study)) if complete else 0, reasons=reasons,
+        n_front=len(front_trials(study)) if complete else 0, reasons=reasons,
     )
 
 
@@ -133,9 +135,9 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
     ua = study.user_attrs
     try:
         over = ua.get("overrides") or {}
-        space = parse_space(ua[S.S_SPACE_TEXT], str(ua.get(S.S_SPACE_SOURCE, study.study_name)))
-        space = space.bind(vocab_size=ua.get(S.S_VOCAB) or over.get("vocab_size"), budget=over.get("budget"))
-        rec = ua.get(S.S_RECIPE) or {}
+        space = parse_space(ua[StudyAttr.SPACE_TEXT], str(ua.get(StudyAttr.SPACE_SOURCE, study.study_name)))
+        space = space.bind(vocab_size=ua.get(StudyAttr.VOCAB) or over.get("vocab_size"), budget=over.get("budget"))
+        rec = ua.get(StudyAttr.RECIPE) or {}
         acc = count(reference_config(space.reference_chassis, space.dtype),
                     batch_size=int(rec.get("batch_size", 1)), seq_len=rec.get("seq_len"))
     except (KeyError, TypeError, ValueError, NpasError) as e:
@@ -147,7 +149,7 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
 
 def pareto_info(study: optuna.Study) -> ParetoInfo:
     names = metric_names(study)
-    front = [t.number for t in S.front_trials(study)] if study.get_trials(
+    front = [t.number for t in front_trials(study)] if study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE,)) else []
     on_front = set(front)
     points, no_values = [], {}
@@ -155,13 +157,13 @@ def pareto_info(study: optuna.Study) -> ParetoInfo:
         if t.state == TrialState.COMPLETE and t.values is not None:
             points.append(ParetoPoint(
                 number=t.number, values=tuple(float(v) for v in t.values), label=label(t),
-                baseline=str(t.user_attrs.get(S.T_BASELINE) or ""), on_front=t.number in on_front,
-                full_fidelity=S.is_full_fidelity(t), within_budget=within_budget(t)))
+                baseline=str(t.user_attrs.get(TrialAttr.BASELINE) or ""), on_front=t.number in on_front,
+                full_fidelity=is_full_fidelity(t), within_budget=within_budget(t)))
         else:
-            no_values[S.status(t)] = no_values.get(S.status(t), 0) + 1
+            no_values[status(t)] = no_values.get(status(t), 0) + 1
     ua = study.user_attrs
     return ParetoInfo(names=names, points=points, front=front, no_values=no_values,
-                      budget_params=ua.get(S.S_BUDGET), budget_spec=ua.get(S.S_BUDGET_SPEC),
+                      budget_params=ua.get(StudyAttr.BUDGET), budget_spec=ua.get(StudyAttr.BUDGET_SPEC),
                       reference=reference_mark(study, names))
 
 
@@ -179,16 +181,14 @@ class HypervolumeInfo:
 def hypervolume_info(study: optuna.Study) -> HypervolumeInfo:
     """Hypervolume after each complete trial, with Optuna's own exact algorithm (WFG).
 
-    Optuna 5 has no public hypervolume function; `optuna._hypervolume.compute_hypervolume` is the
+    Optuna 5 has no public hypervolume function; `npas.service.optuna_adapter.hypervolume` wraps the
     one `optuna.visualization.plot_hypervolume_history` uses. Each objective is scaled so the best
     value seen is 0 and the reference point (worst x 1.1) is 1: the result is the fraction of that
     box the front dominates, comparable across studies of different scales.
     """
-    from optuna._hypervolume import compute_hypervolume
-
     names = metric_names(study)
     complete = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
-    full = [t for t in complete if S.is_full_fidelity(t)]
+    full = [t for t in complete if is_full_fidelity(t)]
     if len(study.directions) < 2:
         return HypervolumeInfo(names, [], [], None, None, "a single objective has no hypervolume; see the trials table")
     if not full:
@@ -205,7 +205,7 @@ def hypervolume_info(study: optuna.Study) -> HypervolumeInfo:
             p = (np.asarray(t.values, dtype=float) * signs - best) / span
             if (p < 1.0).all():
                 kept.append(p)
-                current = float(compute_hypervolume(np.array(kept), np.ones(len(p))))
+                current = hypervolume(kept, np.ones(len(p)))
         numbers.append(t.number)
         hv.append(current)
     note = None if kept else "no feasible (within budget, full fidelity) trial yet"
@@ -240,7 +240,7 @@ class AllocationInfo:
 
 
 def allocation_row(t: FrozenTrial) -> AllocationRow | None:
-    alloc, acc = t.user_attrs.get(S.T_ALLOC), t.user_attrs.get(S.T_ACCOUNTING) or {}
+    alloc, acc = t.user_attrs.get(TrialAttr.ALLOC), t.user_attrs.get(TrialAttr.ACCOUNTING) or {}
     if not alloc:
         return None
     try:
@@ -277,16 +277,16 @@ class TaperInfo:
 
 
 def taper_info(study: optuna.Study) -> TaperInfo:
-    lines = [(t.number, label(t), list(t.user_attrs[S.T_ALLOC]["mlp_widths"]))
-             for t in _front(study) if t.user_attrs.get(S.T_ALLOC)]
+    lines = [(t.number, label(t), list(t.user_attrs[TrialAttr.ALLOC]["mlp_widths"]))
+             for t in _front(study) if t.user_attrs.get(TrialAttr.ALLOC)]
     ref = None
     try:
         from npas.allocation.space import parse_space
 
-        ref = parse_space(study.user_attrs[S.S_SPACE_TEXT]).reference_chassis.d_ff
+        ref = parse_space(study.user_attrs[StudyAttr.SPACE_TEXT]).reference_chassis.d_ff
     except (KeyError, NpasError):  # not an npas space: fall back on any sampled trial's chassis
-        knobs = next((t.user_attrs[S.T_KNOBS] for t in study.get_trials(deepcopy=False)
-                      if isinstance(t.user_attrs.get(S.T_KNOBS), dict) and not t.user_attrs.get(S.T_BASELINE)), {})
+        knobs = next((t.user_attrs[TrialAttr.KNOBS] for t in study.get_trials(deepcopy=False)
+                      if isinstance(t.user_attrs.get(TrialAttr.KNOBS), dict) and not t.user_attrs.get(TrialAttr.BASELINE)), {})
         ref = knobs.get("d_ff") if isinstance(knobs.get("d_ff"), int) else None
     return TaperInfo(ref, lines, None if lines else "no front yet")
 
@@ -302,8 +302,8 @@ class CurvesInfo:
 def curves_info(study: optuna.Study) -> CurvesInfo:
     curves, top = [], None
     for t in _front(study):
-        pts = t.user_attrs.get(S.T_CURVE) or []
-        top = t.user_attrs.get(S.T_MAX_FIDELITY, top)
+        pts = t.user_attrs.get(TrialAttr.CURVE) or []
+        top = t.user_attrs.get(TrialAttr.MAX_FIDELITY, top)
         if pts:
             curves.append((t.number, label(t), [int(s) for s, _ in pts], [float(v) for _, v in pts]))
     note = None if curves else "no front trial has a recorded learning curve yet"
@@ -328,7 +328,7 @@ def importance_info(study: optuna.Study, min_trials: int = IMPORTANCE_MIN_TRIALS
     """
     names = metric_names(study)
     usable = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-              if S.is_full_fidelity(t) and t.params]
+              if is_full_fidelity(t) and t.params]
     if len(usable) < min_trials:
         why = f"needs at least {min_trials} complete full-fidelity searched trials, the study has {len(usable)}"
         return ImportanceInfo([(n, {}) for n in names], len(usable), {n: why for n in names})
@@ -357,7 +357,7 @@ def importance_info(study: optuna.Study, min_trials: int = IMPORTANCE_MIN_TRIALS
 def _front(study: optuna.Study) -> list[FrozenTrial]:
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return []
-    return S.front_trials(study)
+    return front_trials(study)
 
 
 # ---- proxy vs validated (the fidelity certificate of `npas validate`) -----------------------------
@@ -400,28 +400,28 @@ def trials_frame(study: optuna.Study):
     import pandas as pd
 
     names = metric_names(study)
-    budget = study.user_attrs.get(S.S_BUDGET)
+    budget = study.user_attrs.get(StudyAttr.BUDGET)
     records = []
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
-        acc, alloc = ua.get(S.T_ACCOUNTING) or {}, ua.get(S.T_ALLOC)
-        rec: dict = {"trial": t.number, "state": t.state.name.lower(), "status": S.status(t)}
+        acc, alloc = ua.get(TrialAttr.ACCOUNTING) or {}, ua.get(TrialAttr.ALLOC)
+        rec: dict = {"trial": t.number, "state": t.state.name.lower(), "status": status(t)}
         for i, n in enumerate(names):
             rec[n] = t.values[i] if t.values is not None and i < len(t.values) else None
         stored = acc.get("stored_params")
         rec["stored_params"] = stored
-        if S.C_BUDGET in t.constraints:  # the constraint as told: stored - budget
-            rec["budget_margin"] = -t.constraints[S.C_BUDGET]
+        if Constraint.BUDGET in t.constraints:  # the constraint as told: stored - budget
+            rec["budget_margin"] = -t.constraints[Constraint.BUDGET]
         else:
             rec["budget_margin"] = budget - stored if budget is not None and stored is not None else None
-        rec["fidelity"] = ua.get(S.T_FIDELITY)
-        rec["max_fidelity"] = ua.get(S.T_MAX_FIDELITY)
-        rec["baseline"] = ua.get(S.T_BASELINE) or ""
+        rec["fidelity"] = ua.get(TrialAttr.FIDELITY)
+        rec["max_fidelity"] = ua.get(TrialAttr.MAX_FIDELITY)
+        rec["baseline"] = ua.get(TrialAttr.BASELINE) or ""
         try:
             rec["allocation"] = ArchConfig.from_dict(alloc).summary() if alloc else ""
         except NpasError:
             rec["allocation"] = "(unreadable allocation)"
-        rec["reason"] = ua.get(S.T_REASON) or ""
+        rec["reason"] = ua.get(TrialAttr.REASON) or ""
         records.append(rec)
     columns = ["trial", "state", "status", *names, "stored_params", "budget_margin", "fidelity", "max_fidelity",
                "baseline", "allocation", "reason"]

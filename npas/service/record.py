@@ -1,0 +1,146 @@
+"""What an npas study stores in Optuna's user attributes: the study's record and its trials' keys.
+
+The attribute names are what plain Optuna, optuna-dashboard and older npas versions read, so they
+never change: a study written by any earlier npas loads through `StudyRecord.from_attrs`. Everything
+a resume or a joining driver needs lives in the record; nothing about a study is stored outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any
+
+from npas.errors import StudyError
+
+
+class StudyAttr(StrEnum):
+    """Keys of `study.user_attrs`; the values are the names stored in the database."""
+
+    VERSION = "npas_version"
+    SPACE_TEXT = "space_text"
+    SPACE_HASH = "space_hash"
+    SPACE_NAME = "space_name"
+    SPACE_SOURCE = "space_source"
+    BUDGET = "budget_params"
+    BUDGET_SPEC = "budget_spec"
+    REFERENCE = "reference_params"
+    RECIPE = "recipe"
+    DATA = "data_source"
+    FINGERPRINT = "data_fingerprint"
+    VOCAB = "vocab_size"
+    OBJECTIVES = "objectives"
+    SAMPLER = "sampler"
+    SEED = "seed"
+    EARLY_STOP = "early_stop"
+    TARGET = "target_trials"
+    OVERRIDES = "overrides"  # vocab_size / budget bound at launch, re-applied on resume
+    READY = "npas_ready"  # written last at creation: a study without it is still being set up
+
+
+class TrialAttr(StrEnum):
+    """Keys of `trial.user_attrs`."""
+
+    STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
+    REASON = "failure_reason"
+    BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
+    KNOBS = "knobs"
+    ALLOC = "allocation"
+    HASH = "allocation_hash"
+    ACCOUNTING = "accounting"
+    PROXY = "proxy"
+    FIDELITY = "fidelity"  # steps trained
+    MAX_FIDELITY = "max_fidelity"  # steps the recipe asks for
+    CURVE = "curve"
+    KEY = "trial_key"  # same allocation, recipe and data -> same key
+    FILL = "budget_fill"
+    DRIVER = "driver"  # which driver process claimed the trial
+    RETRY_OF = "retry_of"
+    NODE = "ray_node"
+    SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
+    RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
+
+
+class Constraint(StrEnum):
+    """Optuna constraint names (`trial.set_constraint`); a trial is feasible when all are <= 0."""
+
+    BUDGET = "budget"  # stored params minus the budget
+    FIDELITY = "fidelity"  # the fraction of steps an early-stopped trial did not train
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """A study's settings as stored: the truth that `resume` and joining drivers read back.
+
+    Fields added after the first release have defaults equal to what those early studies ran with,
+    so their records load unchanged.
+    """
+
+    version: str
+    space_text: str
+    space_hash: str
+    space_name: str
+    space_source: str
+    budget_params: int
+    budget_spec: str
+    reference_params: int
+    recipe: Mapping[str, Any]
+    data_source: str | None  # None: the bundled corpus
+    data_fingerprint: str
+    vocab_size: int
+    objectives: tuple[str, ...]
+    sampler: str = "tpe"
+    seed: int | None = 0
+    early_stop: bool = True
+    target_trials: int = 20
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    # field name -> stored attribute name (the two differ where the database name predates the record)
+    _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
+             "space_name": StudyAttr.SPACE_NAME, "space_source": StudyAttr.SPACE_SOURCE,
+             "budget_params": StudyAttr.BUDGET, "budget_spec": StudyAttr.BUDGET_SPEC,
+             "reference_params": StudyAttr.REFERENCE, "recipe": StudyAttr.RECIPE, "data_source": StudyAttr.DATA,
+             "data_fingerprint": StudyAttr.FINGERPRINT, "vocab_size": StudyAttr.VOCAB,
+             "objectives": StudyAttr.OBJECTIVES, "sampler": StudyAttr.SAMPLER, "seed": StudyAttr.SEED,
+             "early_stop": StudyAttr.EARLY_STOP, "target_trials": StudyAttr.TARGET,
+             "overrides": StudyAttr.OVERRIDES}
+
+    def to_attrs(self) -> dict[str, Any]:
+        """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
+        written last, after the baselines, by `mark_ready`)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[str(self._KEYS[f.name])] = value
+        return out
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any], study: str = "?") -> StudyRecord:
+        """Read a stored record; a missing required key means the study was not made by npas (or
+        its creator died while writing it)."""
+        values: dict[str, Any] = {}
+        missing = []
+        for f in fields(cls):
+            key = str(cls._KEYS[f.name])
+            if key in attrs:
+                values[f.name] = attrs[key]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                missing.append(key)
+        if missing:
+            raise StudyError(f"study {study!r} has no npas record ({', '.join(missing)} missing); it was not "
+                             f"created by npas, or its creator stopped while setting it up")
+        values["objectives"] = tuple(values["objectives"])
+        values["overrides"] = dict(values.get("overrides") or {})
+        return cls(**values)
+
+    def with_target(self, target: int) -> StudyRecord:
+        return replace(self, target_trials=int(target))
+
+
+def is_ready(attrs: Mapping[str, Any]) -> bool:
+    return bool(attrs.get(StudyAttr.READY))

@@ -1,0 +1,52 @@
+"""The study's stored record: it owns every study key, round-trips, and reads studies written the old way."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from npas.errors import StudyError
+from npas.service.record import StudyAttr, StudyRecord
+from npas.service.storage import open_storage
+from npas.service.study import load, read_record, write_record
+
+RECORD = StudyRecord(
+    version="0.1.0", space_text="name: t\n", space_hash="h", space_name="t", space_source="t.yaml",
+    budget_params=1000, budget_spec="0.5x", reference_params=2000, recipe={"name": "fast", "steps": 40},
+    data_source=None, data_fingerprint="fp", vocab_size=68, objectives=("val_loss", "train_memory_bytes"),
+    sampler="nsga2", seed=3, early_stop=False, target_trials=8, overrides={"vocab_size": 68})
+
+# what npas wrote before the record existed (one set_user_attr per key, names spelled out), from a
+# version that did not store sampler, seed, early stop, target or overrides yet
+OLD_ATTRS = {"npas_version": "0.0.9", "space_text": "name: t\n", "space_hash": "h", "space_name": "t",
+             "space_source": "t.yaml", "budget_params": 1000, "budget_spec": "0.5x", "reference_params": 2000,
+             "recipe": {"name": "fast", "steps": 40}, "data_source": None, "data_fingerprint": "fp",
+             "vocab_size": 68, "objectives": ["val_loss", "train_memory_bytes"]}
+
+
+def test_the_record_owns_every_study_key():
+    assert set(RECORD.to_attrs()) == {str(k) for k in StudyAttr} - {StudyAttr.READY}
+
+
+def test_round_trip_through_a_real_study(tmp_path):
+    handle = open_storage(f"sqlite:///{tmp_path}/r.db")
+    study = optuna.create_study(study_name="r", storage=handle.storage)
+    write_record(study, RECORD)
+    again = read_record(load("r", handle))
+    assert again == RECORD
+    assert optuna.load_study(study_name="r", storage=handle.url).user_attrs["early_stop"] is False  # plain Optuna
+
+
+def test_a_study_written_the_old_way_loads_with_the_settings_it_ran_with(tmp_path):
+    handle = open_storage(f"sqlite:///{tmp_path}/o.db")
+    study = optuna.create_study(study_name="old", storage=handle.storage)
+    for k, v in OLD_ATTRS.items():
+        study.set_user_attr(k, v)
+    rec = read_record(load("old", handle))
+    assert rec.objectives == ("val_loss", "train_memory_bytes") and rec.budget_params == 1000
+    assert (rec.sampler, rec.seed, rec.early_stop, rec.target_trials, dict(rec.overrides)) == ("tpe", 0, True, 20, {})
+
+
+def test_a_study_without_a_record_is_named():
+    with pytest.raises(StudyError, match="no npas record.*data_fingerprint"):
+        StudyRecord.from_attrs({k: v for k, v in OLD_ATTRS.items() if k != "data_fingerprint"}, "x")
