@@ -123,9 +123,11 @@ def recipe_for(setup: Setup, job: Job) -> Recipe:
                              "parameterization": job.parameterization})
 
 
-def jobs_of(setup: Setup, names: list[str]) -> list[Job]:
-    """Every run, seed-major so a partial cache holds whole sweeps; the reference runs once (fair and
-    uniform train it identically: all its multipliers are 1, tests/test_parameterization.py)."""
+def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
+    """Every run, seed-major so a partial cache holds whole sweeps, and within a seed the cheapest arms
+    first (FLOPs per token), so a time-boxed session measures the most arms; the reference runs once
+    (fair and uniform train it identically: all its multipliers are 1, tests/test_parameterization.py)."""
+    names = sorted(configs, key=lambda n: (n != "reference", npas.count(configs[n]).flops_per_token))
     out = []
     for seed in setup.seeds:
         for name in names:
@@ -152,9 +154,9 @@ def _run(job: Job, cfg_json: str, recipe_json: str, ref_json: str) -> dict:
 def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> int:
     """Train every job without a cached result; each result is written the moment it arrives."""
     setup.out.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs_of(setup, list(configs))
+    todo = [j for j in jobs_of(setup, configs)
             if not (setup.out / f"{j.key(configs[j.arm], version)}.json").exists()]
-    print(f"runs: {len(todo)} to train, {len(jobs_of(setup, list(configs))) - len(todo)} cached "
+    print(f"runs: {len(todo)} to train, {len(jobs_of(setup, configs)) - len(todo)} cached "
           f"(code version {version}) in {setup.out}", flush=True)
     ref_json = json.dumps(setup.reference.__dict__)
 
@@ -193,14 +195,14 @@ def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
     total = cached = 0.0
     print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
     for name, cfg in configs.items():
-        js = [j for j in jobs_of(setup, list(configs)) if j.arm == name]
+        js = [j for j in jobs_of(setup, configs) if j.arm == name]
         flops = npas.count(cfg).flops_per_token
         secs = len(js) * tokens * 3 * flops / CPU_FLOPS
         done = sum((setup.out / f"{j.key(cfg, version)}.json").exists() for j in js)
         cached += secs * done / len(js)
         total += secs
         print(f"{name:<14}{len(js):>6}{tokens:>12,}{flops:>15,}{secs / 3600:>11.2f}")
-    n = len(jobs_of(setup, list(configs)))
+    n = len(jobs_of(setup, configs))
     print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
           f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
           f"~{(total - cached) / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
@@ -212,7 +214,7 @@ def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> 
     """(arm, parameterization, lr, seed) -> final val loss (inf for a failed run), for the runs of
     exactly these arms, recipe and code version."""
     out = {}
-    for j in jobs_of(setup, list(configs)):
+    for j in jobs_of(setup, configs):
         path = setup.out / f"{j.key(configs[j.arm], version)}.json"
         if not path.exists():
             continue
