@@ -27,8 +27,8 @@ MID = 7  # 0-based optimizer step inside the cosine part of the schedule
 TIED = ArchConfig(chassis=CHASSIS, mlp_widths=(256, 128), block_of_layer=(0, 0))
 POOLED = ArchConfig(chassis=CHASSIS, mlp_widths=(256, 256), block_of_layer=(0, 1),
                     banks=(Bank(members=((0, "mlp_up"), (1, "mlp_up")), generator="tie", size=256 * 64),
-                           Bank(members=((0, "attn_qkv"), (1, "attn_qkv")), generator="template_mix",
-                                size=192 * 64 // 2, templates=3)))
+                           Bank(members=((0, "attn_q"), (1, "attn_q")), generator="template_mix",
+                                size=64 * 64 // 2, templates=3)))
 RELAXED = ArchConfig(chassis=CHASSIS, mlp_widths=(256, 128), block_of_layer=(0, 0), lora_attn=(4, 4),
                      lora_mlp=(2, 2))
 
@@ -36,11 +36,11 @@ s = 2 ** -0.5  # a tensor read by two layers: the documented k**-1/2
 WIDTH = 32 / 64  # fan_in_ref / fan_in for slots reading d_model
 DEPTH = 4 / 2  # L_ref / L
 # Expected multipliers, from the docstring table: matrix = k^-1/2 * mean(w * d), d = L_ref/L on
-# residual outputs (attn_out, mlp_down) and sqrt(L_ref/L) on inputs; norms and embeddings 1.
+# residual outputs (attn_o, mlp_down) and sqrt(L_ref/L) on inputs; norms and embeddings 1.
 EXPECTED = {
     "tied": {
-        "blocks.0.attn_qkv": s * WIDTH * math.sqrt(DEPTH),
-        "blocks.0.attn_out": s * WIDTH * DEPTH,
+        "blocks.0.attn_q": s * WIDTH * math.sqrt(DEPTH),
+        "blocks.0.attn_o": s * WIDTH * DEPTH,
         "blocks.0.mlp_up": (1.5 ** -0.5) * WIDTH * math.sqrt(DEPTH),  # widths 256+128 over 256 stored: k=1.5
         # mlp_down: layer 0 reads 64x256 at w=128/256, layer 1 reads 64x128 at w=128/128, weighted
         "blocks.0.mlp_down": (1.5 ** -0.5) * (2 * 0.5 * DEPTH + 1 * 1.0 * DEPTH) / 3,
@@ -48,15 +48,15 @@ EXPECTED = {
     },
     "pooled": {
         "banks.0.weight": s * WIDTH * math.sqrt(DEPTH),  # a tie bank read whole by two members: k=2
-        # template_mix: 2 members x 192*64 reads over a template of 192*64/2 -> k=4
+        # template_mix: 2 members x 64*64 reads over a template of 64*64/2 -> k=4
         "banks.1.weight": 4 ** -0.5 * WIDTH * math.sqrt(DEPTH),
         "banks.1.coef": 1.0,  # each member's block is read by one layer
-        "blocks.1.attn_out": WIDTH * DEPTH, "blocks.0.mlp_down": (128 / 256) * DEPTH,
+        "blocks.1.attn_o": WIDTH * DEPTH, "blocks.0.mlp_down": (128 / 256) * DEPTH,
     },
     "relaxed": {
-        "blocks.0.attn_qkv": s * WIDTH * math.sqrt(DEPTH),
-        "h.0.lora.attn_qkv.A": WIDTH * math.sqrt(DEPTH), "h.0.lora.attn_qkv.B": WIDTH * math.sqrt(DEPTH),
-        "h.1.lora.attn_out.B": WIDTH * DEPTH,
+        "blocks.0.attn_q": s * WIDTH * math.sqrt(DEPTH),
+        "h.0.lora.attn_q.A": WIDTH * math.sqrt(DEPTH), "h.0.lora.attn_q.B": WIDTH * math.sqrt(DEPTH),
+        "h.1.lora.attn_o.B": WIDTH * DEPTH,
         "h.0.lora.mlp_down.A": (128 / 256) * DEPTH, "h.1.lora.mlp_down.B": (128 / 128) * DEPTH,
         "h.1.lora.mlp_up.A": WIDTH * math.sqrt(DEPTH),
     },
@@ -117,7 +117,7 @@ def test_uniform_is_the_old_single_learning_rate(corpus):
     assert [g["weight_decay"] for g in new] == [g["weight_decay"] for g in old]
     # and fair differs on this model (otherwise the tests above would prove nothing)
     fair, _ = _lrs_seen(RELAXED, RECIPE, corpus, reference=REFERENCE)
-    assert fair["blocks.0.attn_qkv"][MID] != lrs["blocks.0.attn_qkv"][MID]
+    assert fair["blocks.0.attn_q"][MID] != lrs["blocks.0.attn_q"][MID]
 
 
 def test_fair_init_scales_hidden_matrices_by_root_width_ratio():
@@ -127,7 +127,7 @@ def test_fair_init_scales_hidden_matrices_by_root_width_ratio():
     fair = npas.build_model(TIED)
     apply_init(fair, "fair", REFERENCE)
     p0, p1 = dict(drawn.named_parameters()), dict(fair.named_parameters())
-    assert torch.allclose(p1["blocks.0.attn_qkv"], p0["blocks.0.attn_qkv"] * math.sqrt(WIDTH))
+    assert torch.allclose(p1["blocks.0.attn_q"], p0["blocks.0.attn_q"] * math.sqrt(WIDTH))
     assert torch.allclose(p1["blocks.0.mlp_down"], p0["blocks.0.mlp_down"] * math.sqrt((2 * 0.5 + 1) / 3))
     assert torch.equal(p1["wte.weight"], p0["wte.weight"]) and torch.equal(p1["h.0.ln_1.weight"],
                                                                            p0["h.0.ln_1.weight"])
