@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -33,7 +34,8 @@ GRACE_S = 60  # ...and a trial silent this long (database clock) belongs to a de
 RECOVER_EVERY_S = 30  # a running driver also recovers other drivers' orphans this often
 
 
-_ADOPTED: set[int] = set()  # unclaimed trials this process gave their one heartbeat
+# unclaimed trials this process gave their one heartbeat, per storage (trial ids repeat across databases)
+_ADOPTED: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
 
 
 @cache
@@ -124,6 +126,7 @@ def recover_once(study: optuna.Study) -> list[int]:
     """
     storage = adapter.storage_of(study)
     stale = adapter.stale_trial_ids(study)
+    adopted = _ADOPTED.setdefault(storage, set())
     recovered = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         tid = adapter.trial_id(t)
@@ -131,9 +134,9 @@ def recover_once(study: optuna.Study) -> list[int]:
         if is_this_process(drv):
             continue
         if tid not in stale and not _provably_dead(drv):
-            if not drv and tid not in _ADOPTED:  # unclaimed: one beat starts its grace period
+            if not drv and tid not in adopted:  # unclaimed: one beat starts its grace period
                 adapter.record_heartbeat(study, tid)  # (harmless if its driver is mid-claim: it beats too)
-                _ADOPTED.add(tid)
+                adopted.add(tid)
             continue
         try:
             storage.set_trial_user_attr(tid, TrialAttr.STATUS, "orphaned")
