@@ -22,9 +22,9 @@ from optuna.trial import TrialState
 import npas
 from npas.allocation.budget import count
 from npas.presentation.cli import main
-from npas.service import study as S
 from npas.service import validate as V
 from npas.service.certificate import CERTIFICATE_ATTR
+from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.validate_plan import SEED_BASE
 from npas.training.recipe import load_recipe
 
@@ -51,8 +51,8 @@ def synthetic_study(url: str, n: int = 16, seed: int = 0) -> tuple[str, dict[str
     st = optuna.create_study(study_name=name, storage=url, directions=["minimize"] * 2)
     st.set_metric_names(["val_loss", "train_memory_bytes"])
     recipe = load_recipe(FAST)
-    for k, v in {S.S_SPACE_TEXT: space.text, S.S_RECIPE: recipe.to_dict(), S.S_FINGERPRINT: "synthetic",
-                 S.S_OBJECTIVES: ["val_loss", "train_memory_bytes"], S.S_DATA: None}.items():
+    for k, v in {StudyAttr.SPACE_TEXT: space.text, StudyAttr.RECIPE: recipe.to_dict(), StudyAttr.FINGERPRINT: "synthetic",
+                 StudyAttr.OBJECTIVES: ["val_loss", "train_memory_bytes"], StudyAttr.DATA: None}.items():
         st.set_user_attr(k, v)
     order = np.random.default_rng(seed).permutation(n)
     proxy = {}
@@ -60,11 +60,11 @@ def synthetic_study(url: str, n: int = 16, seed: int = 0) -> tuple[str, dict[str
         loss = 2.0 + 0.05 * int(order[i])
         proxy[cfg.hash] = loss
         acc = count(cfg, seq_len=recipe.seq_len)
-        attrs = {S.T_ALLOC: cfg.to_dict(), S.T_HASH: cfg.hash, S.T_ACCOUNTING: acc.to_dict()}
+        attrs = {TrialAttr.ALLOC: cfg.to_dict(), TrialAttr.HASH: cfg.hash, TrialAttr.ACCOUNTING: acc.to_dict()}
         if not label.startswith("t"):
-            attrs[S.T_BASELINE] = label
+            attrs[TrialAttr.BASELINE] = label
         st.add_trial(optuna.trial.create_trial(values=[loss, float(acc.train_memory_bytes)], user_attrs=attrs,
-                                               constraints={S.C_BUDGET: -1.0, S.C_FIDELITY: 0.0}))
+                                               constraints={Constraint.BUDGET: -1.0, Constraint.FIDELITY: 0.0}))
     return name, proxy
 
 

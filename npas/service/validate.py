@@ -25,8 +25,11 @@ from optuna.trial import TrialState
 
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service import study as S
-from npas.service.storage import open_storage, redact, resolve_url
+from npas.service import study as studies
+from npas.service.optuna_adapter import storage_of, trial_id
+from npas.service.record import StudyAttr
+from npas.service.storage import open_storage
+from npas.service.urls import redact, resolve_url
 from npas.service.validate_plan import Options, Plan, Target, make_plan, score_batches
 from npas.training.recipe import Recipe
 
@@ -115,8 +118,8 @@ def recover(linked: optuna.Study) -> list[int]:
         if drv.get("host") == here and drv.get("pid") and _alive(int(drv["pid"])) and drv["pid"] != os.getpid():
             raise StudyError(f"`npas validate {linked.user_attrs.get(V_SOURCE_STUDY)}` is already running "
                              f"(pid {drv['pid']}); wait for it or stop it first")
-        linked._storage.set_trial_user_attr(t._trial_id, V_REASON, "orphaned: its validate process stopped")
-        linked._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        storage_of(linked).set_trial_user_attr(trial_id(t), V_REASON, "orphaned: its validate process stopped")
+        storage_of(linked).set_trial_state_values(trial_id(t), state=TrialState.FAIL)
         failed.append(t.number)
     return failed
 
@@ -140,8 +143,9 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
     if opts.threads is not None:
         recipe = Recipe.from_dict({**recipe.to_dict(), "threads": opts.threads})
     url = resolve_url(storage)
-    st = open_storage(url)
-    source = S.load(name, st, url)
+    handle = open_storage(url)
+    st = handle.storage
+    source = studies.load(name, handle)
     plan = make_plan(source, opts, recipe)
     short = sorted({t.cfg.chassis.context for t in plan.targets if t.cfg.chassis.context < recipe.seq_len})
     if short:
@@ -160,8 +164,8 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
     total = len({k for _, _, k in plan.jobs()})
     if retrain is None:
         ua = source.user_attrs
-        split_at = float((ua.get(S.S_RECIPE) or {}).get("val_fraction", recipe.val_fraction))
-        retrain = functools.partial(train_and_test, source=ua.get(S.S_DATA), fingerprint=plan.fingerprint,
+        split_at = float((ua.get(StudyAttr.RECIPE) or {}).get("val_fraction", recipe.val_fraction))
+        retrain = functools.partial(train_and_test, source=ua.get(StudyAttr.DATA), fingerprint=plan.fingerprint,
                                     val_fraction=split_at, score_recipe=recipe.to_dict())
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
     if jobs:

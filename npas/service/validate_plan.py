@@ -29,7 +29,8 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
-from npas.service import study as S
+from npas.service import study as studies
+from npas.service.record import StudyAttr, TrialAttr
 from npas.training.recipe import Recipe
 
 SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds recipes use
@@ -141,7 +142,7 @@ def fresh_seeds(n: int, avoid: set[int]) -> tuple[int, ...]:
 
 
 def loss_index(study: optuna.Study) -> int:
-    names = list(study.metric_names or study.user_attrs.get(S.S_OBJECTIVES, []))
+    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
     for i, n in enumerate(names):
         if n in LOSS_OBJECTIVES:
             return i
@@ -150,7 +151,7 @@ def loss_index(study: optuna.Study) -> int:
 
 
 def _cfg(t: FrozenTrial) -> ArchConfig:
-    return ArchConfig.from_dict(t.user_attrs[S.T_ALLOC])
+    return ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
 
 
 def flops_matched(cfg: ArchConfig, seq_len: int) -> tuple[ArchConfig, float]:
@@ -175,9 +176,9 @@ def flops_matched(cfg: ArchConfig, seq_len: int) -> tuple[ArchConfig, float]:
 
 def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     li = loss_index(study)
-    front = [t for t in S.front_trials(study) if S.T_ALLOC in t.user_attrs]
+    front = [t for t in studies.front_trials(study) if TrialAttr.ALLOC in t.user_attrs]
     front.sort(key=lambda t: t.values[li])
-    picked = S.pick(study, opts.pick)
+    picked = studies.pick(study, opts.pick)
     targets: dict[str, dict] = {}  # allocation hash -> Target fields, in plan order
 
     def add(t: FrozenTrial | None, role: str, cfg: ArchConfig | None = None, label: str = "") -> str:
@@ -193,27 +194,27 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
         add(t, "front")
     add(picked, "pick")
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if S.is_full_fidelity(t) and S.T_ALLOC in t.user_attrs]
-    baselines = sorted((t for t in done if t.user_attrs.get(S.T_BASELINE)), key=lambda t: t.number)
+            if studies.is_full_fidelity(t) and TrialAttr.ALLOC in t.user_attrs]
+    baselines = sorted((t for t in done if t.user_attrs.get(TrialAttr.BASELINE)), key=lambda t: t.number)
     for t in baselines:
-        add(t, "baseline", label=str(t.user_attrs[S.T_BASELINE]))
+        add(t, "baseline", label=str(t.user_attrs[TrialAttr.BASELINE]))
     rest = sorted((t for t in done if _cfg_hash(t) not in targets), key=lambda t: (t.values[li], t.number))
     m = min(len(rest), max(0, opts.sample - len(baselines)))
     for k in range(m):  # the middle of each of m equal-count strata of the proxy-loss order
         add(rest[int((k + 0.5) * len(rest) / m)], "sample")
-    narrow = next((t for t in baselines if t.user_attrs[S.T_BASELINE] == "narrow_untied"), None)
+    narrow = next((t for t in baselines if t.user_attrs[TrialAttr.BASELINE] == "narrow_untied"), None)
     mem = add(narrow, "memory_matched", label="narrow_untied") if narrow is not None else None
     seq_len = recipe.seq_len
     dense, ratio = flops_matched(_cfg(picked), seq_len)
     flo = add(None, "flops_matched", cfg=dense, label=f"dense untied d_ff={dense.mlp_widths[0]}")
-    proxy_seed = int((study.user_attrs.get(S.S_RECIPE) or {}).get("seed", 0))
+    proxy_seed = int((study.user_attrs.get(StudyAttr.RECIPE) or {}).get("seed", 0))
     seeds = fresh_seeds(opts.seeds, {proxy_seed, recipe.seed})
     return Plan(study=study.study_name,
                 targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"])
                               for e in targets.values()),
                 seeds=seeds, recipe=recipe, pick=picked.number, memory_matched=mem, flops_matched=flo,
-                flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(S.S_FINGERPRINT, "")))
+                flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(StudyAttr.FINGERPRINT, "")))
 
 
 def _cfg_hash(t: FrozenTrial) -> str:
-    return str(t.user_attrs.get(S.T_HASH) or _cfg(t).hash)
+    return str(t.user_attrs.get(TrialAttr.HASH) or _cfg(t).hash)

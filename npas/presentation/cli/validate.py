@@ -53,7 +53,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from npas.service.storage import is_sqlite
+    from npas.service.urls import check_url
     from npas.service.validate import Options, validate
     from npas.training.recipe import load_recipe
 
@@ -64,7 +64,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if problems:  # all of them, before the database or Ray is touched
         raise StudyError("; ".join(problems))
     load_recipe(args.recipe)  # a missing or invalid recipe names itself here
-    is_sqlite(args.storage)  # a malformed storage URL fails here, without connecting
+    check_url(args.storage)  # a malformed storage URL fails here, without connecting
     if args.ray_address:
         from npas.service.runner import check_address_reachable
 
