@@ -17,6 +17,7 @@ import uuid
 import numpy as np
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 import npas
@@ -24,9 +25,9 @@ from npas.allocation.budget import count
 from npas.presentation.cli import main
 from npas.service import validate as V
 from npas.service.certificate import CERTIFICATE_ATTR
-from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.record import Constraint, StudyRecord, TrialAttr
 from npas.service.validate_plan import SEED_BASE
-from npas.training.recipe import load_recipe
+from npas.training.recipe import Recipe, load_recipe
 
 from .conftest import ROOT
 
@@ -51,8 +52,13 @@ def synthetic_study(url: str, n: int = 16, seed: int = 0) -> tuple[str, dict[str
     st = optuna.create_study(study_name=name, storage=url, directions=["minimize"] * 2)
     st.set_metric_names(["val_loss", "train_memory_bytes"])
     recipe = load_recipe(FAST)
-    for k, v in {StudyAttr.SPACE_TEXT: space.text, StudyAttr.RECIPE: recipe.to_dict(), StudyAttr.FINGERPRINT: "synthetic",
-                 StudyAttr.OBJECTIVES: ["val_loss", "train_memory_bytes"], StudyAttr.DATA: None}.items():
+    record = StudyRecord(version=npas.__version__, space_text=space.text, space_hash=space.hash,
+                         space_name=space.name, space_source=space.source, budget_params=space.budget_params,
+                         budget_spec=space.budget_spec, reference_params=space.reference_params,
+                         recipe=recipe.to_dict(), data_source=None, data_fingerprint="synthetic",
+                         vocab_size=space.reference_chassis.vocab_size,
+                         objectives=("val_loss", "train_memory_bytes"))
+    for k, v in record.to_attrs().items():  # the record a real search writes, read back by validate
         st.set_user_attr(k, v)
     order = np.random.default_rng(seed).permutation(n)
     proxy = {}
@@ -251,33 +257,34 @@ def test_dashboard_fidelity_panel_info(tmp_path, monkeypatch, capsys):
     assert render_fidelity(info) is not None
 
 
-def test_scores_on_the_test_split_once_the_corpus_has_one(monkeypatch):
-    """The one guard against a build without a test split: it switches by itself when one lands."""
-    import npas.training.proxy as P
-    from npas.service.validate_plan import scoring_split
+def test_scores_on_the_held_out_test_split():
+    """Retrainings are scored on the test split's fixed windows, which the search never read."""
+    from npas.training.data import load_corpus
+    from npas.training.proxy import eval_batches
 
-    def with_split(corpus, recipe, split="val"):
-        return split
-
-    def without_split(corpus, recipe):
-        return "val"
-
-    monkeypatch.setattr(P, "eval_batches", with_split)
-    assert scoring_split() == "test" and V.score_batches(None, None) == "test"
-    monkeypatch.setattr(P, "eval_batches", without_split)
-    assert scoring_split() == "val"
+    corpus = load_corpus()
+    recipe = Recipe(name="score", seq_len=32, batch_size=4, eval_batches=2)
+    x, _ = V.score_batches(corpus, recipe)
+    tx, _ = eval_batches(corpus, recipe, split="test")
+    vx, _ = eval_batches(corpus, recipe, split="val")
+    assert torch.equal(x, tx) and not torch.equal(x, vx)
 
 
 @pytest.mark.slow
 def test_end_to_end_real_training_on_a_real_study(tmp_path, capsys):
     """A real tiny search, then `npas validate` with real training on Ray (smoke-sized recipe)."""
+    import ray
+
     from npas.service.driver import Launch, search
 
     url = f"sqlite:///{tmp_path}/npas.db"
-    search(npas.load_space(TINY), trials=5, study="e2e", storage=url, recipe=FAST, seed=1,
-           launch=Launch(workers=2, early_stop=False))
-    rc = main(["validate", "e2e", "--storage", url, "--recipe", FAST, "--top", "2", "--sample", "3",
-               "--seeds", "2", "--workers", "2", "--format", "json"])
+    try:
+        search(npas.load_space(TINY), trials=5, study="e2e", storage=url, recipe=FAST, seed=1,
+               launch=Launch(workers=2, early_stop=False))
+        rc = main(["validate", "e2e", "--storage", url, "--recipe", FAST, "--top", "2", "--sample", "3",
+                   "--seeds", "2", "--workers", "2", "--format", "json"])
+    finally:
+        ray.shutdown()  # later tests start their own Ray
     assert rc == 0
     cert = json.loads(capsys.readouterr().out)
     assert cert["complete"] == cert["planned"] >= 4

@@ -11,6 +11,7 @@ the database as it found it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -49,7 +50,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
-    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction)
+    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
     corpus.check_fits(rec.seq_len, rec.batch_size)
     space = space.bind(vocab_size=corpus.vocab_size, budget=budget)
     if rec.seq_len > space.reference_chassis.context:
@@ -162,7 +163,8 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
         raise StudyError(f"study {name!r} runs with {flag}; continue it as it was created (drop "
                          f"{'--no-early-stop' if not launch.early_stop else 'the option'}), or start a new study")
     rec = Recipe.from_dict(dict(record.recipe))
-    corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction)
+    corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction,
+                         test_fraction=rec.test_fraction)
     if corpus.fingerprint != record.data_fingerprint:
         raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
                          f"{corpus.fingerprint} != {record.data_fingerprint}); pass --data with the original corpus")
@@ -189,7 +191,10 @@ def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: Study
          launch: Launch, cpus: float) -> None:
     recipe = dict(record.recipe)
     payload = {"source": None if corpus.source.startswith("bundled") else corpus.source,
-               "fingerprint": corpus.fingerprint}
+               "fingerprint": corpus.fingerprint,
+               # the chassis whose untied model the recipe's base lr is for: the fair parameterization
+               # scales every candidate's per-group rates against it (training/parameterization.py)
+               "reference": dataclasses.asdict(space.reference_chassis)}
     if launch.ray_address is None and payload["source"] is not None:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
     searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,

@@ -243,11 +243,11 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 
 # ---- the trainable: runs inside a Ray worker process ----------------------------------------
 @functools.lru_cache(maxsize=4)
-def _worker_corpus(source: str | None, val_fraction: float, fingerprint: str):
+def _worker_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str):
     """Load once per worker process (actors are reused); the fingerprint guards against drift."""
     from npas.training.data import load_corpus
 
-    corpus = load_corpus(source, val_fraction=val_fraction)
+    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
     if corpus.fingerprint != fingerprint:
         raise NpasError(f"the corpus at {source} on this worker differs from the driver's "
                         f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
@@ -259,13 +259,15 @@ def trainable(config: dict, data: dict) -> None:
     import ray
     from ray import tune
 
-    from npas.allocation.config import ArchConfig
+    from npas.allocation.config import ArchConfig, Chassis
     from npas.training.proxy import run_proxy
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_dict(config["allocation"])
     recipe = Recipe.from_dict(config["recipe"])
-    corpus = data.get("corpus") or _worker_corpus(data["source"], recipe.val_fraction, data["fingerprint"])
+    corpus = data.get("corpus") or _worker_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
+                                                  data["fingerprint"])
+    reference = Chassis(**data["reference"]) if data.get("reference") else None
 
     def report(step: int, val_loss: float) -> bool:
         tune.report({"val_loss": val_loss if math.isfinite(val_loss) else math.inf, "step": step, "final": False})
@@ -273,7 +275,7 @@ def trainable(config: dict, data: dict) -> None:
 
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
     try:
-        result = run_proxy(cfg, recipe, corpus, report=report)
+        result = run_proxy(cfg, recipe, corpus, report=report, reference=reference)
     except Exception as e:
         # raised by the run itself, so it would raise again on every retry: report it as the trial's
         # failure instead of crashing the worker (Tune retries only workers and nodes that died)

@@ -12,6 +12,7 @@ from the linked study alone and goes into the source study's user attr ``fidelit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -24,10 +25,10 @@ import optuna
 from optuna.trial import TrialState
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.space import parse_space
 from npas.errors import StudyError
 from npas.service import study as studies
 from npas.service.optuna_adapter import storage_of, trial_id
-from npas.service.record import StudyAttr
 from npas.service.storage import open_storage
 from npas.service.urls import redact, resolve_url
 from npas.service.validate_plan import Options, Plan, Target, make_plan, score_batches
@@ -59,10 +60,10 @@ class Interrupted(StudyError):
 
 
 @functools.lru_cache(maxsize=2)
-def _corpus(source: str | None, val_fraction: float, fingerprint: str):
+def _corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str):
     from npas.training.data import load_corpus
 
-    corpus = load_corpus(source, val_fraction=val_fraction)
+    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
     if corpus.fingerprint != fingerprint:
         raise StudyError(f"the corpus at {source or 'bundled'} differs from the one the study ran on "
                          f"(fingerprint {corpus.fingerprint} != {fingerprint})")
@@ -70,15 +71,18 @@ def _corpus(source: str | None, val_fraction: float, fingerprint: str):
 
 
 def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
-                   val_fraction: float, score_recipe: dict) -> float:
+                   val_fraction: float, test_fraction: float, score_recipe: dict,
+                   reference: dict | None = None) -> float:
     """The real retraining: train under ``recipe`` (fresh seed) and return the test-split loss.
 
-    The corpus is split as the study's search split it (its recipe's ``val_fraction``), so the
-    held-out text is the text the search never trained on, whatever the long recipe says."""
+    The corpus is split as the study's search split it (its recipe's ``val_fraction`` and
+    ``test_fraction``), so the held-out text is the text the search never read, whatever the long
+    recipe says; ``reference`` is the study's reference chassis, as in the search's proxy runs."""
+    from npas.allocation.config import Chassis
     from npas.training.proxy import evaluate, pick_device, train_model
 
-    corpus = _corpus(source, val_fraction, fingerprint)
-    model, result = train_model(cfg, recipe, corpus)
+    corpus = _corpus(source, val_fraction, test_fraction, fingerprint)
+    model, result = train_model(cfg, recipe, corpus, reference=Chassis(**reference) if reference else None)
     if result.status != "ok":
         raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")
     score = Recipe.from_dict(score_recipe)
@@ -163,10 +167,14 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
             jobs.append((target, seed, key))
     total = len({k for _, _, k in plan.jobs()})
     if retrain is None:
-        ua = source.user_attrs
-        split_at = float((ua.get(StudyAttr.RECIPE) or {}).get("val_fraction", recipe.val_fraction))
-        retrain = functools.partial(train_and_test, source=ua.get(StudyAttr.DATA), fingerprint=plan.fingerprint,
-                                    val_fraction=split_at, score_recipe=recipe.to_dict())
+        record = studies.read_record(source)
+        searched = Recipe.from_dict(dict(record.recipe))
+        space = parse_space(record.space_text, record.space_source).bind(
+            vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"))
+        retrain = functools.partial(train_and_test, source=record.data_source, fingerprint=plan.fingerprint,
+                                    val_fraction=searched.val_fraction, test_fraction=searched.test_fraction,
+                                    score_recipe=recipe.to_dict(),
+                                    reference=dataclasses.asdict(space.reference_chassis))
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)

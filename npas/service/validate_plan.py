@@ -17,7 +17,6 @@ same retraining is recognised whatever role it plays and however often the comma
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,11 +37,9 @@ SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds re
 
 # ---- the one place that knows whether the corpus has a test split ------------------------------
 def scoring_split() -> str:
-    """'test' once `eval_batches` takes a split (the text-level train/validation/test split); until
-    that lands, this build scores on the validation split and every certificate records so."""
-    from npas.training.proxy import eval_batches
-
-    return "test" if "split" in inspect.signature(eval_batches).parameters else "val"
+    """Validation scores on the held-out test split, which no search ever reads (the search selects
+    on the validation split); every certificate records the split it was scored on."""
+    return "test"
 
 
 def score_batches(corpus, recipe: Recipe):
@@ -50,8 +47,7 @@ def score_batches(corpus, recipe: Recipe):
     every fresh training seed is scored on the same text."""
     from npas.training.proxy import eval_batches
 
-    split = scoring_split()
-    return eval_batches(corpus, recipe, split=split) if split == "test" else eval_batches(corpus, recipe)
+    return eval_batches(corpus, recipe, split=scoring_split())
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def run_train(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {args.steps}")
         recipe = recipe.with_steps(args.steps)
-    corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction)
+    corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction,
+                         test_fraction=recipe.test_fraction)
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
