@@ -18,6 +18,7 @@ from npas.allocation.config import ArchConfig
 from npas.service import study as S
 from npas.service.driver import Launch, search
 from npas.service.exporter import export, write_export
+from npas.service.picks import pick
 
 from .conftest import ROOT
 
@@ -109,7 +110,7 @@ def test_export_build_count_matches_the_trial(smoke_study, tmp_path):
     st, _ = smoke_study
     for how in ("knee", "min-loss"):
         cfg = export(st, how)
-        trial = S.pick(st, how)
+        trial = pick(st, how)
         out = tmp_path / f"{how}.yaml"
         write_export(st, out, how)
         again = ArchConfig.from_yaml(out.read_text())
