@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))  # a checkout run without the editable install sti
 
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.service import study as S  # noqa: E402
+from npas.service.samplers import make_sampler  # noqa: E402
 from npas.training.recipe import Recipe  # noqa: E402
 
 TARGET = 1.10
@@ -219,7 +220,7 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
     study = optuna.create_study(study_name="s", storage=open_storage(url), directions=["minimize"] * 2,
-                                sampler=S.make_sampler("tpe", 0, 2))
+                                sampler=make_sampler("tpe", 0, 2))
     searcher = NpasSearcher(study, space, recipe.to_dict(), corpus.fingerprint, trials)
     ask, tell = [], []
     try:

@@ -13,6 +13,7 @@ from ray.tune.search import Searcher
 
 import npas
 from npas.service import study as S
+from npas.service.samplers import enqueue_baselines, make_sampler
 from npas.service.searcher import NpasSearcher
 from npas.training.recipe import load_recipe
 
@@ -23,9 +24,8 @@ def drive(sampler: str, target: int, tmp_path) -> tuple[optuna.Study, NpasSearch
     space = npas.load_space(ROOT / "tests" / "data" / "tiny.yaml")
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
-                                sampler=S.make_sampler(sampler, 0, 2))
-    for name in space.baselines():
-        study.enqueue_trial({}, user_attrs={S.T_BASELINE: name})
+                                sampler=make_sampler(sampler, 0, 2))
+    enqueue_baselines(study, space, S.T_BASELINE)
     searcher = NpasSearcher(study, space, recipe, "fp", target)
     try:
         for i in range(10 * target):

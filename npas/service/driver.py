@@ -24,6 +24,7 @@ from npas.allocation.space import Space, parse_space
 from npas.errors import StudyError
 from npas.service import study as S
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
+from npas.service.samplers import enqueue_baselines, make_sampler
 from npas.service.searcher import NpasSearcher, Progress, requeue
 from npas.service.storage import GRACE_S, is_sqlite, open_storage, redact, resolve_url
 
@@ -118,7 +119,7 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     if rec.seq_len > space.reference_chassis.context:
         raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
-    chosen = S.make_sampler(sampler, seed, len(space.objectives))  # validates the name before any database write
+    chosen = make_sampler(sampler, seed, len(space.objectives))  # validates the name before any database write
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     st = open_storage(url)
     try:
@@ -138,8 +139,7 @@ def search(space: Space, *, trials: int = 20, study: str | None = None, storage:
     }
     for k, v in attrs.items():
         created.set_user_attr(k, v)
-    for bname in space.baselines():
-        created.enqueue_trial({}, user_attrs={S.T_BASELINE: bname})
+    enqueue_baselines(created, space, S.T_BASELINE)
     created.set_user_attr(S.S_READY, True)  # last: a driver joining by name waits for this
     _run(created, space, rec.to_dict(), corpus, trials, url, launch)
     return created
@@ -212,7 +212,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if corpus.fingerprint != ua[S.S_FINGERPRINT]:
         raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
                          f"{corpus.fingerprint} != {ua[S.S_FINGERPRINT]}); pass --data with the original corpus")
-    sampler = S.make_sampler(ua.get(S.S_SAMPLER, "tpe"), ua.get(S.S_SEED), len(space.objectives))
+    sampler = make_sampler(ua.get(S.S_SAMPLER, "tpe"), ua.get(S.S_SEED), len(space.objectives))
     study = optuna.load_study(study_name=name, storage=st, sampler=sampler)
     target = int(trials if trials is not None else ua.get(S.S_TARGET, 20))
     if trials is not None:

@@ -30,6 +30,7 @@ from ray.tune.search import Searcher  # noqa: E402
 from npas.allocation.budget import count
 from npas.allocation.space import Space
 from npas.service import study as S
+from npas.service.samplers import T_BASELINE_FIXED, baseline_fixed
 from npas.service.storage import HEARTBEAT_S
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,6 @@ class NpasSearcher(Searcher):
         self.on_progress = on_progress
         self.on_trial_done = on_trial_done
         self.error: str | None = None  # set when the search must stop (space exhausted)
-        self.baselines = space.baselines()
         self._skipped = 0
         self._lock = threading.Lock()
         self._beat_stop = threading.Event()
@@ -176,8 +176,7 @@ class NpasSearcher(Searcher):
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
         """Sample, fit and record one candidate; None if it must not reach a worker."""
-        baseline = trial.user_attrs.get(S.T_BASELINE)
-        cand = self.space.sample(trial, fixed=self.baselines.get(baseline) if baseline else None)
+        cand = self.space.sample(trial, fixed=baseline_fixed(trial, self.space, S.T_BASELINE))
         trial.set_user_attr(S.T_KNOBS, cand.values)
         if not cand.feasible:
             self.progress.infeasible += 1
@@ -308,7 +307,8 @@ class NpasSearcher(Searcher):
 def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it."""
     attrs = {S.T_RETRY_OF: trial.number}
-    if S.T_BASELINE in trial.user_attrs:
-        attrs[S.T_BASELINE] = trial.user_attrs[S.T_BASELINE]
+    for key in (S.T_BASELINE, T_BASELINE_FIXED):
+        if key in trial.user_attrs:
+            attrs[key] = trial.user_attrs[key]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 

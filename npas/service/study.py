@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,28 +39,6 @@ T_KEY, T_FILL, T_DRIVER, T_RETRY_OF, T_NODE = "trial_key", "budget_fill", "drive
 T_SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
 T_RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
 C_BUDGET, C_FIDELITY = "budget", "fidelity"
-
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
-
-
-def make_sampler(name: str, seed: int | None, n_objectives: int) -> optuna.samplers.BaseSampler:
-    """Optuna's own samplers; constraints come from `trial.set_constraint` (Optuna 5)."""
-    if name == "tpe":
-        # group=True: the space is define-by-run (LoRA ranks exist only with tying, templates only with
-        # pools ...), and grouped multivariate TPE models each co-occurring set of knobs jointly instead
-        # of falling back to independent sampling; bench/search_efficiency.py measures the difference
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
-                                              constant_liar=True)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8, warn_independent_sampling=False)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise StudyError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
-
 
 def trial_key(cfg: ArchConfig, recipe: dict, fingerprint: str) -> str:
     """Idempotency key: the same allocation, recipe (seed included) and data give the same result."""

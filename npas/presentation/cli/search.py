@@ -12,6 +12,7 @@ from npas.builtin import shipped, space_path
 from npas.errors import SpaceError
 from npas.presentation.cli.args import SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
 from npas.presentation.cli.files import read_text
+from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
 
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", help="proxy recipe: a YAML path or a name, ./trials/NAME.yaml or shipped "
                    f"({', '.join(shipped('recipes'))}) (default: the space's)")
     p.add_argument("--data", help="a text file or a directory of .txt files (default: bundled Shakespeare)")
-    p.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default="tpe")
+    p.add_argument("--sampler", choices=SAMPLERS, default="tpe",
+                   help="tpe (default), nsga2, gp (Gaussian process, needs scipy) or random")
     p.add_argument("--seed", type=SEED, default=0, help=f"sampler seed, 0 to {SEED_MAX}")
     p.set_defaults(func=run_search)
 
@@ -160,12 +162,29 @@ def _read_space_text(arg: str) -> str:
     return read_text(space_path(arg), "space file")
 
 
+def _sampler_note(space, sampler: str) -> None:
+    """GP and NSGA-II model only the knobs every candidate has; say which others they sample at random."""
+    from npas.service.samplers import STARTUP_TRIALS, modelled_knobs
+
+    if sampler not in ("gp", "nsga2"):
+        return
+    always, sometimes = modelled_knobs(space)
+    if not always:
+        print(f"npas search: note: --sampler {sampler} has no knob that every candidate has in this space, so it "
+              f"samples every knob independently at random; use --sampler tpe to model them", file=sys.stderr)
+    elif sometimes:
+        print(f"npas search: note: --sampler {sampler} models {', '.join(always)} after {STARTUP_TRIALS[sampler]} "
+              f"trials; {', '.join(sometimes)} exist only for some candidates and are sampled independently "
+              f"(--sampler tpe models them in groups)", file=sys.stderr)
+
+
 def run_search(args: argparse.Namespace) -> int:
     from npas.allocation.space import parse_space
 
     path = space_path(args.space)
     space = parse_space(_read_space_text(args.space), str(path))
     _preflight(space, args.recipe, args.data, args.budget)
+    _sampler_note(space, args.sampler)
     _start_ray(args)
     from npas.service.driver import search
     from npas.service.storage import redact, resolve_url
