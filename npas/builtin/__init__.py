@@ -51,6 +51,8 @@ def space_path(arg: str) -> Path:
     p = Path(arg).expanduser()
     if p.is_file():
         return p
+    if p.is_dir():
+        raise SpaceError(arg, ["is a directory; give a search-space YAML file or a shipped name"])
     names = sorted(shipped("spaces"))
     found = None if looks_like_path(arg) else find_named("spaces", arg, "search_spaces")
     if found is None:

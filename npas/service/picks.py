@@ -57,12 +57,25 @@ def parse_bytes(text: str, pick: str) -> float:
     return value
 
 
+def check_pick(how: str) -> str:
+    """The form of a pick, checked without a study (the CLI does it before opening the database)."""
+    if how.startswith("trial="):
+        try:
+            int(how.split("=", 1)[1])
+        except ValueError:
+            raise StudyError(f"--pick {how!r}: trial=N needs an integer N") from None
+    elif how.startswith("max-memory="):
+        parse_bytes(how.split("=", 1)[1], how)
+    elif how not in ("knee", "min-loss"):
+        raise StudyError(f"--pick {how!r} is not one of {PICKS}")
+    return how
+
+
 def pick(study: optuna.Study, how: str) -> FrozenTrial:
     """Choose one trial: knee | min-loss | max-memory=BYTES | trial=N."""
+    check_pick(how)
     if how.startswith("trial="):
         return _by_number(study, how)
-    if how not in ("knee", "min-loss") and not how.startswith("max-memory="):
-        raise StudyError(f"--pick {how!r} is not one of {PICKS}")
     trials = S.front_trials(study)
     if how == "min-loss":
         loss = objective_index(study, LOSS_OBJECTIVES, "loss", how)
@@ -86,10 +99,7 @@ def pick(study: optuna.Study, how: str) -> FrozenTrial:
 
 
 def _by_number(study: optuna.Study, how: str) -> FrozenTrial:
-    try:
-        n = int(how.split("=", 1)[1])
-    except ValueError:
-        raise StudyError(f"--pick {how!r}: trial=N needs an integer N") from None
+    n = int(how.split("=", 1)[1])
     for t in study.get_trials(deepcopy=False):
         if t.number == n:
             if t.state != TrialState.COMPLETE or S.T_ALLOC not in t.user_attrs:

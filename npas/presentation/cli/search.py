@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from npas.builtin import shipped, space_path
-from npas.errors import SpaceError
+from npas.errors import NpasError, SpaceError
 from npas.presentation.cli.args import SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
 from npas.presentation.cli.files import read_text
 from npas.service.samplers import SAMPLERS
@@ -54,9 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write the chosen allocation as YAML")
     p.add_argument("name")
     p.add_argument("--storage", help=STORAGE_HELP)
-    p.add_argument("--pick", default="knee", help="knee | min-loss | max-memory=BYTES | trial=N")
+    p.add_argument("--pick", type=pick_arg, default="knee", help="knee | min-loss | max-memory=BYTES | trial=N")
     p.add_argument("--out", required=True, help="where to write the allocation YAML")
     p.set_defaults(func=run_export)
+
+
+def pick_arg(text: str) -> str:
+    from npas.service.picks import check_pick
+
+    try:
+        return check_pick(text)
+    except NpasError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--pick ")) from None
 
 
 def _launch_args(p: argparse.ArgumentParser) -> None:
@@ -151,11 +160,12 @@ def _preflight(space, recipe: str | None, data: str | None, budget: str | None) 
 
     rec = load_recipe(recipe or space.recipe)
     corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction)
-    corpus.check_fits(rec.seq_len, rec.batch_size)
-    bound = space.bind(vocab_size=corpus.vocab_size, budget=budget)
-    if rec.seq_len > bound.reference_chassis.context:
+    context = space.reference_chassis.context
+    if rec.seq_len > context:  # first: it is cheap, and bounds the corpus check below
         raise SpaceError(space.source, [f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > chassis.context "
-                                        f"{bound.reference_chassis.context}; lower seq_len or raise chassis.context"])
+                                        f"{context}; lower seq_len or raise chassis.context"])
+    corpus.check_fits(rec.seq_len, rec.batch_size)
+    space.bind(vocab_size=corpus.vocab_size, budget=budget)
 
 
 def _read_space_text(arg: str) -> str:
