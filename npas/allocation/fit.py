@@ -1,6 +1,6 @@
 """Fit a candidate to the budget by construction: solve its one free size analytically.
 
-A sampled candidate fixes everything but one size (DESIGN §3):
+A sampled candidate fixes everything but one size, the free size this module solves:
   * `slice` / `tile` pools  -> bank sizes (integers, distributed in proportion to each bank's cap),
   * `template_mix` pools    -> the template count T,
   * everything else         -> a width scale on the MLP (and, in `all` mode, on d_model too).

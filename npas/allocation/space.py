@@ -48,7 +48,7 @@ SECTION_KEYS = {
 }
 LORA_TARGETS = ("attn", "mlp", "both")
 BASELINES: dict[str, dict[str, Any]] = {
-    # hand-crafted sharing every front is compared against (DESIGN §6)
+    # hand-crafted sharing every front is compared against: what sharing by hand gives at the same budget
     "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all"},
     "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True},
     "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True},

@@ -157,17 +157,6 @@ class TransformerLM(nn.Module):
             {"params": no_decay, "weight_decay": 0.0},
         ]
 
-    @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 generator: torch.Generator | None = None) -> Tensor:
-        """Sample `max_new_tokens` characters after `idx` (B, T), cropping to the context."""
-        ctx = self.cfg.chassis.context
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -ctx:])
-            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-6), dim=-1)
-            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
-        return idx
-
 
 def build_model(cfg: ArchConfig) -> TransformerLM:
     """Build the exact module an allocation describes; init draws from torch's global RNG."""

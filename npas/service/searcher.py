@@ -1,7 +1,7 @@
 """A Ray Tune `Searcher` that asks and tells an Optuna study directly.
 
 Why not Ray's `OptunaSearch`: it names every study "optuna", ignores constraints, drops
-intermediate values in multi-objective runs and never prunes (DESIGN §7). This searcher keeps the
+intermediate values in multi-objective runs and never prunes (all reported on its tracker). This searcher keeps the
 bookkeeping npas needs: infeasible candidates are told at once and never reach a worker, the budget
 and the reached fidelity become Optuna constraints, duplicates of a finished trial are not run
 twice, and only this driver process writes to the database.

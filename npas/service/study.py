@@ -1,7 +1,7 @@
-"""Optuna studies as npas uses them: what a study and its trials record, samplers, and the front.
+"""Optuna studies as npas uses them: what a study and its trials record, and the front.
 
-The study is the source of truth (DESIGN §6). Its user attributes hold everything a resume needs;
-each trial's user attributes hold the allocation, its hash, the accounting and the proxy metrics.
+The study is the source of truth: resume, front and export read nothing else. Its user attributes
+hold everything a resume needs; each trial's user attributes hold the allocation, its hash, the accounting and the proxy metrics.
 Constraints (Optuna 5 `set_constraint`) keep the budget and, for trials stopped early by ASHA, the
 missing fidelity, so plain `optuna.load_study(...).best_trials` already returns the full-fidelity
 front within budget.
