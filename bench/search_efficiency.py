@@ -20,7 +20,7 @@ computed from its fitted allocation, so the bench measures the samplers, not the
 Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
 space's baselines are enqueued first, infeasible candidates and duplicates of an evaluated allocation
 are told FAIL and do not count, each counted trial gets the budget and fidelity constraints. Samplers
-come from `npas.service.study.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
+come from `npas.service.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
 Hypervolume: Optuna's exact hypervolume (through `npas.service.optuna_adapter`) (what npas/dashboard/info.py
 uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))  # a checkout run without the editable install sti
 from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import make_sampler  # noqa: E402
+from npas.service.samplers import enqueue_baselines, make_sampler  # noqa: E402
 from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
 from npas.service.study import is_full_fidelity, status  # noqa: E402
 
@@ -108,8 +108,7 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
     storage = open_storage(f"sqlite:///{tmp}/s.db").storage
     study = optuna.create_study(storage=storage, directions=["minimize"] * 2,
                                 sampler=make_sampler(sampler, seed, 2))
-    for name in space.baselines():
-        study.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: name})
+    enqueue_baselines(study, space, TrialAttr.BASELINE)  # as the driver does: with their knob values as params
     recipe = {"batch_size": batch, "seq_len": seq, "steps": 1}
     searcher = NpasSearcher(study, space, recipe, "synthetic", n)
     values: list[list[float]] = []

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 
+def format_problems(source: str, problems: list[str]) -> str:
+    """One problem on one line (`source: problem`); several as a count, then one indented line each,
+    so a user fixes a file in one pass."""
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return f"{source}: {len(problems)} problems" + "".join(f"\n  - {p}" for p in problems)
+
+
 class NpasError(Exception):
     """Root of every error npas raises on purpose. The CLI prints ``str(err)`` and exits `exit_code`."""
 
@@ -19,11 +27,7 @@ class SpaceError(NpasError):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = list(problems)
-        n = len(self.problems)
-        if n == 1:  # one problem reads best on one line
-            super().__init__(f"{source}: {self.problems[0]}")
-        else:
-            super().__init__(f"{source}: {n} problems" + "".join(f"\n  - {p}" for p in self.problems))
+        super().__init__(format_problems(source, self.problems))
 
 
 class SampleError(NpasError):

@@ -1,4 +1,6 @@
-"""The service benches run: each `--quick` run exits 0 and prints its ratio lines. Speed is not asserted."""
+"""The service benches run in `--quick` mode. Speed is not asserted (their targets live in bench/), so a
+ratio line may say PASS or MISS; what is asserted is what does not depend on the machine's load: the
+bare runs reproduce the search's losses, and the search-efficiency verdict agrees with its numbers."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def assert_lines(out: str, patterns: list[str]) -> None:
 
 
 @pytest.mark.slow  # a real `npas search` subprocess with Ray start-up: ~1 minute on a loaded 2-core machine
-def test_orchestration_quick_prints_its_ratio():
+def test_orchestration_quick_reproduces_losses_and_prints_its_ratio_lines():
     out = run_quick("orchestration.py", timeout=300)
     assert_lines(out, [
         rf"^bare: 4 trials, mean {NUM} s/trial .* same val_loss as the search: yes$",
@@ -37,12 +39,17 @@ def test_orchestration_quick_prints_its_ratio():
     ])
 
 
-def test_search_efficiency_quick_prints_its_ratio():
-    out = run_quick("search_efficiency.py", timeout=120)
+def test_search_efficiency_quick_verdict_matches_its_hypervolumes():
+    out = run_quick("search_efficiency.py", timeout=300)
     assert "SYNTHETIC" in out  # the output says that nothing was trained
-    assert_lines(out, [
-        rf"^tpe@12: +HV {NUM} ± {NUM}$",
-        rf"^random@12: +HV {NUM} ± {NUM}$",
-        rf"^random@36: +HV {NUM} ± {NUM}$",
-        rf"^ratio: tpe@12 / random@36 = {NUM}x .*\(target >= 1\.00x\) (PASS|MISS)$",
-    ])
+    hv = {}
+    for arm in ("tpe@12", "random@12", "random@36"):
+        m = re.search(rf"^{arm}: +HV ({NUM}) ± {NUM}$", out, re.M)
+        assert m, f"no line for {arm}:\n{out}"
+        hv[arm] = float(m[1])
+        assert 0.0 < hv[arm] <= 1.0  # hypervolume of a front normalised to the unit box
+    m = re.search(rf"^ratio: tpe@12 / random@36 = ({NUM})x .*\(target >= ({NUM})x\) (PASS|MISS)$", out, re.M)
+    assert m, out
+    ratio, target, verdict = float(m[1]), float(m[2]), m[3]
+    assert abs(hv["tpe@12"] / hv["random@36"] - ratio) < 0.002  # the printed ratio is of the printed means
+    assert verdict == ("PASS" if ratio >= target else "MISS")

@@ -1,4 +1,10 @@
-"""The benches run: each `--quick` run exits 0 and prints its ratio lines. Speed is not asserted."""
+"""The benches run in `--quick` mode, and what their output claims is consistent with its own numbers.
+
+Speed is not asserted (a loaded 2-core machine decides it; the targets live in bench/), so a speed
+line may say PASS or MISS; but its verdict must agree with the numbers printed beside it, and what
+is not a matter of speed is asserted outright: the accounting is exact for every allocation, and no
+sharing variant changes FLOPs per token.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +12,57 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from .conftest import ROOT
 
-# bench -> lines its output must contain (multiline regexes)
-BENCHES = {
-    "accounting.py": [
-        r"^ratio: analytic parameter count [\d,]+ allocations/s vs build-and-count [\d,.]+ allocations/s = [\d,]+x "
-        r".*(PASS|MISS)$",
-        r"^record: the full accounting record .* [\d,]+ allocations/s = [\d,]+x build-and-count$",
-        r"^exact: (\d+)/\1 allocations agree .* PASS$",
-    ],
-    "sharing_overhead.py": [
-        *(rf"^{v}\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d,]+\s+(PASS|MISS)"
-          for v in ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
-                    "relaxed_cycle_lora8")),
-        r"^result: \d/6 variants within 1\.10x",
-    ],
-    "data.py": [
-        r"^ratio: tokenize\+cache [\d.]+ MB/s vs encode_batch(_fast)? [\d.]+ MB/s = [\d.]+x \(target >= 0\.80x\) "
-        r"(PASS|MISS)$",
-        r"^cache: [\d,]+ tokens, [\d.]+ MB on disk \(uint16",
-        r"^load: hit=True, memory-mapped in [\d.]+ ms",
-    ],
-}
+NUM = r"[\d,]+(?:\.\d+)?"
 
 
-@pytest.mark.parametrize("bench", BENCHES)
-def test_bench_quick_runs(bench):
+def quick(bench: str) -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for pattern in BENCHES[bench]:
-        assert re.search(pattern, proc.stdout, re.MULTILINE), f"no line matching {pattern!r} in:\n{proc.stdout}"
+    return proc.stdout
+
+
+def num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_accounting_bench_is_exact_and_its_speed_verdict_matches_its_numbers():
+    out = quick("accounting.py")
+    assert re.search(r"^exact: (\d+)/\1 allocations agree .* PASS$", out, re.M), out  # exactness must PASS
+    m = re.search(rf"^ratio: analytic parameter count ({NUM}) allocations/s vs build-and-count ({NUM}) "
+                  rf"allocations/s = ({NUM})x \(target >= ({NUM})x and exact\) (PASS|MISS)$", out, re.M)
+    assert m, out
+    fast, slow, ratio, target, verdict = num(m[1]), num(m[2]), num(m[3]), num(m[4]), m[5]
+    assert abs(fast / slow - ratio) <= 0.02 * ratio  # the ratio is the two printed rates' (rounded)
+    assert verdict == ("PASS" if ratio >= target else "MISS")
+    assert re.search(rf"^record: the full accounting record .* {NUM} allocations/s = {NUM}x build-and-count$",
+                     out, re.M), out
+
+
+def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
+    out = quick("sharing_overhead.py")
+    variants = ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
+                "relaxed_cycle_lora8")
+    passed = []
+    for v in variants:
+        m = re.search(rf"^{v}\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+(PASS|MISS)", out, re.M)
+        assert m, f"no row for {v}:\n{out}"
+        ratio, flop_ratio, verdict = num(m[2]), num(m[3]), m[6]
+        assert flop_ratio == 1.0, f"{v} changes FLOPs per token: {m[0]}"  # sharing moves params, not FLOPs
+        assert verdict == ("PASS" if ratio <= 1.10 else "MISS"), m[0]
+        passed += [v] if verdict == "PASS" else []
+    m = re.search(r"^result: (\d)/6 variants within 1\.10x", out, re.M)
+    assert m and int(m[1]) == len(passed), out
+
+
+def test_data_bench_reports_its_cache_and_its_verdict_matches_its_ratio():
+    out = quick("data.py")
+    m = re.search(rf"^ratio: tokenize\+cache ({NUM}) MB/s vs encode_batch(?:_fast)? ({NUM}) MB/s = ({NUM})x "
+                  rf"\(target >= 0\.80x\) (PASS|MISS)$", out, re.M)
+    assert m, out
+    ratio, verdict = num(m[3]), m[4]
+    assert verdict == ("PASS" if ratio >= 0.80 else "MISS")
+    assert re.search(r"^cache: [\d,]+ tokens, [\d.]+ MB on disk \(uint16", out, re.M), out
+    assert re.search(r"^load: hit=True, memory-mapped in [\d.]+ ms", out, re.M), out  # the second load hits

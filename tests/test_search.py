@@ -22,8 +22,9 @@ from npas.service import driver
 from npas.service.driver import resume, search
 from npas.service.exporter import export, write_export
 from npas.service.launch import Launch
+from npas.service.picks import pick
 from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.study import counts_toward_target, front_trials, pick, status
+from npas.service.study import counts_toward_target, front_trials, status
 
 from .conftest import ROOT, needs
 

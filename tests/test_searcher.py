@@ -16,7 +16,7 @@ import npas
 from npas.allocation.space import Space
 from npas.service.faults import recover_orphans
 from npas.service.record import Constraint, TrialAttr
-from npas.service.samplers import make_sampler
+from npas.service.samplers import enqueue_baselines, make_sampler
 from npas.service.searcher import NpasSearcher
 from npas.service.study import counts_toward_target, status
 from npas.training.recipe import load_recipe
@@ -29,8 +29,7 @@ def drive(sampler: str, target: int, tmp_path) -> tuple[optuna.Study, NpasSearch
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
                                 sampler=make_sampler(sampler, 0, 2))
-    for name in space.baselines():
-        study.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: name})
+    enqueue_baselines(study, space, TrialAttr.BASELINE)
     searcher = NpasSearcher(study, space, recipe, "fp", target)
     for i in range(10 * target):
         config = searcher.suggest(f"t{i}")

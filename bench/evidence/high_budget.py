@@ -3,7 +3,7 @@
     python bench/evidence/high_budget.py            # report: 1.5x and 2x of the 8-layer chassis, 3 seeds
     python bench/evidence/high_budget.py --quick    # smoke run
 
-Claim (Shapeshifter Networks, DESIGN §2): a budget above the reference adds capacity at equal
+Claim (Shapeshifter Networks): a budget above the reference adds capacity at equal
 inference FLOPs: the architecture is unchanged, each layer's weights are a learned mix of T
 templates, and T grows with the budget. Arms:
   reference     the untied 1x model

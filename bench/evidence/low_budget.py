@@ -3,7 +3,7 @@
     python bench/evidence/low_budget.py            # report: 0.1x, 0.25x, 0.5x of the 8-layer chassis, 3 seeds
     python bench/evidence/low_budget.py --quick    # smoke run
 
-Claim (Shapeshifter Networks / NPAS, DESIGN §2): parameter pools fit any budget without changing
+Claim (Shapeshifter Networks / NPAS): parameter pools fit any budget without changing
 the architecture, and at low budgets (<< reference) learned template mixing does better than
 hand-crafted sharing. Arms, each fitted to the budget by npas (`fit.width: all` for the width fits):
   narrow_untied   every layer unique; d_model steps down by n_heads, then the MLP fills the budget

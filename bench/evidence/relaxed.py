@@ -3,7 +3,7 @@
     python bench/evidence/relaxed.py            # report: d_model 64, 8 layers, 3 seeds
     python bench/evidence/relaxed.py --quick    # smoke run
 
-Claims (Universal / Recursive and Relaxed Recursive Transformers, DESIGN §2): a recursive model
+Claims (Universal / Recursive and Relaxed Recursive Transformers): a recursive model
 (U unique blocks cycled over L layers, ABAB) keeps the depth of the untied model at U/L of its
 block parameters; per-position LoRA of rank r ("relaxation") recovers most of the untied model's
 quality as r grows, r = 0 being pure tying; and the recursive model beats a shallower untied model

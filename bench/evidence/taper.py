@@ -3,7 +3,7 @@
     python bench/evidence/taper.py            # report: d_model 64, 8 layers, 3 seeds
     python bench/evidence/taper.py --quick    # smoke run
 
-Claim (Tapered LMs, DESIGN §2): at equal parameters and compute, a front-heavy cosine taper of the
+Claim (Tapered LMs): at equal parameters and compute, a front-heavy cosine taper of the
 MLP width (1.5x -> 0.5x of d_ff, ratio 3) beats the uniform model, and the reverse taper hurts:
 loss(cosine) < loss(uniform) < loss(reverse). Hourglass (><former: wide ends, narrow middle) is
 the fourth arm.

@@ -167,17 +167,6 @@ class TransformerLM(nn.Module):
             {"params": no_decay, "weight_decay": 0.0},
         ]
 
-    @torch.no_grad()
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 generator: torch.Generator | None = None) -> Tensor:
-        """Sample `max_new_tokens` characters after `idx` (B, T), cropping to the context."""
-        ctx = self.cfg.chassis.context
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -ctx:])
-            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-6), dim=-1)
-            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
-        return idx
-
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                         "float16": torch.float16}

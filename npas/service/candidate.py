@@ -18,6 +18,7 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import Space
 from npas.service.record import Constraint, TrialAttr
+from npas.service.samplers import baseline_fixed
 from npas.service.study import same_key, trial_key
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,11 @@ class Skip:
     same_as: int | None = None  # for a duplicate: the trial whose result stands
 
 
-def prepare(trial: optuna.Trial, space: Space, baselines: dict[str, dict], recipe: dict,
-            fingerprint: str) -> Runnable | Skip:
+def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str) -> Runnable | Skip:
     """Sample, fit, account and record one candidate on the trial's user attributes."""
     baseline = trial.user_attrs.get(TrialAttr.BASELINE)
     try:
-        cand = space.sample(trial, fixed=baselines.get(baseline) if baseline else None)
+        cand = space.sample(trial, fixed=baseline_fixed(trial, space, TrialAttr.BASELINE))
     except Exception as e:  # SampleError, or any bug in sampling
         log.warning("sampling trial %d failed: %s", trial.number, e)
         return Skip("sample_error", f"sampling raised {type(e).__name__}: {e}"[:2000])

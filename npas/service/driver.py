@@ -25,7 +25,7 @@ from npas.service import faults
 from npas.service.launch import Launch, check_inputs
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
-from npas.service.samplers import make_sampler
+from npas.service.samplers import enqueue_baselines, make_sampler
 from npas.service.searcher import NpasSearcher
 from npas.service.storage import StorageHandle, open_storage
 from npas.service.study import is_set_up, load, mark_ready, read_record, write_record
@@ -78,8 +78,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides))
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
-    for bname in space.baselines():
-        created.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: bname})
+    enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
     mark_ready(created)  # last: a driver joining by name waits for this
     _run(created, handle, space, record, corpus, record.target_trials, launch, cpus)
     return created

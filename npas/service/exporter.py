@@ -9,13 +9,14 @@ import yaml
 
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service import study as studies
+from npas.service.picks import objective_names
+from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
     """The allocation of the trial chosen by `pick` (knee | min-loss | max-memory=BYTES | trial=N)."""
-    trial = studies.pick(study, pick)
+    trial = choose(study, pick)
     cfg = ArchConfig.from_dict(trial.user_attrs[TrialAttr.ALLOC])
     if cfg.hash != trial.user_attrs.get(TrialAttr.HASH):
         raise StudyError(f"trial {trial.number}: stored allocation hash {trial.user_attrs.get(TrialAttr.HASH)} does not "
@@ -25,9 +26,9 @@ def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
 
 def export_document(study: optuna.Study, pick: str = "knee") -> dict:
     """The YAML document `npas export` writes: allocation first, then where it came from and how it did."""
-    trial = studies.pick(study, pick)
+    trial = choose(study, pick)
     cfg = export(study, f"trial={trial.number}")
-    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
+    names = objective_names(study)
     return {
         "allocation": cfg.to_dict(),
         "hash": cfg.hash,

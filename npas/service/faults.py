@@ -153,8 +153,9 @@ def recover_once(study: optuna.Study) -> list[int]:
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it."""
     attrs: dict[str, Any] = {TrialAttr.RETRY_OF: trial.number}
-    if TrialAttr.BASELINE in trial.user_attrs:
-        attrs[TrialAttr.BASELINE] = trial.user_attrs[TrialAttr.BASELINE]
+    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED):
+        if key in trial.user_attrs:
+            attrs[key] = trial.user_attrs[key]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 
 

@@ -45,6 +45,7 @@ class TrialAttr(StrEnum):
     STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
     REASON = "failure_reason"
     BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
+    BASELINE_FIXED = "baseline_fixed"  # a baseline's values that are not Optuna params (npas.service.samplers)
     KNOBS = "knobs"
     ALLOC = "allocation"
     HASH = "allocation_hash"

@@ -58,7 +58,6 @@ class NpasSearcher(Searcher):
         self.on_trial_done = on_trial_done
         self.error: str | None = None  # set when the search must stop (space exhausted)
         self.finished = False  # set when suggest said FINISHED: the only way a run ends without an interrupt
-        self.baselines = space.baselines()
         self._live: dict[str, optuna.Trial] = {}
         self._curves: dict[str, list[list[float]]] = {}
         self._accounting: dict[int, dict] = {}
@@ -145,7 +144,7 @@ class NpasSearcher(Searcher):
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
         """The worker's config, or None once the trial was told why it must not run."""
-        prepared = prepare(trial, self.space, self.baselines, self.recipe, self.fingerprint)
+        prepared = prepare(trial, self.space, self.recipe, self.fingerprint)
         if isinstance(prepared, Skip):
             if prepared.status == "duplicate":
                 self._tell_duplicate(trial, prepared.same_as, prepared.reason)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,50 +137,3 @@ def front_frame(study: optuna.Study):
         records.append(rec)
     return pd.DataFrame.from_records(records, columns=["trial", *names, "stored_params", "flops_per_token",
                                                        "baseline", "allocation", "hash"])
-
-
-def pick(study: optuna.Study, how: str) -> FrozenTrial:
-    """Choose one trial: knee | min-loss | max-memory=BYTES | trial=N."""
-    trials = front_trials(study)
-    if how.startswith("trial="):
-        try:
-            n = int(how.split("=", 1)[1])
-        except ValueError:
-            raise StudyError(f"--pick {how!r}: trial=N needs an integer N") from None
-        for t in study.get_trials(deepcopy=False):
-            if t.number == n:
-                if t.state != TrialState.COMPLETE or TrialAttr.ALLOC not in t.user_attrs:
-                    raise StudyError(f"trial {n} of study {study.study_name!r} is {status(t)}, not complete")
-                return t
-        raise StudyError(f"study {study.study_name!r} has no trial {n}")
-    if not trials:
-        raise StudyError(f"study {study.study_name!r} has no complete full-fidelity trial within budget yet; "
-                         f"run more trials with `npas resume {study.study_name}`")
-    if how == "min-loss":
-        return trials[0]
-    if how.startswith("max-memory="):
-        try:
-            cap = float(how.split("=", 1)[1])
-        except ValueError:
-            raise StudyError(f"--pick {how!r}: max-memory=BYTES needs a number") from None
-        fits = [t for t in trials if len(t.values) > 1 and t.values[1] <= cap]
-        if not fits:
-            lowest = min(t.values[1] for t in trials)
-            raise StudyError(f"no front trial uses <= {cap:.0f} bytes (the least is {lowest:.0f}); raise the cap")
-        return min(fits, key=lambda t: t.values[0])
-    if how == "knee":
-        return knee(trials)
-    raise StudyError(f"--pick {how!r} is not one of knee, min-loss, max-memory=BYTES, trial=N")
-
-
-def knee(trials: list[FrozenTrial]) -> FrozenTrial:
-    """The front point nearest the utopia point after scaling each objective to [0, 1]."""
-    k = len(trials[0].values)
-    lo = [min(t.values[i] for t in trials) for i in range(k)]
-    hi = [max(t.values[i] for t in trials) for i in range(k)]
-
-    def dist(t: FrozenTrial) -> float:
-        return math.sqrt(sum(((t.values[i] - lo[i]) / ((hi[i] - lo[i]) or 1.0)) ** 2 for i in range(k)))
-
-    return min(trials, key=dist)
-

@@ -7,16 +7,16 @@ single ConfigError, so a user fixes a file in one edit instead of one error per 
 
 from __future__ import annotations
 
-import difflib
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from npas.errors import ConfigError
+from npas.allocation.knobs import closest
+from npas.builtin import find_named, looks_like_path, shipped
+from npas.errors import ConfigError, format_problems
 
 RECIPE_VERSION = 2  # 2 added test_fraction and parameterization
 DTYPES = ("float32", "bfloat16")
@@ -53,7 +53,7 @@ class Recipe:
     def __post_init__(self) -> None:
         problems = validate(asdict(self))
         if problems:
-            raise ConfigError(_format(f"recipe {self.name!r}", problems))
+            raise ConfigError(format_problems(f"recipe {self.name!r}", problems))
         for f in _FLOAT_FIELDS:  # YAML 1.1 reads 3e-4 as text; store numbers
             object.__setattr__(self, f, float(getattr(self, f)))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
@@ -92,7 +92,7 @@ class Recipe:
             d = {**d, "parameterization": "uniform"}
         problems = validate(d)
         if problems:
-            raise ConfigError(_format(source, problems))
+            raise ConfigError(format_problems(source, problems))
         return cls(**d)
 
     def to_yaml(self) -> str:
@@ -128,9 +128,8 @@ def validate(d: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     for key in d:
         if key not in _FIELDS:
-            close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(_FIELDS)}"
-            problems.append(f"unknown key {key!r}; {hint}")
+            hint = closest(key, list(_FIELDS)) or f"; known keys: {', '.join(_FIELDS)}"
+            problems.append(f"unknown key {key!r}{hint}")
 
     def get(key: str) -> Any:
         return d.get(key, _FIELDS[key].default)
@@ -180,9 +179,8 @@ def validate(d: dict[str, Any]) -> list[str]:
                         f"got {floats['val_fraction']} + {floats['test_fraction']}")
     par = get("parameterization")
     if par not in PARAMETERIZATIONS:
-        close = difflib.get_close_matches(str(par), PARAMETERIZATIONS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        problems.append(f"parameterization: must be one of {', '.join(PARAMETERIZATIONS)}, got {par!r}{hint}")
+        problems.append(f"parameterization: must be one of {', '.join(PARAMETERIZATIONS)}, got {par!r}"
+                        f"{closest(str(par), PARAMETERIZATIONS)}")
 
     betas = get("betas")
     if not (isinstance(betas, list | tuple) and len(betas) == 2
@@ -190,9 +188,7 @@ def validate(d: dict[str, Any]) -> list[str]:
         problems.append(f"betas: expected two numbers in [0, 1), e.g. [0.9, 0.95], got {betas!r}")
     dtype = get("dtype")
     if dtype not in DTYPES:
-        close = difflib.get_close_matches(str(dtype), DTYPES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        problems.append(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}{hint}")
+        problems.append(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}{closest(dtype, DTYPES)}")
     name = get("name")
     if not isinstance(name, str) or not name:
         problems.append(f"name: expected a non-empty string, got {name!r}")
@@ -202,45 +198,31 @@ def validate(d: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _format(source: str, problems: list[str]) -> str:
-    n = len(problems)
-    return f"{source}: {n} problem{'s' if n != 1 else ''}" + "".join(f"\n  - {p}" for p in problems)
-
-
-def repo_root() -> Path:
-    """The directory holding the ``npas`` package (the checkout root in development)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def recipe_search_dirs() -> list[Path]:
-    return [Path(os.getcwd()) / "trials", repo_root() / "trials"]
-
-
 def resolve_recipe(name_or_path: str | Path) -> Path:
-    """A YAML path as given, or a bare name looked up as ``trials/<name>.yaml`` in the working
-    directory and then beside the package, so ``--recipe smoke`` works from anywhere in a checkout."""
+    """A YAML path as given, or a bare name: ``trials/<name>.yaml`` in the working directory (a project's
+    own recipes win), else the recipe of that name shipped in the package, so ``--recipe smoke`` works
+    from any directory, installed or in a checkout."""
     text = str(name_or_path)
-    looks_like_path = text.endswith((".yaml", ".yml")) or os.sep in text or "/" in text
-    if looks_like_path:
+    if looks_like_path(text):
         p = Path(text).expanduser()
         if not p.is_file():
             raise ConfigError(f"recipe file {p} does not exist; pass a YAML path or a name such as "
                               f"'smoke' ({_available()})")
         return p
-    tried = []
-    for d in recipe_search_dirs():
-        for ext in (".yaml", ".yml"):
-            p = d / f"{text}{ext}"
-            tried.append(str(p))
-            if p.is_file():
-                return p
-    raise ConfigError(f"recipe {text!r} not found (looked for {', '.join(tried[::2])}); "
-                      f"pass a YAML path or one of: {_available()}")
+    found = find_named("recipes", text, "trials")
+    if found is None:
+        raise ConfigError(f"recipe {text!r} not found (looked in ./trials and the shipped recipes)"
+                          f"{closest(text, _names())}; pass a YAML path or one of: {_available()}")
+    return found
+
+
+def _names() -> list[str]:
+    local = Path.cwd() / "trials"
+    return sorted({*shipped("recipes"), *(p.stem for p in local.glob("*.yaml") if local.is_dir())})
 
 
 def _available() -> str:
-    names = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
-    return ", ".join(names) if names else "no recipes found under trials/"
+    return ", ".join(_names()) or "no recipes found"
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:

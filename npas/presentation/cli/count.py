@@ -10,14 +10,17 @@ import yaml
 
 from npas.allocation.budget import Accounting, count
 from npas.allocation.config import ArchConfig, reference_config
+from npas.builtin import looks_like_path, space_path
 from npas.errors import ConfigError
+from npas.presentation.cli.args import POSITIVE
+from npas.presentation.cli.files import read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("count", help="exact parameter, FLOP and memory accounting, without training")
     p.add_argument("file", help="an allocation YAML (from export) or a search space YAML")
-    p.add_argument("--batch-size", type=int, default=32, help="batch for the training-memory estimate")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the chassis context)")
+    p.add_argument("--batch-size", type=POSITIVE, default=32, help="batch for the training-memory estimate")
+    p.add_argument("--seq-len", type=POSITIVE, default=None, help="sequence length (default: the chassis context)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=run)
 
@@ -43,9 +46,11 @@ def _rows(acc: Accounting) -> list[tuple[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.file)
-    if not path.is_file():
+    if not path.is_file() and not looks_like_path(args.file):
+        path = space_path(args.file)  # a shipped space by name: `npas count full`
+    if not path.exists():
         raise ConfigError(f"{path}: no such file; give an allocation (npas export ... --out X.yaml) or a space")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "allocation or space file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

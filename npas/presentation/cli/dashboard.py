@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from npas.errors import NpasError
+from npas.presentation.cli.args import int_in
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", default=None, help="storage URL (default: $NPAS_STORAGE or sqlite:///trials/npas.db)")
     p.add_argument("--live", action="store_true",
                    help="then serve optuna-dashboard on the same storage until Ctrl-C (pip install npas[dashboard])")
-    p.add_argument("--port", type=int, default=8080, help="port for --live (default: 8080)")
+    p.add_argument("--port", type=int_in(1, 65535, 8080), default=8080, help="port for --live (default: 8080)")
     p.set_defaults(func=run)
 
 
@@ -24,8 +25,6 @@ def run(args: argparse.Namespace) -> int:
     from npas.service.storage import open_storage
     from npas.service.study import load
 
-    if args.live and not 0 < args.port < 65536:
-        raise NpasError(f"--port {args.port} is not a TCP port; pick one in 1..65535, e.g. --port 8080")
     serve = _server() if args.live else None  # fail before the report if the extra is missing
     handle = open_storage(args.storage, read_only=True)
     study = load(args.name, handle)

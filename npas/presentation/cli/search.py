@@ -8,7 +8,10 @@ import math
 import sys
 from pathlib import Path
 
-from npas.errors import SpaceError
+from npas.builtin import shipped, space_path
+from npas.errors import NpasError, SpaceError
+from npas.presentation.cli.args import SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
+from npas.presentation.cli.files import read_text
 from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
@@ -16,21 +19,23 @@ STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/np
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="run a multi-objective search on a space")
-    p.add_argument("space", help="search space YAML, e.g. search_spaces/full.yaml")
+    p.add_argument("space", help=f"search space: a YAML path or a shipped name ({', '.join(shipped('spaces'))})")
     p.add_argument("--budget", help="override the space's budget: 0.25x, 1.5M, 250k")
-    p.add_argument("--trials", type=int, help="the study's target of proxy runs, baselines included (default: 20 for a "
-                   "new study, the stored target when joining one)")
-    p.add_argument("--study", help="study name (default: SPACE-DATE-TIME)")
+    p.add_argument("--trials", type=TRIALS, help="the study's target of proxy runs, baselines included (default: 20 "
+                   "for a new study, the stored target when joining one)")
+    p.add_argument("--study", type=text_arg("--study"), help="study name (default: SPACE-DATE-TIME)")
     _launch_args(p)
-    p.add_argument("--recipe", help="proxy recipe: trials/NAME.yaml or a bare name (default: the space's)")
+    p.add_argument("--recipe", help="proxy recipe: a YAML path or a name, ./trials/NAME.yaml or shipped "
+                   f"({', '.join(shipped('recipes'))}) (default: the space's)")
     p.add_argument("--data", help="a text file or a directory of .txt files (default: bundled Shakespeare)")
-    p.add_argument("--sampler", choices=SAMPLERS, help="default: tpe (joining a study: the study's)")
-    p.add_argument("--seed", type=int, help="default: 0 (joining a study: the study's)")
+    p.add_argument("--sampler", choices=SAMPLERS,
+                   help="tpe (default for a new study; joining: the study's), nsga2, gp (Gaussian process) or random")
+    p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
     p.set_defaults(func=run_search)
 
     p = sub.add_parser("resume", help="continue a study from its database after any stop")
     p.add_argument("name")
-    p.add_argument("--trials", type=int, help="new target total (default: the study's)")
+    p.add_argument("--trials", type=TRIALS, help="new target total (default: the study's)")
     p.add_argument("--space", help="the space file, checked against the one the study was created with")
     p.add_argument("--allow-space-change", action="store_true", help="continue with a changed --space")
     p.add_argument("--data", help="the corpus, if not the bundled one (must match the study's fingerprint)")
@@ -50,16 +55,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write the chosen allocation as YAML")
     p.add_argument("name")
     p.add_argument("--storage", help=STORAGE_HELP)
-    p.add_argument("--pick", default="knee", help="knee | min-loss | max-memory=BYTES | trial=N")
+    p.add_argument("--pick", type=pick_arg, default="knee", help="knee | min-loss | max-memory=BYTES | trial=N")
     p.add_argument("--out", required=True, help="where to write the allocation YAML")
     p.set_defaults(func=run_export)
+
+
+def pick_arg(text: str) -> str:
+    from npas.service.picks import check_pick
+
+    try:
+        return check_pick(text)
+    except NpasError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--pick ")) from None
 
 
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", help=STORAGE_HELP)
     p.add_argument("--ray-address", help="join a Ray cluster: auto, host:port or ray://host:port (default: local)")
-    p.add_argument("--workers", type=int, default=2, help="concurrent trials")
-    p.add_argument("--gpus-per-trial", type=float, default=0.0)
+    p.add_argument("--workers", type=WORKERS, default=2, help="concurrent trials")
+    p.add_argument("--gpus-per-trial", type=fraction_of_devices, default=0.0,
+                   help="0, a fraction below 1, or a whole number")
     p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no ASHA)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
@@ -111,6 +126,7 @@ def _progress_printer():
 
 
 def _print_front(study, fmt: str = "table") -> None:
+    from npas.presentation.cli.units import humanize
     from npas.service.study import front_frame
 
     df = front_frame(study)
@@ -122,7 +138,7 @@ def _print_front(study, fmt: str = "table") -> None:
         print(f"study {study.study_name}: no complete full-fidelity trial within budget yet")
     else:
         print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
-        print(df.drop(columns=["hash"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(humanize(df.drop(columns=["hash"])).to_string(index=False))
 
 
 def _start_ray(args: argparse.Namespace) -> None:
@@ -135,12 +151,51 @@ def _start_ray(args: argparse.Namespace) -> None:
     start_ray_early(args.ray_address)
 
 
-def run_search(args: argparse.Namespace) -> int:
-    import npas
+def _preflight(space, recipe: str | None, data: str | None, budget: str | None) -> None:
+    """The checks of user input that need neither the database nor Ray (the recipe, the corpus, the
+    budget and their fit to the space), run before Ray starts in the background, so a mistake costs
+    one line and leaves nothing behind. The driver repeats them for its Python API callers; the
+    bundled corpus is cached, so the second load is free."""
+    from npas.training.data import load_corpus
+    from npas.training.recipe import load_recipe
 
-    if not Path(args.space).is_file():
-        raise SpaceError(args.space, ["no such file; the shipped spaces are in search_spaces/"])
-    space = npas.load_space(args.space)
+    rec = load_recipe(recipe or space.recipe)
+    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
+    context = space.reference_chassis.context
+    if rec.seq_len > context:  # first: it is cheap, and bounds the corpus check below
+        raise SpaceError(space.source, [f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > chassis.context "
+                                        f"{context}; lower seq_len or raise chassis.context"])
+    corpus.check_fits(rec.seq_len, rec.batch_size)
+    space.bind(vocab_size=corpus.vocab_size, budget=budget)
+
+
+def _read_space_text(arg: str) -> str:
+    return read_text(space_path(arg), "space file")
+
+
+def _sampler_note(space, sampler: str) -> None:
+    """GP and NSGA-II model only the knobs every candidate has; say which others they sample at random."""
+    from npas.service.samplers import STARTUP_TRIALS, modelled_knobs
+
+    if sampler not in ("gp", "nsga2"):
+        return
+    always, sometimes = modelled_knobs(space)
+    if not always:
+        print(f"npas search: note: --sampler {sampler} has no knob that every candidate has in this space, so it "
+              f"samples every knob independently at random; use --sampler tpe to model them", file=sys.stderr)
+    elif sometimes:
+        print(f"npas search: note: --sampler {sampler} models {', '.join(always)} after {STARTUP_TRIALS[sampler]} "
+              f"trials; {', '.join(sometimes)} exist only for some candidates and are sampled independently "
+              f"(--sampler tpe models them in groups)", file=sys.stderr)
+
+
+def run_search(args: argparse.Namespace) -> int:
+    from npas.allocation.space import parse_space
+
+    path = space_path(args.space)
+    space = parse_space(_read_space_text(args.space), str(path))
+    _preflight(space, args.recipe, args.data, args.budget)
+    _sampler_note(space, args.sampler or "tpe")
     from npas.service.launch import check_inputs
 
     launch = check_inputs(args.trials, _launch(args), args.storage)
@@ -162,10 +217,19 @@ def run_resume(args: argparse.Namespace) -> int:
     from npas.service.launch import check_inputs
 
     launch = check_inputs(args.trials, _launch(args), args.storage)
+    text = None
+    if args.space is not None:  # read and parse it before Ray starts: a typo costs one line
+        from npas.allocation.space import parse_space
+
+        text = _read_space_text(args.space)
+        parse_space(text, str(space_path(args.space)))
+    if args.data is not None:
+        from npas.training.data import load_corpus
+
+        load_corpus(args.data)
     _start_ray(args)
     from npas.service.driver import resume
 
-    text = Path(args.space).read_text() if args.space else None
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
                    allow_space_change=args.allow_space_change, data=args.data, launch=launch)
     print(file=sys.stderr)

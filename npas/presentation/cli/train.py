@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
+from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, int_in
+from npas.presentation.cli.files import read_text
 from npas.service.runner import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None, help="text file or directory of .txt files (default: the "
                    "recipe's data, else bundled Shakespeare)")
     p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>)")
-    p.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
+    p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
     p.set_defaults(func=run_train)
@@ -32,9 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sample", help="generate text from a model written by `npas train`")
     s.add_argument("model_dir", help="the --out directory of `npas train`")
     s.add_argument("--prompt", default="\n", help="text to continue (characters must be in the vocabulary)")
-    s.add_argument("--tokens", type=int, default=300, help="characters to generate (default: 300)")
+    s.add_argument("--tokens", type=int_in(0, COUNT_MAX, 300), default=300,
+                   help="characters to generate (default: 300)")
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed, for reproducible output")
+    s.add_argument("--seed", type=SEED, default=0, help="sampling seed, for reproducible output")
     s.add_argument("--device", default="cpu", help="device to sample on (default: cpu)")
     s.set_defaults(func=run_sample)
 
@@ -51,11 +54,9 @@ def run_train(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise ConfigError(f"allocation file {path} does not exist; write one with "
                           "`npas export NAME --out best.yaml`")
-    cfg = ArchConfig.from_yaml(path.read_text(encoding="utf-8"))
+    cfg = ArchConfig.from_yaml(read_text(path, "allocation file"))
     recipe = load_recipe(args.recipe)
     if args.steps is not None:
-        if args.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, got {args.steps}")
         recipe = recipe.with_steps(args.steps)
     corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction,
                          test_fraction=recipe.test_fraction)
@@ -97,8 +98,6 @@ def run_train(args: argparse.Namespace) -> int:
 def run_sample(args: argparse.Namespace) -> int:
     from npas.training.train import load_trained, sample
 
-    if args.tokens < 0:
-        raise ConfigError(f"--tokens must be >= 0, got {args.tokens}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise ConfigError(f"--temperature must be a number >= 0 (0 = greedy), got {args.temperature}")
     model, tokenizer, _ = load_trained(args.model_dir, device=args.device)

@@ -1,0 +1,78 @@
+"""Argument types for numeric flags, checked while the command line is parsed.
+
+Parsing is the first thing `npas` does, so a bad count or fraction is refused before any file is read,
+any database is touched or Ray is started. Each type names the bad value, the allowed range and an
+example, and the parser prints that as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
+COUNT_MAX = 1_000_000  # a bound on trials and workers that no real run approaches; stops 10**30
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its two-line usage-plus-error replaced by one line that names the fix."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.strip().replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def int_in(low: int, high: int, example: int) -> Callable[[str], int]:
+    """An integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        v = _int(text)
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{v} is out of range; give a whole number from {low:,} to {high:,}, "
+                                             f"e.g. {example}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def fraction_of_devices(text: str) -> float:
+    """GPUs per trial as Ray takes them: 0, a fraction below 1, or a whole number."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give e.g. 0, 0.5 or 1") from None
+    if not math.isfinite(v) or v < 0 or v > 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range; give 0, a fraction such as 0.5, or a "
+                                         f"whole number of GPUs")
+    if v > 1 and not v.is_integer():
+        raise argparse.ArgumentTypeError(f"{v} GPUs: Ray shares a GPU only as a fraction below 1; give 0.5 or a "
+                                         f"whole number such as 2")
+    return v
+
+
+def text_arg(what: str) -> Callable[[str], str]:
+    """A non-empty string without NUL bytes (which no file system or database name accepts)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{what} is empty; give a value")
+        if "\x00" in text:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} contains a NUL byte; remove it")
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
+TRIALS = int_in(1, COUNT_MAX, 20)
+WORKERS = int_in(1, 4096, 2)
+SEED = int_in(0, SEED_MAX, 0)
+POSITIVE = int_in(1, COUNT_MAX, 32)
