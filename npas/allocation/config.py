@@ -64,6 +64,12 @@ def slot_shape(slot: str, d_model: int, width: int) -> tuple[int, int]:
     raise ConfigError(f"unknown weight slot {slot!r}; known: {', '.join(ATTN_SLOTS + MLP_SLOTS['swiglu'])}")
 
 
+# Upper bounds of a chassis' dimensions: far above any model npas trains, low enough that counting a
+# reference (tuples of per-layer widths, products of sizes) stays cheap and exact for absurd inputs.
+CHASSIS_MAX: dict[str, int] = {"vocab_size": 2**22, "context": 2**20, "d_model": 2**16, "n_layers": 2**12,
+                               "n_heads": 2**12, "d_ff": 2**18}
+
+
 @dataclass(frozen=True)
 class Chassis:
     """The architecture family and its fixed dimensions: a pre-norm decoder-only transformer LM."""
@@ -85,6 +91,9 @@ class Chassis:
                     out.append(f"chassis.activation: {v!r} is not one of {list(get_args(Activation))}")
             elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 out.append(f"chassis.{f.name}: must be a positive integer, got {v!r}")
+            elif v > CHASSIS_MAX[f.name]:
+                out.append(f"chassis.{f.name}: {v:,} is above the largest npas builds ({CHASSIS_MAX[f.name]:,}); "
+                           f"lower it")
         if not out and self.d_model % self.n_heads:
             out.append(
                 f"chassis: n_heads={self.n_heads} does not divide d_model={self.d_model}; "

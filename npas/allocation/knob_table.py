@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from npas.allocation.config import DEFAULT_LORA_ALPHA, Activation, DType, Generator, LoraScaling
+from npas.allocation.config import CHASSIS_MAX, DEFAULT_LORA_ALPHA, Activation, DType, Generator, LoraScaling
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
 Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
@@ -85,7 +85,7 @@ class KnobSpec:
 
 
 def _chassis(key: str, help: str) -> KnobSpec:
-    return KnobSpec(key, "chassis", key, int, REQUIRED, low=1, help=help)
+    return KnobSpec(key, "chassis", key, int, REQUIRED, low=1, high=CHASSIS_MAX[key], help=help)
 
 
 KNOBS: tuple[KnobSpec, ...] = (

@@ -348,14 +348,15 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
             body = {}
         check_keys(f"knobs.{sec}", body, keys, problems)
         sections[sec] = body
-    L = max(chassis["n_layers"].options()) if "n_layers" in chassis else 1
+    # an n_layers that is missing or invalid is reported on its own; it bounds nothing else
+    L = max(chassis["n_layers"].options()) if "n_layers" in chassis else None
     knobs: dict[str, Knob] = {}
     for spec in KNOBS:
         if spec.section == "chassis":
             continue
         body = raw if spec.section == "" else sections[spec.section]
         if spec.key in body:
-            kn = _parse_spec(spec, body[spec.key], problems, {"n_layers": L})
+            kn = _parse_spec(spec, body[spec.key], problems, {"n_layers": L} if L else {})
             if kn is not None:
                 knobs[spec.name] = kn
     extras: dict[str, Any] = {}
@@ -378,6 +379,8 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
         flat = [i for g in groups for i in g]
         if len(flat) != len(set(flat)):
             problems.append(f"knobs.{sec}.groups: an index appears twice in {groups!r}")
+        if L is None:  # the depth is itself invalid (reported above): nothing to check the groups against
+            continue
         if sec == "tying" and sorted(flat) != list(range(L)):
             problems.append(f"knobs.tying.groups: must cover each of the {L} layers exactly once, got {groups!r}")
         depths = chassis["n_layers"].options() if "n_layers" in chassis else [L]
@@ -393,6 +396,6 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
 
 def _parse_spec(spec: KnobSpec, raw: Any, problems: list[str], bounds: dict[str, int] | None = None) -> Knob | None:
     """Parse one table entry's YAML value; a bound named by a chassis key resolves through `bounds`."""
-    high = (bounds or {}).get(spec.high, 1) if isinstance(spec.high, str) else spec.high
+    high = (bounds or {}).get(spec.high) if isinstance(spec.high, str) else spec.high
     return parse_knob(spec.path, raw, problems, kind=spec.kind, allowed=spec.allowed, low=spec.low, high=high,
                       fixed_only=not spec.searchable)

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from npas.errors import DataError
+from npas.files import read_text
 from npas.training.data import CharTokenizer, Corpus
 from npas.training.proxy import Progress, ProxyResult, Report, train_model
 from npas.training.recipe import Recipe
@@ -102,9 +103,9 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     if missing:
         raise DataError(f"{d} lacks {', '.join(missing)}; pass a directory written by `npas train` "
                         "(a failed run leaves only metrics.json)")
-    text = (d / CONFIG_FILE).read_text(encoding="utf-8")
+    text = read_text(d / CONFIG_FILE, "allocation file")
     cfg = ArchConfig.from_yaml(text)
-    tokenizer = CharTokenizer.from_json((d / VOCAB_FILE).read_text(encoding="utf-8"))
+    tokenizer = CharTokenizer.from_json(read_text(d / VOCAB_FILE, "vocabulary", DataError))
     if tokenizer.vocab_size != cfg.chassis.vocab_size:
         raise DataError(f"{d}: vocab.json has {tokenizer.vocab_size} characters but config.yaml's chassis "
                         f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")

@@ -12,8 +12,8 @@ from npas.allocation.budget import Accounting, count
 from npas.allocation.config import ArchConfig, reference_config
 from npas.builtin import looks_like_path, space_path
 from npas.errors import ConfigError
+from npas.files import read_text
 from npas.presentation.cli.args import POSITIVE
-from npas.presentation.cli.files import read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from npas.builtin import shipped, space_path
 from npas.errors import NpasError, SpaceError
+from npas.files import read_text
 from npas.presentation.cli.args import SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
-from npas.presentation.cli.files import read_text
 from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
+from npas.files import read_text
 from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, int_in
-from npas.presentation.cli.files import read_text
 from npas.service.runner import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
