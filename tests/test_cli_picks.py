@@ -18,8 +18,8 @@ from npas.allocation.budget import count
 from npas.allocation.config import reference_config
 from npas.presentation.cli import main
 from npas.presentation.cli.units import human_bytes, human_count
-from npas.service import study as S
 from npas.service.picks import MEMORY_OBJECTIVES, OTHER_OBJECTIVES, pick
+from npas.service.record import Constraint, StudyAttr, TrialAttr
 
 from .conftest import ROOT
 
@@ -44,16 +44,16 @@ def make_study(tmp_path, objectives: list[str], points=POINTS) -> tuple[str, str
     acc = count(cfg)
     study = optuna.create_study(study_name=name, storage=url, directions=["minimize"] * len(objectives))
     study.set_metric_names(objectives)
-    for k, v in {S.S_SPACE_TEXT: space.text, S.S_OBJECTIVES: objectives, S.S_RECIPE: {"name": "smoke"},
-                 S.S_FINGERPRINT: "f"}.items():
+    for k, v in {StudyAttr.SPACE_TEXT: space.text, StudyAttr.OBJECTIVES: objectives, StudyAttr.RECIPE: {"name": "smoke"},
+                 StudyAttr.FINGERPRINT: "f"}.items():
         study.set_user_attr(k, v)
     for loss, memory in points:
         by_name = {"val_loss": loss, "train_memory_bytes": memory}
         study.add_trial(optuna.trial.create_trial(
             values=[by_name[o] for o in objectives],
-            user_attrs={S.T_ALLOC: cfg.to_dict(), S.T_HASH: cfg.hash, S.T_ACCOUNTING: acc.to_dict(),
-                        S.T_STATUS: "ok"},
-            constraints={S.C_BUDGET: -1.0, S.C_FIDELITY: 0.0}))
+            user_attrs={TrialAttr.ALLOC: cfg.to_dict(), TrialAttr.HASH: cfg.hash, TrialAttr.ACCOUNTING: acc.to_dict(),
+                        TrialAttr.STATUS: "ok"},
+            constraints={Constraint.BUDGET: -1.0, Constraint.FIDELITY: 0.0}))
     return url, name
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from npas.allocation.space import parse_space
 from npas.presentation.cli import main
-from npas.service import study as S
+from npas.service.record import TrialAttr
 from npas.service.samplers import (
     baseline_fixed,
     enqueue_baselines,
@@ -54,11 +54,11 @@ def hit_rate(sampler: str, seed: int, n: int) -> tuple[float, optuna.Study]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study = optuna.create_study(directions=["minimize"] * 2, sampler=make_sampler(sampler, seed, 2))
-        enqueue_baselines(study, space, S.T_BASELINE)
+        enqueue_baselines(study, space, TrialAttr.BASELINE)
         hits = 0
         for i in range(n):
             trial = study.ask()
-            cand = space.sample(trial, fixed=baseline_fixed(trial, space, S.T_BASELINE))
+            cand = space.sample(trial, fixed=baseline_fixed(trial, space, TrialAttr.BASELINE))
             value = loss(cand.values)
             hits += i >= n // 2 and value == 0.0
             study.tell(trial, [value, value + 1.0])  # memory follows loss: the front is the optimum
@@ -83,12 +83,12 @@ def test_intersection_samplers_see_the_always_present_knobs(sampler):
 def test_baselines_carry_their_values_as_params_and_build_the_same_allocations():
     space = parse_space(SPACE, "synth")
     study = optuna.create_study(directions=["minimize"] * 2)
-    names = enqueue_baselines(study, space, S.T_BASELINE)
+    names = enqueue_baselines(study, space, TrialAttr.BASELINE)
     assert names == list(space.baselines())
     for name in names:
         trial = study.ask()
-        assert trial.user_attrs[S.T_BASELINE] == name
-        new = space.sample(trial, fixed=baseline_fixed(trial, space, S.T_BASELINE))
+        assert trial.user_attrs[TrialAttr.BASELINE] == name
+        new = space.sample(trial, fixed=baseline_fixed(trial, space, TrialAttr.BASELINE))
         old = space.sample(optuna.create_study().ask(), fixed=space.baselines()[name])  # every value fixed
         assert new.config == old.config
         assert {"taper", "tying", "pools"} <= set(trial.params)
@@ -100,9 +100,9 @@ def test_baselines_carry_their_values_as_params_and_build_the_same_allocations()
 def test_a_baseline_enqueued_without_params_keeps_all_its_values_fixed():
     space = parse_space(SPACE, "synth")
     study = optuna.create_study(directions=["minimize"] * 2)
-    study.enqueue_trial({}, user_attrs={S.T_BASELINE: "full_tying"})  # a study from before the change
+    study.enqueue_trial({}, user_attrs={TrialAttr.BASELINE: "full_tying"})  # a study from before the change
     trial = study.ask()
-    assert baseline_fixed(trial, space, S.T_BASELINE) == space.baselines()["full_tying"]
+    assert baseline_fixed(trial, space, TrialAttr.BASELINE) == space.baselines()["full_tying"]
 
 
 def test_gp_needs_scipy_and_it_is_a_declared_dependency():
