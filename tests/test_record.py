@@ -50,3 +50,30 @@ def test_a_study_written_the_old_way_loads_with_the_settings_it_ran_with(tmp_pat
 def test_a_study_without_a_record_is_named():
     with pytest.raises(StudyError, match="no npas record.*data_fingerprint"):
         StudyRecord.from_attrs({k: v for k, v in OLD_ATTRS.items() if k != "data_fingerprint"}, "x")
+
+
+def test_resume_refuses_a_study_whose_text_was_split_differently(tmp_path):
+    """The split is part of the record: a study ranked on other validation text is not continued."""
+    from dataclasses import replace
+
+    import npas
+    from npas.service.driver import resume
+    from npas.training.data import load_corpus
+    from npas.training.recipe import load_recipe
+
+    space = npas.load_space("search_spaces/taper.yaml")
+    rec = load_recipe("smoke")
+    corpus = load_corpus(None, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
+    split = corpus.describe()["split"]
+    record = replace(RECORD, space_text=space.text, space_source=space.source, recipe=rec.to_dict(),
+                     data_fingerprint=corpus.fingerprint, overrides={"vocab_size": corpus.vocab_size},
+                     objectives=tuple(space.objectives),
+                     data_split={**split, "chunk_chars": split["chunk_chars"] // 2})
+    assert record.to_attrs()[StudyAttr.SPLIT]["chunk_chars"] == split["chunk_chars"] // 2
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(study_name="s", storage=open_storage(url).storage,
+                                directions=["minimize"] * len(space.objectives))
+    write_record(study, record)
+    study.set_user_attr(StudyAttr.READY, True)
+    with pytest.raises(StudyError, match="split its text .* differently"):
+        resume("s", storage=url)

@@ -75,7 +75,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         data_fingerprint=corpus.fingerprint, vocab_size=corpus.vocab_size, objectives=tuple(space.objectives),
         sampler=sampler_name, seed=DEFAULT_SEED if seed is None else seed,
         early_stop=True if launch.early_stop is None else launch.early_stop,
-        target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides))
+        target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides),
+        data_split=corpus.describe()["split"])
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
@@ -167,6 +168,14 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if corpus.fingerprint != record.data_fingerprint:
         raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
                          f"{corpus.fingerprint} != {record.data_fingerprint}); pass --data with the original corpus")
+    split = corpus.describe()["split"]
+    if record.data_split is not None and dict(record.data_split) != split:
+        raise StudyError(f"study {name!r} split its text into train / validation / test differently (chunk "
+                         f"{record.data_split.get('chunk_chars')} vs {split['chunk_chars']} characters, or other "
+                         f"fractions); its trials were ranked on other validation text, so start a new study")
+    if record.data_split is None:
+        log.warning("study %s predates the text-level train/validation/test split: new trials are ranked on "
+                    "other validation text than its old ones", name)
     sampler = make_sampler(record.sampler, record.seed, len(space.objectives))
     study = optuna.load_study(study_name=name, storage=handle.storage, sampler=sampler)
     if handle.is_sqlite and (others := faults.live_drivers(study)):

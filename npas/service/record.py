@@ -36,6 +36,7 @@ class StudyAttr(StrEnum):
     EARLY_STOP = "early_stop"
     TARGET = "target_trials"
     OVERRIDES = "overrides"  # vocab_size / budget bound at launch, re-applied on resume
+    SPLIT = "data_split"  # how the text was cut into train / validation / test, with each part's fingerprint
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -96,6 +97,7 @@ class StudyRecord:
     early_stop: bool = True
     target_trials: int = 20
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    data_split: Mapping[str, Any] | None = None  # None: a study from before the text-level split
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -105,7 +107,7 @@ class StudyRecord:
              "data_fingerprint": StudyAttr.FINGERPRINT, "vocab_size": StudyAttr.VOCAB,
              "objectives": StudyAttr.OBJECTIVES, "sampler": StudyAttr.SAMPLER, "seed": StudyAttr.SEED,
              "early_stop": StudyAttr.EARLY_STOP, "target_trials": StudyAttr.TARGET,
-             "overrides": StudyAttr.OVERRIDES}
+             "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
