@@ -193,12 +193,13 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
     untied model ``recipe.lr`` is tuned for (default ``cfg.chassis``; ``bench/lr_transfer.py`` moves
     width and depth away from it).
     """
-    import npas  # the package root re-exports the lead's core lazily
+    from npas.allocation.budget import count
+    from npas.allocation.transformer import build_model
 
     t_start = time.perf_counter()
     dev = pick_device(device)
     check_compatible(cfg, recipe, corpus)
-    acc = npas.count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
+    acc = count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
     prev_threads = torch.get_num_threads()
     if dev.type == "cpu" and recipe.threads > 0:
         torch.set_num_threads(recipe.threads)
@@ -207,7 +208,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         torch.cuda.reset_peak_memory_stats(dev)
     try:
         torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
-        model = npas.build_model(cfg).float()  # fp32 master weights at any cfg.dtype
+        model = build_model(cfg).float()  # fp32 master weights at any cfg.dtype
         apply_init(model, recipe.parameterization, reference)
         model = model.to(dev)
         model.train()

@@ -71,10 +71,10 @@ def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: 
 
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus) -> dict:
-    import npas
+    from npas import __version__
 
     doc = {"result": result.to_dict(), "recipe": recipe.to_dict(), "data": corpus.describe(),
-           "npas_version": npas.__version__}
+           "npas_version": __version__}
     (Path(out_dir) / METRICS_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc
 
@@ -92,9 +92,8 @@ def read_metrics(model_dir: str | Path) -> dict:
 
 def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, CharTokenizer, Any]:
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
-    import npas
     from npas.allocation.config import ArchConfig
-    from npas.allocation.transformer import load_weights
+    from npas.allocation.transformer import build_model, load_weights
 
     d = Path(model_dir)
     if not d.is_dir():
@@ -109,7 +108,7 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     if tokenizer.vocab_size != cfg.chassis.vocab_size:
         raise DataError(f"{d}: vocab.json has {tokenizer.vocab_size} characters but config.yaml's chassis "
                         f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")
-    model = npas.build_model(cfg)
+    model = build_model(cfg)
     try:
         load_weights(model, d / MODEL_FILE, text)  # also splits a schema-1 fused attn_qkv
     except (SafetensorError, RuntimeError, OSError) as err:

@@ -64,9 +64,9 @@ def run_train(args: argparse.Namespace) -> int:
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
 
-    import npas
+    from npas.allocation.budget import count
 
-    acc = npas.count(cfg)
+    acc = count(cfg)
     print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params) on {corpus.source}, "
           f"recipe {recipe.name}: {recipe.steps} steps x {recipe.tokens_per_step:,} tokens -> {out}")
     bar = tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
