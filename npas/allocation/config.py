@@ -25,6 +25,8 @@ Activation = Literal["gelu", "swiglu"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
 LoraScaling = Literal["standard", "rslora"]
+KvMode = Literal["kv", "v"]  # cross-layer sharing of keys and values, or of values only
+AtomScope = Literal["layer", "block"]  # atom coefficients per depth position, or per unique block
 
 # LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
 # across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
@@ -118,6 +120,20 @@ class Bank:
 
 
 @dataclass(frozen=True)
+class AtomSpec:
+    """One projection type generated from a shared dictionary of matrix atoms (MASA).
+
+    Every layer (or block, with scope "block") that reads `slot` gets its (d, d) weight as
+    sum_k coef[row, k] * atoms[k]: `n_atoms` atoms of d x d shared across depth, plus one row of
+    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms.
+    """
+
+    slot: str  # one of attn_q, attn_k, attn_v, attn_o
+    n_atoms: int
+    scope: AtomScope = "layer"
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """One candidate allocation. Plain data: YAML/JSON round-trip, schema version, stable hash."""
 
@@ -132,6 +148,14 @@ class ArchConfig:
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
     dtype: DType = "float32"  # dtype of the stored and exported weights (see DTYPE_BYTES)
     version: int = SCHEMA_VERSION
+    # Cross-layer KV sharing: layer i attends with the keys and values computed by layer kv_source[i]
+    # (itself by default). A consumer (kv_source[i] < i) reads neither attn_k nor attn_v ("kv") or
+    # only not attn_v ("v"), so it owns no such projection and the KV cache holds only the sources'.
+    # With tying, a block stores a K/V projection when any of its layers reads it; a tied consumer
+    # simply does not read the one its block holds for a source layer.
+    kv_source: tuple[int, ...] = ()
+    kv_mode: KvMode = "kv"
+    atoms: tuple[AtomSpec, ...] = ()  # attention slots generated from shared atom dictionaries
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -143,6 +167,10 @@ class ArchConfig:
             # with no LoRA the scale computes nothing: one canonical form, so equal models hash equal
             object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
             object.__setattr__(self, "lora_scaling", "standard")
+        if not self.kv_source:
+            object.__setattr__(self, "kv_source", tuple(range(L)))
+        if self.kv_source == tuple(range(L)):
+            object.__setattr__(self, "kv_mode", "kv")  # nothing is shared: one canonical form
         if len(set(self.block_of_layer)) == len(self.block_of_layer):
             # with no shared block, tied-or-untied norms build the same model: keep one canonical form
             object.__setattr__(self, "untied_norms", True)
@@ -167,6 +195,36 @@ class ArchConfig:
     @cached_property
     def _block_widths(self) -> tuple[int, ...]:
         return tuple(max(self.mlp_widths[i] for i in m) for m in self._members)
+
+    @cached_property
+    def atom_slots(self) -> frozenset[str]:
+        return frozenset(a.slot for a in self.atoms)
+
+    def kv_consumer(self, layer: int) -> bool:
+        return self.kv_source[layer] != layer
+
+    def layer_reads(self, layer: int, slot: str) -> bool:
+        """Whether this depth position multiplies with `slot`'s weight (KV consumers skip K and/or V)."""
+        if self.kv_source[layer] == layer or slot not in ("attn_k", "attn_v"):
+            return True
+        return slot == "attn_k" and self.kv_mode == "v"
+
+    @cached_property
+    def _block_stores(self) -> frozenset[tuple[int, str]]:
+        slots = block_slots(self.chassis.activation)
+        return frozenset((b, s) for b in range(self.n_blocks) for s in slots if s not in self.atom_slots
+                         and any(self.layer_reads(i, s) for i in self._members[b]))
+
+    def block_stores(self, block: int, slot: str) -> bool:
+        """A block holds a slot's weight (direct or banked) unless atoms generate it or no layer reads it."""
+        return (block, slot) in self._block_stores
+
+    def atom_rows(self, spec: AtomSpec) -> tuple[int, ...]:
+        """Who owns a coefficient row: the layers reading the slot, or (scope block) their blocks."""
+        layers = [i for i in range(self.chassis.n_layers) if self.layer_reads(i, spec.slot)]
+        if spec.scope == "layer":
+            return tuple(layers)
+        return tuple(sorted({self.block_of_layer[i] for i in layers}))
 
     def members_of(self, block: int) -> tuple[int, ...]:
         return self._members[block]
@@ -197,7 +255,7 @@ class ArchConfig:
         L = c.n_layers
         if self.version != SCHEMA_VERSION:
             out.append(f"version: {self.version} is not the supported schema version {SCHEMA_VERSION}")
-        for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp"):
+        for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp", "kv_source"):
             seq = getattr(self, name)
             if len(seq) != L:
                 out.append(f"{name}: needs one entry per layer ({L}), got {len(seq)}")
@@ -219,6 +277,9 @@ class ArchConfig:
                 f"{list(self.block_of_layer)}"
             )
             return out
+        out.extend(self._sharing_problems())
+        if out:
+            return out
         if (not isinstance(self.lora_alpha, int | float) or isinstance(self.lora_alpha, bool)
                 or not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
             out.append(f"lora_alpha: must be a positive finite number, got {self.lora_alpha!r}")
@@ -238,6 +299,9 @@ class ArchConfig:
             for blk, slot in bank.members:
                 if slot not in slots or not 0 <= blk < len(seen):
                     out.append(f"banks[{k}]: member ({blk}, {slot!r}) is not a block slot of this chassis")
+                elif not self.block_stores(blk, slot):
+                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) is not stored by its block (atoms generate "
+                               f"it, or every layer of the block reads another layer's K/V)")
                 elif (blk, slot) in owner:
                     out.append(f"banks[{k}]: member ({blk}, {slot!r}) already belongs to banks[{owner[blk, slot]}]")
                 else:
@@ -245,6 +309,31 @@ class ArchConfig:
             if any(k == v for v in owner.values()):
                 sizes = [self._numel(m) for m in bank.members if owner.get(m) == k]
                 out.extend(_bank_problems(k, bank, sizes))
+        return out
+
+    def _sharing_problems(self) -> list[str]:
+        """KV sources must be earlier sources; atom specs one per attention slot, with readers."""
+        out = []
+        src = self.kv_source
+        bad = [i for i, s in enumerate(src) if not 0 <= s <= i or src[s] != s]
+        if bad:
+            out.append(f"kv_source: layer i must read K/V of a layer s <= i that is its own source "
+                       f"(kv_source[s] == s); layers {bad} do not in {list(src)}")
+        if self.kv_mode not in get_args(KvMode):
+            out.append(f"kv_mode: {self.kv_mode!r} is not one of {list(get_args(KvMode))}")
+        seen: set[str] = set()
+        for k, a in enumerate(self.atoms):
+            if a.slot not in ATTN_SLOTS or a.slot in seen:
+                out.append(f"atoms[{k}].slot: {a.slot!r} must be one of {list(ATTN_SLOTS)}, each at most once")
+            seen.add(a.slot)
+            if not isinstance(a.n_atoms, int) or isinstance(a.n_atoms, bool) or a.n_atoms < 1:
+                out.append(f"atoms[{k}].n_atoms: must be an integer >= 1, got {a.n_atoms!r}")
+            if a.scope not in get_args(AtomScope):
+                out.append(f"atoms[{k}].scope: {a.scope!r} is not one of {list(get_args(AtomScope))}")
+        if not out:
+            for k, a in enumerate(self.atoms):
+                if not self.atom_rows(a):
+                    out.append(f"atoms[{k}]: no layer reads {a.slot} (every layer shares another's K/V); drop it")
         return out
 
     def lora_scale(self, rank: int) -> float:
@@ -265,6 +354,8 @@ class ArchConfig:
         d["block_of_layer"] = list(self.block_of_layer)
         d["lora_attn"] = list(self.lora_attn)
         d["lora_mlp"] = list(self.lora_mlp)
+        d["kv_source"] = list(self.kv_source)
+        d["atoms"] = [{"slot": a.slot, "n_atoms": a.n_atoms, "scope": a.scope} for a in self.atoms]
         d["banks"] = [
             {
                 "members": [[b, s] for b, s in bank.members],
@@ -274,6 +365,12 @@ class ArchConfig:
             }
             for bank in self.banks
         ]
+        # mechanisms left at their defaults are omitted, so allocations written before they existed
+        # keep their files and hashes
+        if self.kv_source == tuple(range(self.chassis.n_layers)):
+            del d["kv_source"], d["kv_mode"]
+        if not self.atoms:
+            del d["atoms"]
         return d
 
     @classmethod
@@ -335,6 +432,11 @@ class ArchConfig:
         if self.banks:
             gens = sorted({b.generator for b in self.banks})
             parts.append(f"banks={len(self.banks)}:{'/'.join(gens)}")
+        sources = sum(1 for i in range(L) if not self.kv_consumer(i))
+        if sources < L:
+            parts.append(f"{self.kv_mode}:{sources}src")
+        if self.atoms:
+            parts.append("atoms=" + ",".join(f"{a.slot[-1]}{a.n_atoms}" for a in self.atoms))
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")
@@ -378,6 +480,7 @@ def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]
 
 __all__ = [
     "ArchConfig",
+    "AtomSpec",
     "Bank",
     "Chassis",
     "SCHEMA_VERSION",
