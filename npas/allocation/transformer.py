@@ -84,7 +84,8 @@ class Layer(nn.Module):
         hs = C // self.n_heads
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
         # (3d, d) matmul runs faster than three (d, d) ones: concatenate the weights once per forward
-        w_qkv = torch.cat([self._weight(s, w[s]) for s in self.computes])  # (n*d, d)
+        parts = [self._weight(s, w[s]) for s in self.computes]
+        w_qkv = parts[0] if len(parts) == 1 else torch.cat(parts)  # (n*d, d): q, k, v it computes itself
         out = [t.view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
                for t in F.linear(ln_1(x), w_qkv).split(C, dim=2)]
         if len(out) == 3:
