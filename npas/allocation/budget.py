@@ -140,17 +140,30 @@ def stored_params(cfg: ArchConfig) -> int:
     total += n_mlp * d * sum(widths)  # every MLP slot, banked or not
     if not cfg.atoms and cfg.kv_source == tuple(range(L)):  # the fit's common case: every attention slot stored
         total += 4 * d * d * n_blocks
-    else:
-        total += d * d * len([m for m in cfg._block_stores if m[1].startswith("attn")])
-        total += sum(a.n_atoms * (d * d + len(cfg.atom_rows(a))) for a in cfg.atoms)
+    else:  # the same numbers as block_stores / atom_rows, counted without walking the blocks
+        src = [i for i, s in enumerate(cfg.kv_source) if s == i]
+        src_blocks = len({block_of[i] for i in src}) if len(src) < L else n_blocks
+        k_all = cfg.kv_mode == "v"  # value-only sharing: every layer still computes its keys
+        layers = {"attn_q": L, "attn_o": L, "attn_k": L if k_all else len(src), "attn_v": len(src)}
+        blocks = {"attn_q": n_blocks, "attn_o": n_blocks, "attn_k": n_blocks if k_all else src_blocks,
+                  "attn_v": src_blocks}
+        atoms = {a.slot: a for a in cfg.atoms}
+        for slot in ATTN_SLOTS:
+            a = atoms.get(slot)
+            if a is None:
+                total += d * d * blocks[slot]
+            else:
+                total += a.n_atoms * (d * d + (layers if a.scope == "layer" else blocks)[slot])
     total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
     for bank in cfg.banks:
         for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
             total -= d * d if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
-    if any(cfg.lora_attn):  # r * (d + d) per attention slot the layer reads
-        total += 2 * d * sum(r * _attn_read(cfg, i) for i, r in enumerate(cfg.lora_attn))
+    if any(cfg.lora_attn):  # r * (d + d) per attention slot the layer reads: 4, or 2-3 for a KV consumer
+        consumer = 3 if cfg.kv_mode == "v" else 2
+        total += 2 * d * sum(r * (4 if s == i else consumer) for i, (r, s) in enumerate(
+            zip(cfg.lora_attn, cfg.kv_source, strict=True)))
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
     return total

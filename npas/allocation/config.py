@@ -330,11 +330,7 @@ class ArchConfig:
                 out.append(f"atoms[{k}].n_atoms: must be an integer >= 1, got {a.n_atoms!r}")
             if a.scope not in get_args(AtomScope):
                 out.append(f"atoms[{k}].scope: {a.scope!r} is not one of {list(get_args(AtomScope))}")
-        if not out:
-            for k, a in enumerate(self.atoms):
-                if not self.atom_rows(a):
-                    out.append(f"atoms[{k}]: no layer reads {a.slot} (every layer shares another's K/V); drop it")
-        return out
+        return out  # layer 0 is always a KV source, so every atom dictionary has a reader
 
     def lora_scale(self, rank: int) -> float:
         """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
