@@ -21,8 +21,8 @@ BENCHES = {
     "sharing_overhead.py": [
         *(rf"^{v}\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d,]+\s+(PASS|MISS)"
           for v in ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
-                    "relaxed_cycle_lora8")),
-        r"^result: \d/6 variants within 1\.10x",
+                    "relaxed_cycle_lora8", "atoms_qkvo_third", "kv_shared_g2")),
+        r"^result: \d/8 variants within 1\.10x",
     ],
 }
 
