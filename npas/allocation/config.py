@@ -248,89 +248,10 @@ class ArchConfig:
 
     # ---- validation --------------------------------------------------------------------------
     def problems(self) -> list[str]:
-        c = self.chassis
-        out = c.problems()
-        if out:
-            return out
-        L = c.n_layers
-        if self.version != SCHEMA_VERSION:
-            out.append(f"version: {self.version} is not the supported schema version {SCHEMA_VERSION}")
-        for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp", "kv_source"):
-            seq = getattr(self, name)
-            if len(seq) != L:
-                out.append(f"{name}: needs one entry per layer ({L}), got {len(seq)}")
-            elif any(not isinstance(v, int) or isinstance(v, bool) for v in seq):
-                out.append(f"{name}: entries must be integers, got {list(seq)}")
-        if out:
-            return out
-        if min(self.mlp_widths) < 1:
-            out.append(f"mlp_widths: every width must be >= 1, got {list(self.mlp_widths)}")
-        if min(self.lora_attn + self.lora_mlp) < 0:
-            out.append("lora ranks must be >= 0")
-        seen: list[int] = []
-        for b in self.block_of_layer:
-            if b not in seen:
-                seen.append(b)
-        if seen != list(range(len(seen))):
-            out.append(
-                f"block_of_layer: blocks must be numbered 0..U-1 in order of first use, got "
-                f"{list(self.block_of_layer)}"
-            )
-            return out
-        out.extend(self._sharing_problems())
-        if out:
-            return out
-        if (not isinstance(self.lora_alpha, int | float) or isinstance(self.lora_alpha, bool)
-                or not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
-            out.append(f"lora_alpha: must be a positive finite number, got {self.lora_alpha!r}")
-        if self.lora_scaling not in get_args(LoraScaling):
-            out.append(f"lora_scaling: {self.lora_scaling!r} is not one of {list(get_args(LoraScaling))}")
-        if self.dtype not in DTYPE_BYTES:
-            out.append(f"dtype: {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-        slots = set(block_slots(c.activation))
-        owner: dict[tuple[int, str], int] = {}
-        for k, bank in enumerate(self.banks):
-            if bank.generator not in get_args(Generator):
-                out.append(f"banks[{k}].generator: {bank.generator!r} is not one of {list(get_args(Generator))}")
-                continue
-            if not bank.members:
-                out.append(f"banks[{k}]: has no members")
-                continue
-            for blk, slot in bank.members:
-                if slot not in slots or not 0 <= blk < len(seen):
-                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) is not a block slot of this chassis")
-                elif not self.block_stores(blk, slot):
-                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) is not stored by its block (atoms generate "
-                               f"it, or every layer of the block reads another layer's K/V)")
-                elif (blk, slot) in owner:
-                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) already belongs to banks[{owner[blk, slot]}]")
-                else:
-                    owner[blk, slot] = k
-            if any(k == v for v in owner.values()):
-                sizes = [self._numel(m) for m in bank.members if owner.get(m) == k]
-                out.extend(_bank_problems(k, bank, sizes))
-        return out
+        """Every reason this allocation cannot be built, as text (empty when it can)."""
+        from npas.allocation.validation import allocation_problems  # reads this module's types
 
-    def _sharing_problems(self) -> list[str]:
-        """KV sources must be earlier sources; atom specs one per attention slot, with readers."""
-        out = []
-        src = self.kv_source
-        bad = [i for i, s in enumerate(src) if not 0 <= s <= i or src[s] != s]
-        if bad:
-            out.append(f"kv_source: layer i must read K/V of a layer s <= i that is its own source "
-                       f"(kv_source[s] == s); layers {bad} do not in {list(src)}")
-        if self.kv_mode not in get_args(KvMode):
-            out.append(f"kv_mode: {self.kv_mode!r} is not one of {list(get_args(KvMode))}")
-        seen: set[str] = set()
-        for k, a in enumerate(self.atoms):
-            if a.slot not in ATTN_SLOTS or a.slot in seen:
-                out.append(f"atoms[{k}].slot: {a.slot!r} must be one of {list(ATTN_SLOTS)}, each at most once")
-            seen.add(a.slot)
-            if not isinstance(a.n_atoms, int) or isinstance(a.n_atoms, bool) or a.n_atoms < 1:
-                out.append(f"atoms[{k}].n_atoms: must be an integer >= 1, got {a.n_atoms!r}")
-            if a.scope not in get_args(AtomScope):
-                out.append(f"atoms[{k}].scope: {a.scope!r} is not one of {list(get_args(AtomScope))}")
-        return out  # layer 0 is always a KV source, so every atom dictionary has a reader
+        return allocation_problems(self)
 
     def lora_scale(self, rank: int) -> float:
         """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
@@ -437,17 +358,6 @@ class ArchConfig:
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")
         return " ".join(parts)
-
-
-def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
-    out = []
-    if bank.size < 1 or bank.templates < 1:
-        out.append(f"banks[{k}]: size and templates must be >= 1, got size={bank.size} templates={bank.templates}")
-    elif bank.generator == "tie" and bank.size < max(sizes):
-        out.append(f"banks[{k}]: {bank.generator} needs size >= largest member ({max(sizes)}), got {bank.size}")
-    elif bank.generator != "template_mix" and bank.templates != 1:
-        out.append(f"banks[{k}]: templates={bank.templates} only applies to template_mix")
-    return out
 
 
 def lora_scale(alpha: float, rank: int, scaling: str = "standard") -> float:
