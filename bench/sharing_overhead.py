@@ -8,8 +8,10 @@ Every variant runs on the reference's chassis (d_model, n_layers, d_ff), so the 
 multiplies with, and hence its FLOPs, match the dense reference; sharing only changes where the
 weights are stored. That is checked analytically (`npas.count(...).flops_per_token`, printed as the
 FLOP ratio; the `+gen` column adds the once-per-step work amortised over the batch's tokens:
-template_mix generation and LoRA merges). So any extra step time is the price of sharing itself:
-generating weights from banks, strided slices, gradient accumulation into shared tensors, merges.
+template_mix generation, atom combinations and LoRA merges). So any extra step time is the price of sharing itself:
+generating weights from banks or atoms, strided slices, gradient accumulation into shared tensors,
+merges. The exception is kv_shared_g2: its consumer layers skip the K/V projections, so it does
+fewer FLOPs than the reference (its FLOP ratio says how many) and should run faster.
 
 A step is forward + backward + AdamW step at fp32 on 2 threads, same batch for every variant.
 The machine is noisy, so measurements interleave (reference, variant, reference, variant, ...) for
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 import npas
-from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.config import ArchConfig, AtomSpec, Bank, Chassis, reference_config
 from npas.allocation.fit import bank_members, taper_profile, tying_map
 
 TARGET = 1.10
@@ -68,6 +70,8 @@ def variants(ch: Chassis) -> dict[str, ArchConfig]:
         return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer, banks=tuple(banks))
 
     taper = tuple(round(ch.d_ff * p) for p in taper_profile("cosine", L, 3.0))
+    # MASA: Q, K, V and O each from a dictionary of K = L/3 atoms (the seed's "a third of the layers")
+    atoms = tuple(AtomSpec(s, max(1, round(L / 3))) for s in ("attn_q", "attn_k", "attn_v", "attn_o"))
     return {
         "tied_all": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=(0,) * L),
         "tied_cycle": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle),
@@ -76,6 +80,10 @@ def variants(ch: Chassis) -> dict[str, ArchConfig]:
         "tapered_cosine3": ArchConfig(chassis=ch, mlp_widths=taper, block_of_layer=ref.block_of_layer),
         "relaxed_cycle_lora8": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle,
                                           lora_attn=(8,) * L, lora_mlp=(8,) * L),
+        "atoms_qkvo_third": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer, atoms=atoms),
+        # consumers skip their K/V projections: fewer FLOPs than the reference (FLOP ratio < 1)
+        "kv_shared_g2": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer,
+                                   kv_source=tuple(i // 2 * 2 for i in range(L))),
     }
 
 

@@ -44,16 +44,19 @@ def test_accounting_bench_is_exact_and_its_speed_verdict_matches_its_numbers():
 def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
     out = quick("sharing_overhead.py")
     variants = ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
-                "relaxed_cycle_lora8")
+                "relaxed_cycle_lora8", "atoms_qkvo_third", "kv_shared_g2")
     passed = []
     for v in variants:
         m = re.search(rf"^{v}\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+(PASS|MISS)", out, re.M)
         assert m, f"no row for {v}:\n{out}"
         ratio, flop_ratio, verdict = num(m[2]), num(m[3]), m[6]
-        assert flop_ratio == 1.0, f"{v} changes FLOPs per token: {m[0]}"  # sharing moves params, not FLOPs
+        if v == "kv_shared_g2":  # consumer layers skip their K/V projections: fewer FLOPs, by design
+            assert flop_ratio < 1.0, m[0]
+        else:
+            assert flop_ratio == 1.0, f"{v} changes FLOPs per token: {m[0]}"  # sharing moves params, not FLOPs
         assert verdict == ("PASS" if ratio <= 1.10 else "MISS"), m[0]
         passed += [v] if verdict == "PASS" else []
-    m = re.search(r"^result: (\d)/6 variants within 1\.10x", out, re.M)
+    m = re.search(r"^result: (\d)/8 variants within 1\.10x", out, re.M)
     assert m and int(m[1]) == len(passed), out
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from npas.allocation.config import (
+    ATTN_SLOTS,
     DTYPE_BYTES,
     MLP_SLOTS,
     ArchConfig,
@@ -57,7 +58,7 @@ class Accounting:
     materialised_params: int  # weights the forward pass actually multiplies with (untied-equivalent)
     flops_per_token: int  # forward FLOPs per token: 2 x matmul MACs + causal attention + LM head
     generation_flops_per_step: int  # template mixing and LoRA merges, once per forward pass (not per token)
-    kv_cache_bytes_per_token: int  # K and V for every layer, at the parameter dtype
+    kv_cache_bytes_per_token: int  # K of every layer computing its own, V of every KV source, at the dtype
     inference_bytes: int  # params + KV cache for one full context at batch 1
     train_memory_bytes: int  # fp32 weights + grads + AdamW states + generated weights + activations
     activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
@@ -66,6 +67,7 @@ class Accounting:
     bank_params: int  # banks, templates and mixing coefficients
     lora_params: int
     norm_params: int
+    atom_params: int  # atom dictionaries and their coefficients (MASA)
     layer_stored: tuple[float, ...]  # each layer's share of stored params (shared ones split evenly)
     layer_materialised: tuple[int, ...]  # weights each layer uses in its forward
 
@@ -76,12 +78,17 @@ class Accounting:
         return d
 
 
+def _attn_read(cfg: ArchConfig, layer: int) -> int:
+    """Attention slots this layer multiplies with: 4, or 2-3 for a KV consumer."""
+    return sum(cfg.layer_reads(layer, s) for s in ATTN_SLOTS)
+
+
 def _lora_params(cfg: ArchConfig, layer: int) -> int:
     d, w = cfg.chassis.d_model, cfg.mlp_widths[layer]
     total = 0
     ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
     if ra:
-        total += 4 * ra * (d + d)  # attn_q, attn_k, attn_v, attn_o: each d x d
+        total += _attn_read(cfg, layer) * ra * (d + d)  # attn_q, attn_k, attn_v, attn_o read: each d x d
     if rm:
         total += rm * (d + w) * len(MLP_SLOTS[cfg.chassis.activation])
     return total
@@ -93,7 +100,7 @@ def _lora_merge(cfg: ArchConfig, layer: int) -> tuple[int, int]:
     flops = elems = 0
     for slot in block_slots(cfg.chassis.activation):
         r = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
-        if r:
+        if r and cfg.layer_reads(layer, slot):
             n = math.prod(slot_shape(slot, d, w))
             flops += 2 * r * n
             elems += n
@@ -130,14 +137,33 @@ def stored_params(cfg: ArchConfig) -> int:
             if w > widths[b]:
                 widths[b] = w
     total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
-    total += 4 * d * d * n_blocks + n_mlp * d * sum(widths)  # every block slot, banked or not
+    total += n_mlp * d * sum(widths)  # every MLP slot, banked or not
+    if not cfg.atoms and cfg.kv_source == tuple(range(L)):  # the fit's common case: every attention slot stored
+        total += 4 * d * d * n_blocks
+    else:  # the same numbers as block_stores / atom_rows, counted without walking the blocks
+        src = [i for i, s in enumerate(cfg.kv_source) if s == i]
+        src_blocks = len({block_of[i] for i in src}) if len(src) < L else n_blocks
+        k_all = cfg.kv_mode == "v"  # value-only sharing: every layer still computes its keys
+        layers = {"attn_q": L, "attn_o": L, "attn_k": L if k_all else len(src), "attn_v": len(src)}
+        blocks = {"attn_q": n_blocks, "attn_o": n_blocks, "attn_k": n_blocks if k_all else src_blocks,
+                  "attn_v": src_blocks}
+        atoms = {a.slot: a for a in cfg.atoms}
+        for slot in ATTN_SLOTS:
+            a = atoms.get(slot)
+            if a is None:
+                total += d * d * blocks[slot]
+            else:
+                total += a.n_atoms * (d * d + (layers if a.scope == "layer" else blocks)[slot])
     total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
     for bank in cfg.banks:
         for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
             total -= d * d if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
-    total += 8 * d * sum(cfg.lora_attn)
+    if any(cfg.lora_attn):  # r * (d + d) per attention slot the layer reads: 4, or 2-3 for a KV consumer
+        consumer = 3 if cfg.kv_mode == "v" else 2
+        total += 2 * d * sum(r * (4 if s == i else consumer) for i, (r, s) in enumerate(
+            zip(cfg.lora_attn, cfg.kv_source, strict=True)))
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
     return total
@@ -164,7 +190,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
             for i in members[b]:
                 layer_stored[i] += 2 * d * share
         for s in slots:
-            if (b, s) not in bank_of:
+            if (b, s) not in bank_of and cfg.block_stores(b, s):
                 o, i_ = cfg.slot_shape(b, s)
                 block_direct += o * i_
                 for i in members[b]:
@@ -176,6 +202,13 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
         for (b, _), n in zip(bank.members, numels, strict=True):
             for i in members[b]:
                 layer_stored[i] += size * n / total / len(members[b])
+    atom_params = 0
+    for a in cfg.atoms:  # the dictionary and its coefficients, split evenly over the layers reading it
+        n = a.n_atoms * (d * d + len(cfg.atom_rows(a)))
+        atom_params += n
+        readers = [i for i in range(L) if cfg.layer_reads(i, a.slot)]
+        for i in readers:
+            layer_stored[i] += n / len(readers)
     lora = 0
     layer_mat = []
     matmul_params = 0
@@ -186,10 +219,10 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
         lp = _lora_params(cfg, i)
         lora += lp
         layer_stored[i] += lp
-        used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots)
+        used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots if cfg.layer_reads(i, s))
         matmul_params += used  # LoRA is merged into these weights per step, not run per token
         layer_mat.append(used + lp + 2 * d)
-    stored = embedding + norms + block_direct + sum(bank_sizes) + lora
+    stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params
 
     attention = 2 * L * T * d  # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC
     flops = 2 * matmul_params + attention + 2 * V * d
@@ -198,9 +231,13 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     )
     merges = [_lora_merge(cfg, i) for i in range(L)]
     gen_flops += sum(f for f, _ in merges)
-    # tensors materialised per step besides the stored ones: bank outputs and merged LoRA weights
-    generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks) + sum(e for _, e in merges)
-    kv = 2 * L * d * nbytes
+    atom_elems = sum(len(cfg.atom_rows(a)) * d * d for a in cfg.atoms)  # one (rows, K) @ (K, d*d) per step
+    gen_flops += sum(2 * len(cfg.atom_rows(a)) * a.n_atoms * d * d for a in cfg.atoms)
+    # tensors materialised per step besides the stored ones: bank and atom outputs, merged LoRA weights
+    generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks) + sum(e for _, e in merges) + atom_elems
+    # the cache holds K for each layer that computes its own and V for each KV source
+    kv = (sum(cfg.layer_reads(i, "attn_k") for i in range(L)) + sum(cfg.layer_reads(i, "attn_v") for i in range(L))) \
+        * d * nbytes
     # activations saved for backward, fp32, per token: per layer ~ ln/qkv/attn-out/residuals (8d)
     # + MLP pre/post activation (2-3 widths) + LoRA intermediates; attention probs B*nh*T*T on CPU
     gate = 3 if c.activation == "swiglu" else 2
@@ -222,6 +259,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
         bank_params=sum(bank_sizes),
         lora_params=lora,
         norm_params=norms,
+        atom_params=atom_params,
         layer_stored=tuple(round(x, 3) for x in layer_stored),
         layer_materialised=tuple(layer_mat),
     )

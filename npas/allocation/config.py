@@ -25,6 +25,8 @@ Activation = Literal["gelu", "swiglu"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
 LoraScaling = Literal["standard", "rslora"]
+KvMode = Literal["kv", "v"]  # cross-layer sharing of keys and values, or of values only
+AtomScope = Literal["layer", "block"]  # atom coefficients per depth position, or per unique block
 
 # LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
 # across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
@@ -127,6 +129,20 @@ class Bank:
 
 
 @dataclass(frozen=True)
+class AtomSpec:
+    """One projection type generated from a shared dictionary of matrix atoms (MASA).
+
+    Every layer (or block, with scope "block") that reads `slot` gets its (d, d) weight as
+    sum_k coef[row, k] * atoms[k]: `n_atoms` atoms of d x d shared across depth, plus one row of
+    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms.
+    """
+
+    slot: str  # one of attn_q, attn_k, attn_v, attn_o
+    n_atoms: int
+    scope: AtomScope = "layer"
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """One candidate allocation. Plain data: YAML/JSON round-trip, schema version, stable hash."""
 
@@ -141,6 +157,14 @@ class ArchConfig:
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
     dtype: DType = "float32"  # dtype of the stored and exported weights (see DTYPE_BYTES)
     version: int = SCHEMA_VERSION
+    # Cross-layer KV sharing: layer i attends with the keys and values computed by layer kv_source[i]
+    # (itself by default). A consumer (kv_source[i] < i) reads neither attn_k nor attn_v ("kv") or
+    # only not attn_v ("v"), so it owns no such projection and the KV cache holds only the sources'.
+    # With tying, a block stores a K/V projection when any of its layers reads it; a tied consumer
+    # simply does not read the one its block holds for a source layer.
+    kv_source: tuple[int, ...] = ()
+    kv_mode: KvMode = "kv"
+    atoms: tuple[AtomSpec, ...] = ()  # attention slots generated from shared atom dictionaries
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -152,6 +176,10 @@ class ArchConfig:
             # with no LoRA the scale computes nothing: one canonical form, so equal models hash equal
             object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
             object.__setattr__(self, "lora_scaling", "standard")
+        if not self.kv_source:
+            object.__setattr__(self, "kv_source", tuple(range(L)))
+        if self.kv_source == tuple(range(L)):
+            object.__setattr__(self, "kv_mode", "kv")  # nothing is shared: one canonical form
         if len(set(self.block_of_layer)) == len(self.block_of_layer):
             # with no shared block, tied-or-untied norms build the same model: keep one canonical form
             object.__setattr__(self, "untied_norms", True)
@@ -177,6 +205,36 @@ class ArchConfig:
     def _block_widths(self) -> tuple[int, ...]:
         return tuple(max(self.mlp_widths[i] for i in m) for m in self._members)
 
+    @cached_property
+    def atom_slots(self) -> frozenset[str]:
+        return frozenset(a.slot for a in self.atoms)
+
+    def kv_consumer(self, layer: int) -> bool:
+        return self.kv_source[layer] != layer
+
+    def layer_reads(self, layer: int, slot: str) -> bool:
+        """Whether this depth position multiplies with `slot`'s weight (KV consumers skip K and/or V)."""
+        if self.kv_source[layer] == layer or slot not in ("attn_k", "attn_v"):
+            return True
+        return slot == "attn_k" and self.kv_mode == "v"
+
+    @cached_property
+    def _block_stores(self) -> frozenset[tuple[int, str]]:
+        slots = block_slots(self.chassis.activation)
+        return frozenset((b, s) for b in range(self.n_blocks) for s in slots if s not in self.atom_slots
+                         and any(self.layer_reads(i, s) for i in self._members[b]))
+
+    def block_stores(self, block: int, slot: str) -> bool:
+        """A block holds a slot's weight (direct or banked) unless atoms generate it or no layer reads it."""
+        return (block, slot) in self._block_stores
+
+    def atom_rows(self, spec: AtomSpec) -> tuple[int, ...]:
+        """Who owns a coefficient row: the layers reading the slot, or (scope block) their blocks."""
+        layers = [i for i in range(self.chassis.n_layers) if self.layer_reads(i, spec.slot)]
+        if spec.scope == "layer":
+            return tuple(layers)
+        return tuple(sorted({self.block_of_layer[i] for i in layers}))
+
     def members_of(self, block: int) -> tuple[int, ...]:
         return self._members[block]
 
@@ -199,62 +257,10 @@ class ArchConfig:
 
     # ---- validation --------------------------------------------------------------------------
     def problems(self) -> list[str]:
-        c = self.chassis
-        out = c.problems()
-        if out:
-            return out
-        L = c.n_layers
-        if self.version != SCHEMA_VERSION:
-            out.append(f"version: {self.version} is not the supported schema version {SCHEMA_VERSION}")
-        for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp"):
-            seq = getattr(self, name)
-            if len(seq) != L:
-                out.append(f"{name}: needs one entry per layer ({L}), got {len(seq)}")
-            elif any(not isinstance(v, int) or isinstance(v, bool) for v in seq):
-                out.append(f"{name}: entries must be integers, got {list(seq)}")
-        if out:
-            return out
-        if min(self.mlp_widths) < 1:
-            out.append(f"mlp_widths: every width must be >= 1, got {list(self.mlp_widths)}")
-        if min(self.lora_attn + self.lora_mlp) < 0:
-            out.append("lora ranks must be >= 0")
-        seen: list[int] = []
-        for b in self.block_of_layer:
-            if b not in seen:
-                seen.append(b)
-        if seen != list(range(len(seen))):
-            out.append(
-                f"block_of_layer: blocks must be numbered 0..U-1 in order of first use, got "
-                f"{list(self.block_of_layer)}"
-            )
-            return out
-        if (not isinstance(self.lora_alpha, int | float) or isinstance(self.lora_alpha, bool)
-                or not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
-            out.append(f"lora_alpha: must be a positive finite number, got {self.lora_alpha!r}")
-        if self.lora_scaling not in get_args(LoraScaling):
-            out.append(f"lora_scaling: {self.lora_scaling!r} is not one of {list(get_args(LoraScaling))}")
-        if self.dtype not in DTYPE_BYTES:
-            out.append(f"dtype: {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-        slots = set(block_slots(c.activation))
-        owner: dict[tuple[int, str], int] = {}
-        for k, bank in enumerate(self.banks):
-            if bank.generator not in get_args(Generator):
-                out.append(f"banks[{k}].generator: {bank.generator!r} is not one of {list(get_args(Generator))}")
-                continue
-            if not bank.members:
-                out.append(f"banks[{k}]: has no members")
-                continue
-            for blk, slot in bank.members:
-                if slot not in slots or not 0 <= blk < len(seen):
-                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) is not a block slot of this chassis")
-                elif (blk, slot) in owner:
-                    out.append(f"banks[{k}]: member ({blk}, {slot!r}) already belongs to banks[{owner[blk, slot]}]")
-                else:
-                    owner[blk, slot] = k
-            if any(k == v for v in owner.values()):
-                sizes = [self._numel(m) for m in bank.members if owner.get(m) == k]
-                out.extend(_bank_problems(k, bank, sizes))
-        return out
+        """Every reason this allocation cannot be built, as text (empty when it can)."""
+        from npas.allocation.validation import allocation_problems  # reads this module's types
+
+        return allocation_problems(self)
 
     def lora_scale(self, rank: int) -> float:
         """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
@@ -274,6 +280,8 @@ class ArchConfig:
         d["block_of_layer"] = list(self.block_of_layer)
         d["lora_attn"] = list(self.lora_attn)
         d["lora_mlp"] = list(self.lora_mlp)
+        d["kv_source"] = list(self.kv_source)
+        d["atoms"] = [{"slot": a.slot, "n_atoms": a.n_atoms, "scope": a.scope} for a in self.atoms]
         d["banks"] = [
             {
                 "members": [[b, s] for b, s in bank.members],
@@ -283,6 +291,12 @@ class ArchConfig:
             }
             for bank in self.banks
         ]
+        # mechanisms left at their defaults are omitted, so allocations written before they existed
+        # keep their files and hashes
+        if self.kv_source == tuple(range(self.chassis.n_layers)):
+            del d["kv_source"], d["kv_mode"]
+        if not self.atoms:
+            del d["atoms"]
         return d
 
     @classmethod
@@ -344,21 +358,15 @@ class ArchConfig:
         if self.banks:
             gens = sorted({b.generator for b in self.banks})
             parts.append(f"banks={len(self.banks)}:{'/'.join(gens)}")
+        sources = sum(1 for i in range(L) if not self.kv_consumer(i))
+        if sources < L:
+            parts.append(f"{self.kv_mode}:{sources}src")
+        if self.atoms:
+            parts.append("atoms=" + ",".join(f"{a.slot[-1]}{a.n_atoms}" for a in self.atoms))
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")
         return " ".join(parts)
-
-
-def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
-    out = []
-    if bank.size < 1 or bank.templates < 1:
-        out.append(f"banks[{k}]: size and templates must be >= 1, got size={bank.size} templates={bank.templates}")
-    elif bank.generator == "tie" and bank.size < max(sizes):
-        out.append(f"banks[{k}]: {bank.generator} needs size >= largest member ({max(sizes)}), got {bank.size}")
-    elif bank.generator != "template_mix" and bank.templates != 1:
-        out.append(f"banks[{k}]: templates={bank.templates} only applies to template_mix")
-    return out
 
 
 def lora_scale(alpha: float, rank: int, scaling: str = "standard") -> float:
@@ -387,6 +395,7 @@ def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]
 
 __all__ = [
     "ArchConfig",
+    "AtomSpec",
     "Bank",
     "Chassis",
     "SCHEMA_VERSION",

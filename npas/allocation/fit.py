@@ -82,12 +82,13 @@ def bank_members(cfg: ArchConfig, rule: str, n_banks: int,
                  explicit: list[list[int]] | None = None) -> list[tuple[tuple[int, str], ...]]:
     """Group the block slots into banks by a layer -> bank rule, `n_banks` per group, in block order."""
     slots = block_slots(cfg.chassis.activation)
-    items = [(b, s) for s in slots for b in range(cfg.n_blocks)]
+    # only what blocks store: slots made from atoms, and K/V no layer of the block reads, have no weight to pool
+    items = [(b, s) for s in slots for b in range(cfg.n_blocks) if cfg.block_stores(b, s)]
     if rule == "explicit":
         if not explicit:
             raise ValueError("bank rule 'explicit' needs knobs.pools.groups (lists of block indices)")
-        out = [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
-               if any(b < cfg.n_blocks for b in grp)]
+        out = [m for s in slots for grp in explicit
+               if (m := tuple((b, s) for b in grp if b < cfg.n_blocks and cfg.block_stores(b, s)))]
         if not out:
             raise ValueError(f"pool groups {explicit} name no block of this candidate (its blocks are "
                              f"0..{cfg.n_blocks - 1} after tying)")

@@ -15,9 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any, Literal, get_args
 
-from npas.allocation.config import CHASSIS_MAX, DEFAULT_LORA_ALPHA, Activation, DType, Generator, LoraScaling
+from npas.allocation.config import (
+    CHASSIS_MAX,
+    DEFAULT_LORA_ALPHA,
+    Activation,
+    AtomScope,
+    DType,
+    Generator,
+    KvMode,
+    LoraScaling,
+)
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
 Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
@@ -31,6 +41,8 @@ BANK_RULES: tuple[str, ...] = get_args(BankRule)
 GENERATORS: tuple[str, ...] = get_args(Generator)
 LORA_TARGETS: tuple[str, ...] = get_args(LoraTargets)
 TYING_WITH_U = ("sequential", "cycle", "middle_loop")  # the modes that take a unique-block count U
+# which attention projections atoms generate: "none" or letters of q, k, v, o in that order ("qk", "qkvo")
+ATOM_SLOTS: tuple[str, ...] = ("none", *("".join(c) for n in range(1, 5) for c in combinations("qkvo", n)))
 
 REQUIRED = object()  # default of a chassis dimension: the space must give it
 
@@ -46,6 +58,15 @@ def _tied(values: dict[str, Any]) -> bool:
 def _relaxed(values: dict[str, Any]) -> bool:
     """Some tied position has a LoRA rank (per-position ranks are named lora_rank_{i})."""
     return any(values[k] for k in values if k.startswith("lora_rank"))
+
+
+def _atoms_on(values: dict[str, Any]) -> bool:
+    return values.get("atom_slots", "none") != "none"
+
+
+def _default_atoms(values: dict[str, Any]) -> int:
+    """K = atoms.fraction x depth (a third of the layers by default), at least 1."""
+    return max(1, round(float(values.get("atoms_fraction", 1 / 3)) * int(values["n_layers"])))
 
 
 def _default_unique(values: dict[str, Any]) -> int:
@@ -123,6 +144,19 @@ KNOBS: tuple[KnobSpec, ...] = (
              applies=lambda v: bool(v.get("pools")) and v.get("generator") == "template_mix",
              when="pools.enabled and pools.generator is template_mix",
              help="least T for template_mix; more templates fill a larger budget (up to fit.max_templates)"),
+    KnobSpec("kv_group", "kv_sharing", "group", int, 1, low=1, high="n_layers",
+             help="g adjacent layers reuse the K/V of the group's first layer; KV cache / g; 1 = no sharing"),
+    KnobSpec("kv_mode", "kv_sharing", "mode", str, "kv", allowed=get_args(KvMode),
+             applies=lambda v: int(v.get("kv_group", 1)) > 1, when="kv_sharing.group > 1",
+             help="kv: consumers reuse keys and values; v: values only (they keep their own keys)"),
+    KnobSpec("atom_slots", "atoms", "slots", str, "none", allowed=ATOM_SLOTS,
+             help="attention projections made from shared matrix atoms (MASA), e.g. qkvo, qk; none = off"),
+    KnobSpec("atoms_fraction", "atoms", "fraction", float, 1 / 3, low=0.01, high=4.0, applies=_atoms_on,
+             when="atoms.slots is not none", help="atom count K as a fraction of the layers (when atoms.count is not given)"),
+    KnobSpec("n_atoms", "atoms", "count", int, _default_atoms, low=1, high=4096, applies=_atoms_on,
+             when="atoms.slots is not none", help="K atoms of d x d per projection type"),
+    KnobSpec("atom_scope", "atoms", "scope", str, "layer", allowed=get_args(AtomScope), applies=_atoms_on,
+             when="atoms.slots is not none", help="coefficients per layer, or per unique block (shared like the blocks)"),
     # fixed-only, and sampled last so they never shift the seeded order of the searched knobs above
     KnobSpec("lora_alpha", "relaxation", "alpha", float, DEFAULT_LORA_ALPHA, low=1e-6, high=1e6,
              applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
@@ -178,6 +212,7 @@ def knob_label(param: str) -> str:
 
 
 __all__ = [
+    "ATOM_SLOTS",
     "BANK_RULES",
     "BY_NAME",
     "CHASSIS_KEYS",

@@ -14,6 +14,7 @@ from npas.allocation.config import (
     DEFAULT_LORA_ALPHA,
     DTYPE_BYTES,
     SCHEMA_VERSION,
+    AtomSpec,
     Bank,
     Chassis,
     Generator,
@@ -43,7 +44,7 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
                 if not _is_int(ch[n]):
                     problems.append(f"chassis.{n}: must be an integer, got {ch[n]!r}")
             out["chassis"] = Chassis(**ch)
-    for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp"):
+    for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp", "kv_source"):
         v = d.get(name, [])
         if name in ("mlp_widths", "block_of_layer") and name not in d:
             problems.append(f"{name}: missing; give one integer per layer")
@@ -69,6 +70,14 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     if not isinstance(d.get("dtype", "float32"), str):
         problems.append(f"dtype: must be one of {list(DTYPE_BYTES)}, got {d['dtype']!r}")
     out["dtype"] = d.get("dtype", "float32")
+    if not isinstance(d.get("kv_mode", "kv"), str):
+        problems.append(f"kv_mode: must be kv or v, got {d['kv_mode']!r}")
+    out["kv_mode"] = d.get("kv_mode", "kv")
+    atoms = d.get("atoms", [])
+    if not isinstance(atoms, list | tuple):
+        problems.append(f"atoms: must be a list of mappings, got {atoms!r}")
+        atoms = []
+    out["atoms"] = tuple(a for k, raw in enumerate(atoms) if (a := read_atoms(k, raw, problems)) is not None)
     version = d.get("version", SCHEMA_VERSION)
     if version not in (1, SCHEMA_VERSION) or not _is_int(version):
         problems.append(f"version: {version!r} is not a schema version this npas reads (1 or {SCHEMA_VERSION})")
@@ -95,6 +104,17 @@ def read_bank(k: int, raw: Any, problems: list[str]) -> Bank | None:
     if len(problems) > before:
         return None
     return Bank(tuple((b, s) for b, s in members), raw["generator"], raw["size"], raw.get("templates", 1))
+
+
+def read_atoms(k: int, raw: Any, problems: list[str]) -> AtomSpec | None:
+    where = f"atoms[{k}]"
+    if not isinstance(raw, dict) or set(raw) - {"slot", "n_atoms", "scope"} or not {"slot", "n_atoms"} <= set(raw):
+        problems.append(f"{where}: must be a mapping of slot, n_atoms (scope optional), got {raw!r}")
+        return None
+    if not isinstance(raw["slot"], str) or not _is_int(raw["n_atoms"]) or not isinstance(raw.get("scope", ""), str):
+        problems.append(f"{where}: slot and scope must be text, n_atoms an integer, got {raw!r}")
+        return None
+    return AtomSpec(raw["slot"], raw["n_atoms"], raw.get("scope", "layer"))
 
 
 def upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import optuna
 import yaml
 
 from npas.allocation.budget import parse_budget, reference_params
-from npas.allocation.config import ArchConfig, Chassis
+from npas.allocation.config import ArchConfig, AtomSpec, Chassis
 from npas.allocation.fit import Fit, bank_members, fit_banks, fit_width, taper_profile, tying_map
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
@@ -38,14 +38,17 @@ from npas.errors import BudgetError, NpasError, SampleError, SpaceError
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
-              "peak_memory_bytes")
+              "peak_memory_bytes", "kv_cache_bytes_per_token")
 LOSS_OBJECTIVES = ("val_loss", "val_bpc")
 TOP_KEYS = ("name", "description", "chassis", "budget", "dtype", "objectives", "recipe", "fit", "knobs")
+_PLAIN = {"kv_group": 1, "atom_slots": "none"}  # baselines share no K/V and use no atoms
 BASELINES: dict[str, dict[str, Any]] = {
-    # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives
-    "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all"},
-    "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True},
-    "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True},
+    # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives;
+    # narrow_untied is also the unshared model KV sharing is measured against, cycle_tying the one atoms are
+    "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all", **_PLAIN},
+    "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True, **_PLAIN},
+    "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True,
+                    **_PLAIN},
 }
 
 
@@ -197,12 +200,19 @@ class Space:
         ranks = [int(values.get(f"lora_rank_{i}", rank) or 0) if shared[i] else 0 for i in range(L)]
         lora_attn = tuple(r if targets in ("attn", "both") else 0 for r in ranks)
         lora_mlp = tuple(r if targets in ("mlp", "both") else 0 for r in ranks)
+        g = int(value(values, "kv_group"))
+        if not 1 <= g <= L:
+            return Candidate(values, Fit(None, f"kv_sharing.group={g} must be 1..n_layers={L}"), budget)
+        kv_source = tuple(i // g * g for i in range(L))  # groups of g adjacent layers read the first's K/V
+        atom_letters = value(values, "atom_slots")
+        atoms = () if atom_letters == "none" else tuple(
+            AtomSpec(f"attn_{c}", int(value(values, "n_atoms")), value(values, "atom_scope")) for c in atom_letters)
 
         def make(ch: Chassis, widths: tuple[int, ...]) -> ArchConfig:
             return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=blocks, lora_attn=lora_attn,
                               lora_mlp=lora_mlp, lora_alpha=float(value(values, "lora_alpha")),
                               lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
-                              dtype=self.dtype)
+                              dtype=self.dtype, kv_source=kv_source, kv_mode=value(values, "kv_mode"), atoms=atoms)
 
         if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
@@ -311,6 +321,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     if "templates" in knobs and max(knobs["templates"].options()) > settings["max_templates"]:
         problems.append(f"knobs.pools.templates: up to {max(knobs['templates'].options())} exceeds "
                         f"fit.max_templates={settings['max_templates']}; lower it or raise fit.max_templates")
+    if "n_atoms" in knobs and "atoms_fraction" in knobs:
+        problems.append("knobs.atoms: give count or fraction, not both (count is K itself, fraction is K / n_layers)")
     for key in ("name", "description", "recipe"):
         if key in data and not isinstance(data[key], str):
             problems.append(f"space.{key}: must be text, got {data[key]!r}")

@@ -4,9 +4,12 @@ Read top to bottom: weight holders (Block) -> one depth position (Layer) -> the 
 Three kinds of module carry parameters, with stable state-dict names:
   blocks.{b}.{slot}      a unique block's direct weight, e.g. blocks.0.attn_q (d, d)
   banks.{k}.weight/coef  a shared bank generating some blocks' slots (Shapeshifter pools)
+  atoms.{slot}.atoms/coef  a dictionary of matrix atoms generating one attention slot (MASA)
   h.{l}.ln_1 / lora_*    what belongs to one depth position: untied norms and LoRA deltas
 Every forward first *materialises* each block's weights once (views for direct and tied weights,
-one generation per bank), then runs the L layers over them.
+one generation per bank and per atom dictionary), then runs the L layers over them. A layer that
+shares another's keys/values (cross-layer KV sharing) is handed that layer's K/V instead of
+computing its own.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import yaml
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from npas.allocation.atoms import AtomDictionary
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
@@ -54,9 +58,11 @@ class Layer(nn.Module):
             self.ln_1 = _norm(c.d_model)
             self.ln_2 = _norm(c.d_model)
         self.lora = nn.ModuleDict()
+        # a KV consumer computes q (and k in "v" mode) only; K/V come from its source layer
+        self.computes = tuple(s for s in ("attn_q", "attn_k", "attn_v") if cfg.layer_reads(layer, s))
         ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
         if ra:
-            for slot in ATTN_SLOTS:
+            for slot in (s for s in ATTN_SLOTS if cfg.layer_reads(layer, s)):
                 self.lora[slot] = LoRA(ra, c.d_model, c.d_model, cfg.lora_scale(ra))
         if rm:
             for slot in MLP_SLOTS[c.activation]:
@@ -71,14 +77,23 @@ class Layer(nn.Module):
     def _linear(self, x: Tensor, slot: str, w: Tensor) -> Tensor:
         return F.linear(x, self._weight(slot, w))
 
-    def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module) -> Tensor:
+    def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module,
+                kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The layer's output and the (k, v) it attended with, for layers that share them."""
         B, T, C = x.shape
         hs = C // self.n_heads
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
         # (3d, d) matmul runs faster than three (d, d) ones: concatenate the weights once per forward
-        w_qkv = torch.cat([self._weight(s, w[s]) for s in ("attn_q", "attn_k", "attn_v")])  # (3d, d)
-        q, k, v = F.linear(ln_1(x), w_qkv).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_heads, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        parts = [self._weight(s, w[s]) for s in self.computes]
+        w_qkv = parts[0] if len(parts) == 1 else torch.cat(parts)  # (n*d, d): q, k, v it computes itself
+        out = [t.view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+               for t in F.linear(ln_1(x), w_qkv).split(C, dim=2)]
+        if len(out) == 3:
+            q, k, v = out
+        elif len(out) == 2:  # value-only sharing: own keys, the source's values
+            q, k, v = out[0], out[1], kv[1]
+        else:
+            q, (k, v) = out[0], kv
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self._linear(y, "attn_o", w["attn_o"])
@@ -86,7 +101,7 @@ class Layer(nn.Module):
         n = self.width  # tied blocks store the widest member; narrower layers take a nested slice
         a = self._linear(h, "mlp_up", w["mlp_up"][:n])
         a = F.silu(self._linear(h, "mlp_gate", w["mlp_gate"][:n])) * a if self.gated else F.gelu(a)
-        return x + self._linear(a, "mlp_down", w["mlp_down"][:, :n])
+        return x + self._linear(a, "mlp_down", w["mlp_down"][:, :n]), (k, v)
 
 
 class TransformerLM(nn.Module):
@@ -104,7 +119,7 @@ class TransformerLM(nn.Module):
             Block(
                 cfg,
                 b,
-                direct=[s for s in block_slots(c.activation) if (b, s) not in bank_of],
+                direct=[s for s in block_slots(c.activation) if (b, s) not in bank_of and cfg.block_stores(b, s)],
                 own_norms=cfg.block_is_shared(b) and not cfg.untied_norms,
             )
             for b in range(cfg.n_blocks)
@@ -118,6 +133,18 @@ class TransformerLM(nn.Module):
             )
             for bank in cfg.banks
         )
+        self.atoms = nn.ModuleDict({
+            a.slot: AtomDictionary(a.n_atoms, len(cfg.atom_rows(a)), c.d_model,
+                                   resid_std if a.slot in RESIDUAL_SLOTS else INIT_STD)
+            for a in cfg.atoms
+        })
+        # which row of each dictionary's output a layer reads (its own row, or its block's)
+        self._atom_row = {
+            a.slot: {i: cfg.atom_rows(a).index(i if a.scope == "layer" else cfg.block_of_layer[i])
+                     for i in range(c.n_layers) if cfg.layer_reads(i, a.slot)}
+            for a in cfg.atoms
+        }
+        self.kv_source = list(cfg.kv_source)
         self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
         self.ln_f = _norm(c.d_model)
         self._init_direct(resid_std)
@@ -142,11 +169,22 @@ class TransformerLM(nn.Module):
         if T > self.cfg.chassis.context:
             raise ValueError(f"sequence length {T} exceeds the chassis context {self.cfg.chassis.context}")
         weights = self.materialise()
+        atoms = {slot: dictionary.generate() for slot, dictionary in self.atoms.items()}  # (rows, d, d) each
         pos = torch.arange(T, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
-        for layer, b in zip(self.h, self.block_of_layer, strict=True):
+        kv: dict[int, tuple[Tensor, Tensor]] = {}
+        for i, (layer, b) in enumerate(zip(self.h, self.block_of_layer, strict=True)):
             norms = layer if hasattr(layer, "ln_1") else self.blocks[b]
-            x = layer(x, weights[b], norms.ln_1, norms.ln_2)
+            w = weights[b]
+            if atoms:
+                w = dict(w)
+                for slot, rows in self._atom_row.items():
+                    if i in rows:
+                        w[slot] = atoms[slot][rows[i]]
+            src = self.kv_source[i]
+            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src))
+            if src == i:
+                kv[i] = kv_i
         logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
         loss = None
         if targets is not None:
