@@ -29,6 +29,7 @@ from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
 from npas.service import study as studies
+from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
 from npas.training.recipe import Recipe
 
@@ -174,7 +175,7 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     li = loss_index(study)
     front = [t for t in studies.front_trials(study) if TrialAttr.ALLOC in t.user_attrs]
     front.sort(key=lambda t: t.values[li])
-    picked = studies.pick(study, opts.pick)
+    picked = choose(study, opts.pick)
     targets: dict[str, dict] = {}  # allocation hash -> Target fields, in plan order
 
     def add(t: FrozenTrial | None, role: str, cfg: ArchConfig | None = None, label: str = "") -> str:
