@@ -26,6 +26,11 @@ class SpaceError(NpasError):
             super().__init__(f"{source}: {n} problems" + "".join(f"\n  - {p}" for p in self.problems))
 
 
+class SampleError(NpasError):
+    """Sampling one trial failed for a reason `load_space` could not foresee: that trial is FAILed
+    with this reason (never left RUNNING, never re-enqueued); the space and the study carry on."""
+
+
 class BudgetError(NpasError):
     """A budget that cannot be parsed or can never be met."""
 

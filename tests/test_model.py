@@ -13,8 +13,9 @@ from torch import nn
 import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.allocation.space import load_space
+from npas.errors import NpasError
 
-from .conftest import SPACES
+from .conftest import ROOT, SPACES
 
 CH = Chassis(vocab_size=30, context=24, d_model=32, n_layers=3, n_heads=4, d_ff=80, activation="gelu")
 
@@ -60,8 +61,8 @@ def test_reference_matches_a_plain_transformer():
         plain.ln_f.weight.copy_(model.ln_f.weight)
         for i, b in enumerate(plain.blocks):
             blk, lay = model.blocks[i], model.h[i]
-            b.c_attn.weight.copy_(blk.attn_qkv)
-            b.c_proj.weight.copy_(blk.attn_out)
+            b.c_attn.weight.copy_(torch.cat([blk.attn_q, blk.attn_k, blk.attn_v]))  # nanoGPT's fused c_attn
+            b.c_proj.weight.copy_(blk.attn_o)
             b.c_fc.weight.copy_(blk.mlp_up)
             b.mlp_proj.weight.copy_(blk.mlp_down)
             b.ln_1.weight.copy_(lay.ln_1.weight)
@@ -152,3 +153,90 @@ def test_each_generator_builds_and_trains(generator):
         assert len({t.data_ptr() for t in (w[0]["mlp_up"], w[1]["mlp_up"], w[2]["mlp_up"])}) == 3
     if generator == "tile":
         torch.testing.assert_close(w[0]["mlp_up"].flatten()[:500], w[0]["mlp_up"].flatten()[500:1000])
+
+
+def test_a_model_saved_under_schema_1_loads_and_computes_what_was_saved(tmp_path):
+    # tests/data/schema1_model was written by `save_trained` at schema 1 (699cb4d): fused
+    # blocks.N.attn_qkv / attn_out weights, a slice bank, tied blocks and MLP LoRA; expected.json
+    # holds the logits that code computed on `idx`
+    import json
+    import shutil
+
+    from npas.training.train import load_trained
+
+    src = ROOT / "tests" / "data" / "schema1_model"
+    expected = json.loads((src / "expected.json").read_text())
+    model, _, cfg = load_trained(src)
+    assert cfg.version == 2 and model.num_params() == expected["stored_params"]
+    logits = model(torch.tensor(expected["idx"]))[0]
+    torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=1e-5, atol=1e-5)
+    # a schema-1 bank that generated the fused attn_qkv computes something else now: refused, not loaded
+    bad = tmp_path / "m"
+    shutil.copytree(src, bad)
+    text = (bad / "config.yaml").read_text().replace("[0, mlp_down]", "[0, attn_qkv]")
+    (bad / "config.yaml").write_text(text)
+    with pytest.raises(NpasError, match="train again"):
+        load_trained(bad)
+
+
+@pytest.mark.parametrize("scaling", ["standard", "rslora"])
+@pytest.mark.parametrize("rank", [1, 2, 4, 8])
+def test_a_relaxed_layer_computes_the_scaled_lora_delta(rank, scaling):
+    # every layer of a fully tied model relaxed at rank r, A and B set by hand: the model must compute
+    # what an untied model computes with W_i = W + (alpha / r) B_i A_i (alpha / sqrt(r) for rslora)
+    alpha = 12.0
+    relaxed = ArchConfig(chassis=CH, mlp_widths=(80,) * 3, block_of_layer=(0, 0, 0), lora_attn=(rank,) * 3,
+                         lora_mlp=(rank,) * 3, lora_alpha=alpha, lora_scaling=scaling)
+    scale = alpha / (rank if scaling == "standard" else math.sqrt(rank))
+    torch.manual_seed(0)
+    model, untied = npas.build_model(relaxed), npas.build_model(reference_config(CH))
+    g = torch.Generator().manual_seed(rank)
+    with torch.no_grad():
+        for name in ("wte.weight", "wpe.weight", "ln_f.weight"):
+            untied.get_parameter(name).copy_(model.get_parameter(name))
+        for i, layer in enumerate(model.h):
+            untied.h[i].ln_1.weight.copy_(layer.ln_1.weight)
+            untied.h[i].ln_2.weight.copy_(layer.ln_2.weight)
+            for slot, lo in layer.lora.items():
+                lo.A.copy_(torch.randn(lo.A.shape, generator=g))
+                lo.B.copy_(torch.randn(lo.B.shape, generator=g) * 0.01)
+                w = model.blocks[0].get_parameter(slot) + scale * lo.B @ lo.A
+                untied.blocks[i].get_parameter(slot).copy_(w)
+    assert len(model.h[0].lora) == 6  # q, k, v, o, up, down
+    idx = torch.randint(0, CH.vocab_size, (2, 16))
+    torch.testing.assert_close(model(idx)[0], untied(idx)[0], rtol=1e-5, atol=1e-5)
+    lo = model.h[1].lora["attn_v"]
+    x = torch.randn(5, CH.d_model, generator=g)
+    w = model.blocks[0].attn_v
+    torch.testing.assert_close(F.linear(x, w + lo.delta()), x @ (w + scale * lo.B @ lo.A).T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dtype_means_stored_and_exported_weights_and_accounting_agrees(dtype, tmp_path):
+    # every dtype the schema accepts: built parameters, counted bytes and saved weights agree
+    from safetensors.torch import load_file
+
+    from npas.allocation.budget import count
+    from npas.allocation.config import DTYPE_BYTES
+    from npas.training.data import CharTokenizer
+    from npas.training.train import MODEL_FILE, load_trained, save_trained
+
+    ch = Chassis(vocab_size=12, context=16, d_model=16, n_layers=3, n_heads=2, d_ff=24, activation="swiglu")
+    bank = Bank(((0, "attn_q"), (1, "attn_q")), "template_mix", size=100, templates=2)
+    cfg = ArchConfig(chassis=ch, mlp_widths=(24, 16, 24), block_of_layer=(0, 1, 0), lora_mlp=(2, 0, 2),
+                     banks=(bank,), dtype=dtype)
+    assert DTYPE_BYTES[dtype] == getattr(torch, dtype).itemsize
+    model = npas.build_model(cfg)
+    acc = count(cfg)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == acc.param_bytes
+    assert torch.isfinite(model(torch.randint(0, 12, (1, 8)))[0].float()).all()
+    trained = model.float()  # what the proxy trains: fp32 master weights
+    save_trained(trained, cfg, CharTokenizer.from_text("abcdefghijk\n"), tmp_path)
+    saved = load_file(str(tmp_path / MODEL_FILE))
+    assert {t.dtype for t in saved.values()} == {getattr(torch, dtype)}
+    assert sum(t.numel() * t.element_size() for t in saved.values()) == acc.param_bytes
+    loaded, _, back = load_trained(tmp_path)
+    assert back == cfg and {p.dtype for p in loaded.parameters()} == {getattr(torch, dtype)}
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, trained.get_parameter(name).to(p.dtype)), name

@@ -7,6 +7,8 @@ import sys
 
 import optuna
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from npas.allocation.fit import taper_profile, tying_map
 from npas.allocation.space import load_space, parse_space
@@ -151,3 +153,186 @@ def test_cli_bad_space_exits_2_with_every_problem(tmp_path):
     assert out.returncode == 2
     assert "2 problems" in out.stderr and "did you mean 'cycle'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+BARE = "chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 6, n_heads: 4, d_ff: 256}\nbudget: 0.5x\n"
+
+
+@pytest.mark.parametrize("knobs", [
+    "{taper: {schedule: cosine}}",
+    "{tying: {mode: cycle}}",
+    "{tying: {mode: middle_loop}, relaxation: {rank: 4}}",
+    "{tying: {mode: sequential}, relaxation: {rank: 2, targets: mlp}, untied_norms: false}",
+    "{pools: {enabled: true}}",
+    "{pools: {enabled: true, generator: slice}}",
+])
+def test_sample_and_candidate_agree_on_defaults(knobs):
+    # one knob table: a knob the file leaves out gets the same default whether a trial samples it or a
+    # caller builds the candidate from the values the file does give (baselines, count, evidence)
+    from npas.allocation.knob_table import BY_NAME, CHASSIS_KEYS
+
+    space = parse_space(BARE + f"knobs: {knobs}\n")
+    cand = space.sample(optuna.create_study().ask())
+    given = {k: v for k, v in cand.values.items() if k in CHASSIS_KEYS or k in space.knobs}
+    assert space.candidate(given).config == cand.config
+    for name, v in cand.values.items():
+        if name not in given and name in BY_NAME:
+            assert v == BY_NAME[name].default_for(cand.values), name
+    if "taper_ratio" in cand.values:
+        assert cand.values["taper_ratio"] == 2.0  # the one taper_ratio default (was 1.0 in candidate)
+
+
+def test_lora_alpha_and_scaling_are_fixed_settings_of_the_relaxation():
+    text = BARE + "knobs: {tying: {mode: all}, relaxation: {rank: 4, alpha: 8, scaling: rslora}}\n"
+    cfg = parse_space(text).sample(optuna.create_study().ask()).config
+    assert (cfg.lora_alpha, cfg.lora_scaling, cfg.lora_mlp[0]) == (8.0, "rslora", 4)
+    with pytest.raises(SpaceError) as info:
+        parse_space(BARE + "knobs: {relaxation: {alpha: [8, 16], scaling: rs}}\n")
+    assert "knobs.relaxation.alpha: takes one fixed value" in str(info.value)
+    assert "knobs.relaxation.scaling: unknown value 'rs'" in str(info.value)
+
+
+# ---- hardening: whatever load_space accepts, sample() turns into a Candidate --------------------------
+def _knob_values(spec):
+    """Hypothesis strategy for what a user might write for one knob: good values, near misses, junk."""
+    from hypothesis import strategies as st
+
+    if spec.allowed:
+        scalar = st.sampled_from(list(spec.allowed))
+    elif spec.kind is bool:
+        scalar = st.booleans()
+    else:
+        scalar = st.one_of(st.integers(0, 9), st.sampled_from([0.5, 1.0, 2.5, 1024, -1]))
+    rng = st.fixed_dictionaries({"low": st.integers(0, 4), "high": st.integers(0, 9)},
+                                optional={"step": st.sampled_from([0, 1, 2, 0.5, -1]), "log": st.booleans()})
+    return st.one_of(scalar, st.lists(scalar, min_size=1, max_size=3, unique_by=repr), rng)
+
+
+def _space_texts():
+    import yaml
+    from hypothesis import strategies as st
+
+    from npas.allocation.knob_table import KNOBS
+
+    specs = [s for s in KNOBS if s.section != "chassis"]
+
+    @st.composite
+    def build(draw):
+        knobs: dict = {}
+        for spec in specs:
+            if draw(st.booleans()):
+                body = knobs if spec.section == "" else knobs.setdefault(spec.section, {})
+                body[spec.key] = draw(_knob_values(spec))
+        if draw(st.booleans()):
+            knobs.setdefault("tying", {})["groups"] = draw(st.sampled_from([[[0, 1], [2, 3]], [[0, 2], [1], [3]]]))
+        if draw(st.booleans()):
+            knobs.setdefault("pools", {})["groups"] = draw(st.sampled_from([[[0, 1]], [[2, 3]], [[3], [0, 1]]]))
+        layers = draw(st.sampled_from([4, [2, 4], {"low": 2, "high": 4}]))
+        space = {"chassis": {"vocab_size": 20, "context": 16, "d_model": 16, "n_layers": layers, "n_heads": 2,
+                             "d_ff": 32, "activation": draw(st.sampled_from(["gelu", "swiglu"]))},
+                 "budget": draw(st.sampled_from(["0.3x", "1x", "2x"])), "knobs": knobs}
+        return yaml.safe_dump(space)
+
+    return build()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_space_texts(), seed=st.integers(0, 2**16))
+def test_a_loaded_space_samples_without_raising(text, seed):
+    try:
+        space = parse_space(text)
+    except SpaceError:
+        return  # refused at load, with its reasons: fine
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(4):
+        cand = space.sample(study.ask())  # anything but a Candidate here fails the test
+        assert cand.feasible or (isinstance(cand.reason, str) and cand.reason)
+
+
+def test_sample_turns_an_unforeseen_failure_into_a_sample_error(monkeypatch):
+    from npas.errors import SampleError
+
+    space = parse_space(GOOD)
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("npas.allocation.space.fit_width", broken)
+    with pytest.raises(SampleError, match="ZeroDivisionError: division by zero"):
+        space.sample(optuna.create_study().ask())
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    # each of these used to load and then raise inside sample(), or to crash or pass silently at load
+    ("knobs: {tying: {mode: explicit, groups: [[0, 1], [2, 3]]}}\n", "n_layers is searched over [2, 3, 4]"),
+    ("knobs: {pools: {enabled: true, rule: explicit, generator: template_mix, groups: [[5, 6]]}}\n",
+     "block 6 does not exist"),
+    ("knobs: {tying: {mode: cycle, unique_blocks: {low: 1, high: 4, step: 0.5}}}\n", "whole step >= 1, got 0.5"),
+    ("knobs: {tying: {mode: cycle, unique_blocks: {low: 1, high: 4, step: -1}}}\n", "whole step >= 1, got -1"),
+    ("knobs: {tying: {mode: cycle, unique_blocks: {low: 1, high: 4, step: 0}}}\n", "whole step >= 1, got 0"),
+    ("knobs: {taper: {ratio: {low: 1.0, high: 4.0, step: 0.5, log: true}}}\n", "step and log cannot be combined"),
+    ("knobs: {taper: {ratio: .nan}}\n", "not a finite number"),
+    ("dtype: [float32]\n", "space.dtype: takes one fixed value"),
+    ("fit: {max_width_scale: [2, 3]}\n", "fit.max_width_scale: takes one fixed value"),
+    ("fit: {width: [mlp, all]}\n", "fit.width: takes one fixed value"),
+    ("fit: {max_templates: 4}\nknobs: {pools: {templates: [2, 8]}}\n", "exceeds fit.max_templates=4"),
+    ("objectives: [val_loss, val_loss]\n", "each objective once"),
+    ("recipe: [proxy]\n", "space.recipe: must be text"),
+])
+def test_load_refuses_what_sampling_could_not_build(extra, fragment):
+    text = ("chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: {low: 2, high: 4}, n_heads: 4, d_ff: 256}\n"
+            "budget: 0.5x\n" + extra)
+    with pytest.raises(SpaceError, match=fragment.replace("[", r"\[").replace(".", r"\.")) as info:
+        parse_space(text)
+    assert len(info.value.problems) == 1, info.value.problems
+
+
+def test_budget_overflow_is_one_line_at_load_and_bind():
+    from npas.errors import BudgetError
+
+    with pytest.raises(SpaceError, match="space.budget: budget '1e400' is more than"):
+        parse_space(GOOD.replace("0.5x", "1e400"))
+    with pytest.raises(BudgetError, match="is more than"):
+        parse_space(GOOD).bind(budget="1e400")
+
+
+def test_conditional_knobs_are_suggested_only_when_they_apply():
+    # define-by-run for real: unique_blocks is searched, yet a trial has it only when its tying uses it
+    space = parse_space(GOOD.replace("unique_blocks: 2", "unique_blocks: {low: 2, high: 3}") +
+                        "  relaxation: {rank: [0, 2], targets: [attn, mlp]}\n")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    modes = set()
+    for _ in range(20):
+        t = study.ask()
+        cand = space.sample(t)
+        study.tell(t, 0.0)
+        mode = t.params["tying"]
+        modes.add(mode)
+        assert ("unique_blocks" in t.params) == (mode == "cycle")
+        assert ("lora_rank" in t.params) == (mode == "cycle")  # relaxation applies to tied positions only
+        assert ("lora_targets" in t.params) == bool(t.params.get("lora_rank"))
+        if cand.feasible and mode == "cycle":
+            assert cand.config.n_blocks == t.params["unique_blocks"]
+    assert modes == {"none", "cycle"}
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.stem)
+def test_baselines_fit_the_budget_in_every_shipped_space(path):
+    space = load_space(path)
+    assert set(space.baselines()) >= {"narrow_untied", "full_tying"}
+    for name, vals in space.baselines().items():
+        cand = space.candidate({**{k: kn.default for k, kn in space.chassis.items()}, **vals})
+        assert cand.feasible, (path.stem, name, cand.reason)
+        assert cand.fill <= 1.0 and (cand.fit.capped or cand.fill >= 0.99), (path.stem, name, cand.fill)
+
+
+def test_explicit_tying_groups_and_explicit_pools():
+    text = BARE + ("knobs:\n  tying: {mode: explicit, groups: [[0, 5], [1, 2], [3, 4]]}\n"
+                   "  pools: {enabled: true, rule: explicit, generator: slice, groups: [[0, 1], [2]]}\n")
+    cfg = parse_space(text).sample(optuna.create_study().ask()).config
+    assert cfg.block_of_layer == (0, 1, 1, 2, 2, 0)
+    # one bank per slot per group, members exactly the listed blocks, in slot order
+    groups = sorted({tuple(b for b, _ in bank.members) for bank in cfg.banks})
+    assert groups == [(0, 1), (2,)]
+    assert len(cfg.banks) == 2 * 6  # two groups x (q, k, v, o, up, down)
+    assert all(len({s for _, s in bank.members}) == 1 for bank in cfg.banks)

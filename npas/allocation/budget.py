@@ -12,10 +12,18 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from npas.allocation.config import DTYPE_BYTES, ArchConfig, block_slots, reference_config, slot_shape
+from npas.allocation.config import (
+    DTYPE_BYTES,
+    MLP_SLOTS,
+    ArchConfig,
+    block_slots,
+    reference_config,
+    slot_shape,
+)
 from npas.errors import BudgetError
 
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
+MAX_BUDGET = 10**15  # a cap no allocation npas builds comes near; above it a budget is a typo (1e400 is inf)
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 
 
@@ -32,6 +40,9 @@ def parse_budget(spec: str | int | float, reference_params: int) -> int:
         raise BudgetError(f"budget {spec!r} does not parse; write an absolute count (1.5M, 250k) or a ratio (0.25x)")
     value, unit = float(m.group(1)), m.group(2).lower()
     params = value * reference_params if unit == "x" else value * _SUFFIX[unit]
+    if not math.isfinite(params) or params > MAX_BUDGET:
+        raise BudgetError(f"budget {spec!r} is more than {MAX_BUDGET:.0e} parameters; write a realistic budget "
+                          f"such as 1.5M or 2x")
     if params < 1:
         raise BudgetError(f"budget {spec!r} is {params:.3g} parameters; it must be at least 1")
     return int(params)
@@ -48,7 +59,7 @@ class Accounting:
     generation_flops_per_step: int  # template mixing and LoRA merges, once per forward pass (not per token)
     kv_cache_bytes_per_token: int  # K and V for every layer, at the parameter dtype
     inference_bytes: int  # params + KV cache for one full context at batch 1
-    train_memory_bytes: int  # weights + grads + AdamW states + generated weights + activations
+    train_memory_bytes: int  # fp32 weights + grads + AdamW states + generated weights + activations
     activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
     embedding_params: int
     block_params: int  # direct (unbanked) block weights
@@ -70,9 +81,9 @@ def _lora_params(cfg: ArchConfig, layer: int) -> int:
     total = 0
     ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
     if ra:
-        total += ra * (d + 3 * d) + ra * (d + d)
+        total += 4 * ra * (d + d)  # attn_q, attn_k, attn_v, attn_o: each d x d
     if rm:
-        total += rm * (d + w) * len(block_slots(cfg.chassis.activation)[2:])
+        total += rm * (d + w) * len(MLP_SLOTS[cfg.chassis.activation])
     return total
 
 
@@ -121,13 +132,12 @@ def stored_params(cfg: ArchConfig) -> int:
     total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
     total += 4 * d * d * n_blocks + n_mlp * d * sum(widths)  # every block slot, banked or not
     total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
-    attn = {"attn_qkv": 3 * d * d, "attn_out": d * d}
     for bank in cfg.banks:
         for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
-            total -= attn.get(slot) or d * widths[b]
+            total -= d * d if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
-    total += 6 * d * sum(cfg.lora_attn)
+    total += 8 * d * sum(cfg.lora_attn)
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
     return total
@@ -196,7 +206,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     gate = 3 if c.activation == "swiglu" else 2
     per_token = sum(8 * d + gate * w for w in cfg.mlp_widths) + 2 * d + 2 * V
     act = 4 * batch_size * T * per_token + 4 * batch_size * c.n_heads * T * T * L
-    train = stored * nbytes * 2 + stored * 8 + generated * 4 * 2 + act
+    train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
     return Accounting(
         stored_params=stored,
         param_bytes=stored * nbytes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any, Literal, get_args
@@ -18,18 +19,32 @@ import yaml
 
 from npas.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
 
 Activation = Literal["gelu", "swiglu"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
+LoraScaling = Literal["standard", "rslora"]
 
-# Weight slots of one transformer block, in forward order. qkv is fused (3d x d) like nanoGPT's c_attn.
-ATTN_SLOTS: tuple[str, ...] = ("attn_qkv", "attn_out")
+# LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
+# across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
+# learning-rate sweep. 16 is a common PEFT setting (r = 8..16 gives a scale of 1..2 at the proxy's
+# ranks 4..16); B starts at zero, so alpha changes how fast a delta learns, never the initial model.
+DEFAULT_LORA_ALPHA = 16.0
+
+# Weight slots of one transformer block, in forward order. Q, K, V and O are separate (d x d) slots so
+# banks, atoms, cross-layer KV sharing and conversion can address each; the forward still runs one
+# matmul for q, k and v (see transformer.Layer).
+ATTN_SLOTS: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_o")
 MLP_SLOTS: dict[str, tuple[str, ...]] = {
     "gelu": ("mlp_up", "mlp_down"),
     "swiglu": ("mlp_gate", "mlp_up", "mlp_down"),
 }
+# `dtype` is the dtype the allocation's weights are stored and exported in: `build_model` returns
+# parameters of that dtype, `count(...).param_bytes` and `inference_bytes` count its size, and the
+# safetensors weights `npas train` writes hold it. Training keeps fp32 master weights whatever the
+# dtype (the proxy casts the built model up; low-precision AdamW states lose small updates on CPU),
+# so the training-memory estimate counts 4 bytes for weights and for gradients.
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -40,15 +55,13 @@ def block_slots(activation: str) -> tuple[str, ...]:
 
 def slot_shape(slot: str, d_model: int, width: int) -> tuple[int, int]:
     """(out_features, in_features) of a slot for an MLP of `width`; F.linear's weight layout."""
-    if slot == "attn_qkv":
-        return (3 * d_model, d_model)
-    if slot == "attn_out":
+    if slot in ATTN_SLOTS:
         return (d_model, d_model)
     if slot in ("mlp_up", "mlp_gate"):
         return (width, d_model)
     if slot == "mlp_down":
         return (d_model, width)
-    raise ConfigError(f"unknown weight slot {slot!r}; known: attn_qkv, attn_out, mlp_gate, mlp_up, mlp_down")
+    raise ConfigError(f"unknown weight slot {slot!r}; known: {', '.join(ATTN_SLOTS + MLP_SLOTS['swiglu'])}")
 
 
 @dataclass(frozen=True)
@@ -112,10 +125,12 @@ class ArchConfig:
     mlp_widths: tuple[int, ...]  # per layer; tied layers slice nested sub-matrices of their block
     block_of_layer: tuple[int, ...]  # tying map; blocks numbered 0..U-1 in order of first use
     banks: tuple[Bank, ...] = ()  # block slots not in any bank own a direct Parameter
-    lora_attn: tuple[int, ...] = ()  # LoRA rank per layer on attn_qkv/attn_out; () = all zero
+    lora_attn: tuple[int, ...] = ()  # LoRA rank per layer on each of attn_q/k/v/o; () = all zero
     lora_mlp: tuple[int, ...] = ()  # LoRA rank per layer on the MLP slots
+    lora_alpha: float = DEFAULT_LORA_ALPHA  # delta = lora_scale(alpha, r) * B @ A; part of the function
+    lora_scaling: LoraScaling = "standard"  # standard: alpha / r (PEFT); rslora: alpha / sqrt(r)
     untied_norms: bool = True  # tied layers keep their own LayerNorms (WideNet/MoEUT differentiation)
-    dtype: DType = "float32"  # parameter storage dtype, for byte accounting
+    dtype: DType = "float32"  # dtype of the stored and exported weights (see DTYPE_BYTES)
     version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -124,6 +139,10 @@ class ArchConfig:
             object.__setattr__(self, "lora_attn", (0,) * L)
         if not self.lora_mlp:
             object.__setattr__(self, "lora_mlp", (0,) * L)
+        if not any(self.lora_attn) and not any(self.lora_mlp):
+            # with no LoRA the scale computes nothing: one canonical form, so equal models hash equal
+            object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
+            object.__setattr__(self, "lora_scaling", "standard")
         if len(set(self.block_of_layer)) == len(self.block_of_layer):
             # with no shared block, tied-or-untied norms build the same model: keep one canonical form
             object.__setattr__(self, "untied_norms", True)
@@ -200,6 +219,11 @@ class ArchConfig:
                 f"{list(self.block_of_layer)}"
             )
             return out
+        if (not isinstance(self.lora_alpha, int | float) or isinstance(self.lora_alpha, bool)
+                or not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0):
+            out.append(f"lora_alpha: must be a positive finite number, got {self.lora_alpha!r}")
+        if self.lora_scaling not in get_args(LoraScaling):
+            out.append(f"lora_scaling: {self.lora_scaling!r} is not one of {list(get_args(LoraScaling))}")
         if self.dtype not in DTYPE_BYTES:
             out.append(f"dtype: {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
         slots = set(block_slots(c.activation))
@@ -222,6 +246,10 @@ class ArchConfig:
                 sizes = [self._numel(m) for m in bank.members if owner.get(m) == k]
                 out.extend(_bank_problems(k, bank, sizes))
         return out
+
+    def lora_scale(self, rank: int) -> float:
+        """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
+        return lora_scale(self.lora_alpha, rank, self.lora_scaling)
 
     def _numel(self, member: tuple[int, str]) -> int:
         o, i = self.slot_shape(*member)
@@ -250,36 +278,23 @@ class ArchConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ArchConfig:
+        """Read an allocation strictly: a wrongly typed field is refused, never coerced ("false" is
+        not False, 64.0 is not 64), and every problem is named at once. Schema 1 files upgrade."""
         if not isinstance(d, dict):
             raise ConfigError(f"an allocation must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
         if unknown:
             raise ConfigError(f"unknown allocation keys {unknown}; allowed: {sorted(known)}")
-        try:
-            chassis = Chassis(**d["chassis"])
-            banks = tuple(
-                Bank(
-                    members=tuple((int(b), str(s)) for b, s in bank["members"]),
-                    generator=bank["generator"],
-                    size=int(bank["size"]),
-                    templates=int(bank.get("templates", 1)),
-                )
-                for bank in d.get("banks", ())
-            )
-            return cls(
-                chassis=chassis,
-                mlp_widths=tuple(d["mlp_widths"]),
-                block_of_layer=tuple(d["block_of_layer"]),
-                banks=banks,
-                lora_attn=tuple(d.get("lora_attn", ())),
-                lora_mlp=tuple(d.get("lora_mlp", ())),
-                untied_norms=bool(d.get("untied_norms", True)),
-                dtype=d.get("dtype", "float32"),
-                version=int(d.get("version", SCHEMA_VERSION)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"malformed allocation: {type(e).__name__}: {e}") from None
+        from npas.allocation.schema import read_fields, upgrade_v1  # reads Chassis and Bank from here
+
+        problems: list[str] = []
+        kwargs = read_fields(d, problems)
+        if problems:
+            raise ConfigError("invalid allocation: " + "; ".join(problems))
+        if kwargs["version"] == 1:
+            kwargs = upgrade_v1(kwargs)
+        return cls(**kwargs)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -335,6 +350,13 @@ def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
     elif bank.generator != "template_mix" and bank.templates != 1:
         out.append(f"banks[{k}]: templates={bank.templates} only applies to template_mix")
     return out
+
+
+def lora_scale(alpha: float, rank: int, scaling: str = "standard") -> float:
+    """alpha / r (PEFT's LoRA) or alpha / sqrt(r) (rsLoRA, stable as r grows); 0 at rank 0."""
+    if rank <= 0:
+        return 0.0
+    return alpha / (math.sqrt(rank) if scaling == "rslora" else rank)
 
 
 def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:

@@ -1,6 +1,7 @@
 """Fit a candidate to the budget by construction: solve its one free size analytically.
 
-A sampled candidate fixes everything but one size (DESIGN §3):
+A sampled candidate fixes everything but one size, and that size is solved so stored params <= budget
+as closely as the shapes allow:
   * `slice` / `tile` pools  -> bank sizes (integers, distributed in proportion to each bank's cap),
   * `template_mix` pools    -> the template count T,
   * everything else         -> a width scale on the MLP (and, in `all` mode, on d_model too).
@@ -17,11 +18,7 @@ from dataclasses import dataclass, replace
 
 from npas.allocation.budget import stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
-
-TAPERS = ("uniform", "linear", "cosine", "step", "reverse", "hourglass")
-TYING = ("none", "all", "sequential", "cycle", "middle_loop", "explicit")
-BANK_RULES = ("by_type", "by_type_and_shape", "all", "explicit")
-GENERATORS = ("tie", "slice", "tile", "template_mix")
+from npas.allocation.knob_table import BANK_RULES, TAPERS, TYING
 
 
 # ---- taper and tying: pure maps from knobs to per-layer structure -----------------------------
@@ -89,8 +86,12 @@ def bank_members(cfg: ArchConfig, rule: str, n_banks: int,
     if rule == "explicit":
         if not explicit:
             raise ValueError("bank rule 'explicit' needs knobs.pools.groups (lists of block indices)")
-        return [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
-                if any(b < cfg.n_blocks for b in grp)]
+        out = [tuple((b, s) for b in grp if b < cfg.n_blocks) for s in slots for grp in explicit
+               if any(b < cfg.n_blocks for b in grp)]
+        if not out:
+            raise ValueError(f"pool groups {explicit} name no block of this candidate (its blocks are "
+                             f"0..{cfg.n_blocks - 1} after tying)")
+        return out
     if rule == "all":
         keys = {m: () for m in items}
     elif rule == "by_type":

@@ -10,6 +10,7 @@ Parsing collects problems into a list instead of raising, so a whole file is che
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +71,11 @@ def check_keys(where: str, data: dict, allowed: tuple[str, ...], problems: list[
 
 
 def parse_knob(where: str, raw: Any, problems: list[str], *, kind: type, allowed: tuple | None = None,
-               low: float | None = None, high: float | None = None) -> Knob | None:
-    """Parse one knob; append a problem (naming path, value, allowed values) and return None if bad."""
+               low: float | None = None, high: float | None = None, fixed_only: bool = False) -> Knob | None:
+    """Parse one knob; append a problem (naming path, value, allowed values) and return None if bad.
+
+    `fixed_only` knobs are settings, never searched: a list or range is refused rather than read.
+    """
 
     def bad_value(v: Any) -> str | None:
         if kind is bool:
@@ -84,10 +88,15 @@ def parse_knob(where: str, raw: Any, problems: list[str], *, kind: type, allowed
             return None
         if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not isinstance(v, int)):
             return f"{where}: {v!r} is not {'an integer' if kind is int else 'a number'}"
+        if not math.isfinite(v):
+            return f"{where}: {v!r} is not a finite number"
         if (low is not None and v < low) or (high is not None and v > high):
             return f"{where}: {v!r} is out of range [{low}, {high}]"
         return None
 
+    if fixed_only and isinstance(raw, dict | list):
+        problems.append(f"{where}: takes one fixed value, got {raw!r}; it is never searched")
+        return None
     if isinstance(raw, dict):
         if kind not in (int, float):
             problems.append(f"{where}: ranges apply to numbers only; list the choices instead")
@@ -107,11 +116,23 @@ def parse_knob(where: str, raw: Any, problems: list[str], *, kind: type, allowed
             problems.append(f"{where}: low <= high must hold, got low={raw['low']}, high={raw['high']}")
             return None
         is_int = kind is int or (isinstance(raw["low"], int) and isinstance(raw["high"], int))
-        log = bool(raw.get("log", False))
-        if log and raw["low"] <= 0:
+        log, step = raw.get("log", False), raw.get("step")
+        if not isinstance(log, bool):
+            problems.append(f"{where}.log: {log!r} is not true/false")
+        elif log and raw["low"] <= 0:
             problems.append(f"{where}: a log range needs low > 0, got {raw['low']}")
+        if step is not None:
+            if is_int and not (isinstance(step, int) and not isinstance(step, bool) and step >= 1):
+                problems.append(f"{where}.step: an integer range needs a whole step >= 1, got {step!r}")
+            elif not is_int and (isinstance(step, bool) or not isinstance(step, int | float)
+                                 or not math.isfinite(step) or step <= 0):
+                problems.append(f"{where}.step: must be a number > 0, got {step!r}")
+            elif log is True:
+                problems.append(f"{where}: step and log cannot be combined (Optuna samples a log range "
+                                f"continuously); drop one")
+        if len(problems) > before:
             return None
-        return Knob("int" if is_int else "float", low=raw["low"], high=raw["high"], step=raw.get("step"), log=log)
+        return Knob("int" if is_int else "float", low=raw["low"], high=raw["high"], step=step, log=log)
     if isinstance(raw, list):
         if not raw:
             problems.append(f"{where}: an empty list of choices; give at least one value")

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from npas.allocation.config import Bank
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT init; residual projections get INIT_STD / sqrt(2 * n_layers)
-RESIDUAL_SLOTS = frozenset({"attn_out", "mlp_down"})
+RESIDUAL_SLOTS = frozenset({"attn_o", "mlp_down"})
 
 
 def slice_offsets(numels: list[int], size: int) -> list[int]:
@@ -74,9 +74,10 @@ class BankModule(nn.Module):
 
 
 class LoRA(nn.Module):
-    """Low-rank delta B @ A added to a (possibly shared) base weight, PEFT-style.
+    """Low-rank delta scale * B @ A added to a (possibly shared) base weight, PEFT-style.
 
-    B starts at zero, so a relaxed model starts equal to the tied one; A uses PEFT's Kaiming init.
+    `scale` is alpha / r (or alpha / sqrt(r), rsLoRA) with alpha fixed across ranks: without it a
+    higher rank would also mean a larger effective learning rate for the delta. B starts at zero, so a relaxed model starts equal to the tied one; A uses PEFT's Kaiming init.
     The delta is merged into the layer's weight once per forward pass (W + B @ A, 2*r*d_in*d_out
     FLOPs per step) rather than run as two thin matmuls per token (2*r*(d_in + d_out) FLOPs per
     token): at proxy batch sizes the merge is tens of times cheaper, thin rank-r matmuls run poorly
@@ -84,12 +85,13 @@ class LoRA(nn.Module):
     written to; gradients reach A and B through the merged weight.
     """
 
-    def __init__(self, rank: int, d_in: int, d_out: int) -> None:
+    def __init__(self, rank: int, d_in: int, d_out: int, scale: float = 1.0) -> None:
         super().__init__()
+        self.scale = scale  # a constant of the allocation (ArchConfig.lora_scale), not a parameter
         self.A = nn.Parameter(torch.empty(rank, d_in))
         self.B = nn.Parameter(torch.zeros(d_out, rank))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
 
     def delta(self) -> Tensor:
-        """B @ A, shaped like the weight it relaxes (d_out, d_in)."""
-        return self.B @ self.A
+        """scale * B @ A, shaped like the weight it relaxes (d_out, d_in)."""
+        return (self.B * self.scale) @ self.A  # scale the thin factor: r * d_out multiplies, not d_out * d_in

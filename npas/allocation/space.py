@@ -9,6 +9,7 @@ builds a model; it only counts.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -18,37 +19,30 @@ import optuna
 import yaml
 
 from npas.allocation.budget import parse_budget, reference_params
-from npas.allocation.config import DTYPE_BYTES, ArchConfig, Chassis
-from npas.allocation.fit import (
-    BANK_RULES,
-    GENERATORS,
-    TAPERS,
-    TYING,
-    Fit,
-    bank_members,
-    fit_banks,
-    fit_width,
-    taper_profile,
-    tying_map,
+from npas.allocation.config import ArchConfig, Chassis
+from npas.allocation.fit import Fit, bank_members, fit_banks, fit_width, taper_profile, tying_map
+from npas.allocation.knob_table import (
+    CHASSIS_KEYS,
+    FIT_KEYS,
+    KNOB_SECTIONS,
+    KNOBS,
+    REQUIRED,
+    SECTION_KEYS,
+    SETTINGS,
+    KnobSpec,
+    value,
 )
 from npas.allocation.knobs import Knob, check_keys, parse_knob
-from npas.errors import BudgetError, SpaceError
+from npas.errors import BudgetError, NpasError, SampleError, SpaceError
+
+log = logging.getLogger(__name__)
 
 OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
               "peak_memory_bytes")
 LOSS_OBJECTIVES = ("val_loss", "val_bpc")
 TOP_KEYS = ("name", "description", "chassis", "budget", "dtype", "objectives", "recipe", "fit", "knobs")
-CHASSIS_KEYS = ("vocab_size", "context", "d_model", "n_layers", "n_heads", "d_ff", "activation")
-KNOB_SECTIONS = ("taper", "tying", "pools", "relaxation", "untied_norms")
-SECTION_KEYS = {
-    "taper": ("schedule", "ratio"),
-    "tying": ("mode", "unique_blocks", "groups"),
-    "pools": ("enabled", "rule", "banks", "generator", "templates", "groups"),
-    "relaxation": ("rank", "targets", "per_position"),
-}
-LORA_TARGETS = ("attn", "mlp", "both")
 BASELINES: dict[str, dict[str, Any]] = {
-    # hand-crafted sharing every front is compared against (DESIGN §6)
+    # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives
     "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all"},
     "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True},
     "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True},
@@ -140,41 +134,43 @@ class Space:
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample(self, trial: optuna.Trial, fixed: dict[str, Any] | None = None) -> Candidate:
-        """Define-by-run: suggest each knob that applies (values in `fixed` are used as given)."""
+        """Define-by-run: suggest each knob that applies (values in `fixed` are used as given).
+
+        Raises only `NpasError`s: `load_space` rejects every space it knows would fail here, and
+        anything unforeseen becomes a `SampleError` with its reason, so the caller can FAIL this one
+        trial instead of leaving it RUNNING to be re-enqueued and crash again on resume.
+        """
+        try:
+            return self._sample(trial, fixed)
+        except NpasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the one place an unforeseen failure becomes a typed one
+            log.warning("trial %s: sampling failed: %s: %s", getattr(trial, "number", "?"), type(e).__name__, e)
+            raise SampleError(f"sampling failed ({type(e).__name__}: {e}); the space allows a value npas cannot "
+                              f"build: narrow the knob named above, or report it") from e
+
+    def _sample(self, trial: optuna.Trial, fixed: dict[str, Any] | None) -> Candidate:
         fixed = fixed or {}
         values: dict[str, Any] = {}
 
-        def pick(name: str, knob: Knob | None, default: Any = None) -> Any:
+        def pick(name: str, spec: KnobSpec) -> None:
             if name in fixed:
                 values[name] = fixed[name]
-            elif knob is None:
-                values[name] = default
+            elif spec.section == "chassis":
+                values[name] = self.chassis[spec.name].suggest(trial, name)
+            elif spec.name in self.knobs:
+                values[name] = self.knobs[spec.name].suggest(trial, name)
             else:
-                values[name] = knob.suggest(trial, name)
-            return values[name]
+                values[name] = spec.default_for(values)
 
-        for name, knob in self.chassis.items():
-            pick(name, knob)
-        L = values["n_layers"]
-        if pick("taper", self.knobs.get("taper"), "uniform") != "uniform":
-            pick("taper_ratio", self.knobs.get("taper_ratio"), 2.0)
-        mode = pick("tying", self.knobs.get("tying"), "none")
-        if mode in ("sequential", "cycle", "middle_loop"):
-            pick("unique_blocks", self.knobs.get("unique_blocks"), max(3 if mode == "middle_loop" else 2, L // 2))
-        if mode != "none":
-            if self.per_position:
-                for i in range(L):
-                    pick(f"lora_rank_{i}", self.knobs.get("lora_rank"), 0)
+        for spec in KNOBS:  # the table's order is the sampling order; `applies` reads earlier values
+            if not spec.applies(values):
+                continue
+            if spec.per_layer and self.per_position:
+                for i in range(int(values["n_layers"])):
+                    pick(f"{spec.name}_{i}", spec)
             else:
-                pick("lora_rank", self.knobs.get("lora_rank"), 0)
-            if any(values.get(k) for k in values if k.startswith("lora_rank")):
-                pick("lora_targets", self.knobs.get("lora_targets"), "both")
-            pick("untied_norms", self.knobs.get("untied_norms"), True)
-        if pick("pools", self.knobs.get("pools"), False):
-            pick("bank_rule", self.knobs.get("bank_rule"), "by_type")
-            pick("n_banks", self.knobs.get("n_banks"), 1)
-            if pick("generator", self.knobs.get("generator"), "template_mix") == "template_mix":
-                pick("templates", self.knobs.get("templates"), 2)
+                pick(spec.name, spec)
         if "width_fit" in fixed:
             values["width_fit"] = fixed["width_fit"]
         return self.candidate(values)
@@ -183,39 +179,42 @@ class Space:
         """Pure: knob values -> fitted allocation. Same values, same allocation, on any machine."""
         budget = self.budget_params
         try:
-            chassis = Chassis(**{k: values[k] for k in CHASSIS_KEYS})
+            chassis = Chassis(**{k: value(values, k) for k in CHASSIS_KEYS})
             problems = chassis.problems()
             if problems:
                 return Candidate(values, Fit(None, "; ".join(problems)), budget)
             L = chassis.n_layers
-            profile = taper_profile(values["taper"], L, float(values.get("taper_ratio", 1.0)))
+            profile = taper_profile(value(values, "taper"), L, float(value(values, "taper_ratio")))
             groups = [list(g) for g in self.tying_groups] if self.tying_groups else None
-            blocks = tying_map(values["tying"], L, int(values.get("unique_blocks") or 1), groups)
+            tying = value(values, "tying")
+            unique = int(value(values, "unique_blocks")) if tying in ("sequential", "cycle", "middle_loop") else 1
+            blocks = tying_map(tying, L, unique, groups)
         except ValueError as e:
             return Candidate(values, Fit(None, str(e)), budget)
         shared = [blocks.count(b) > 1 for b in blocks]
-        targets = values.get("lora_targets", "both")
-        ranks = [int(values.get(f"lora_rank_{i}", values.get("lora_rank", 0)) or 0) if shared[i] else 0
-                 for i in range(L)]
+        targets = value(values, "lora_targets")
+        rank = int(value(values, "lora_rank"))
+        ranks = [int(values.get(f"lora_rank_{i}", rank) or 0) if shared[i] else 0 for i in range(L)]
         lora_attn = tuple(r if targets in ("attn", "both") else 0 for r in ranks)
         lora_mlp = tuple(r if targets in ("mlp", "both") else 0 for r in ranks)
 
         def make(ch: Chassis, widths: tuple[int, ...]) -> ArchConfig:
             return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=blocks, lora_attn=lora_attn,
-                              lora_mlp=lora_mlp, untied_norms=bool(values.get("untied_norms", True)),
+                              lora_mlp=lora_mlp, lora_alpha=float(value(values, "lora_alpha")),
+                              lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
                               dtype=self.dtype)
 
-        if not values.get("pools"):
+        if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
                             self.max_width_scale)
             return Candidate(values, fit, budget)
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
         try:
             groups = [list(g) for g in self.bank_groups] if self.bank_groups else None
-            members = bank_members(base, values["bank_rule"], int(values["n_banks"]), groups)
+            members = bank_members(base, value(values, "bank_rule"), int(value(values, "n_banks")), groups)
         except ValueError as e:
             return Candidate(values, Fit(None, str(e)), budget)
-        fit = fit_banks(base, members, values["generator"], budget, int(values.get("templates") or 2),
+        fit = fit_banks(base, members, value(values, "generator"), budget, int(value(values, "templates")),
                         self.max_templates)
         return Candidate(values, fit, budget)
 
@@ -271,45 +270,50 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         problems.append("space.chassis: must be a mapping of " + ", ".join(CHASSIS_KEYS))
         raw_chassis = {}
     check_keys("chassis", raw_chassis, CHASSIS_KEYS, problems)
-    for key in CHASSIS_KEYS:
-        if key == "activation":
-            kn = parse_knob("chassis.activation", raw_chassis.get(key, "gelu"), problems, kind=str,
-                            allowed=("gelu", "swiglu"))
-        elif key not in raw_chassis:
-            if "chassis" in data:
-                problems.append(f"chassis.{key}: missing")
+    for spec in KNOBS:
+        if spec.section != "chassis":
             continue
-        else:
-            kn = parse_knob(f"chassis.{key}", raw_chassis[key], problems, kind=int, low=1)
+        if spec.key not in raw_chassis and spec.default is REQUIRED:
+            if "chassis" in data:
+                problems.append(f"chassis.{spec.key}: missing")
+            continue
+        kn = _parse_spec(spec, raw_chassis.get(spec.key, spec.default), problems)
         if kn is not None:
-            chassis[key] = kn
+            chassis[spec.key] = kn
     if len(chassis) == len(CHASSIS_KEYS):
         problems.extend(Chassis(**{k: kn.default for k, kn in chassis.items()}).problems())
 
-    dtype = data.get("dtype", "float32")
-    if dtype not in DTYPE_BYTES:
-        problems.append(f"space.dtype: unknown value {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    fit_raw = data.get("fit") or {}
+    if not isinstance(fit_raw, dict):
+        problems.append(f"space.fit: must be a mapping of {', '.join(FIT_KEYS)}")
+        fit_raw = {}
+    check_keys("fit", fit_raw, FIT_KEYS, problems)
+    settings: dict[str, Any] = {}
+    for spec in SETTINGS:
+        body = fit_raw if spec.section == "fit" else data
+        kn = _parse_spec(spec, body.get(spec.key, spec.default), problems)
+        settings[spec.name] = kn.default if kn is not None else spec.default
     objectives = data.get("objectives", ["val_loss", "train_memory_bytes"])
     if not isinstance(objectives, list) or not objectives:
         problems.append(f"space.objectives: must be a list, e.g. [val_loss, train_memory_bytes]; got {objectives!r}")
         objectives = ["val_loss"]
+    if len(set(map(repr, objectives))) != len(objectives):
+        problems.append(f"space.objectives: each objective once, got {objectives!r}")
     for o in objectives:
-        if o not in OBJECTIVES:
+        if not isinstance(o, str):
+            problems.append(f"space.objectives: {o!r} is not an objective name; allowed: {', '.join(OBJECTIVES)}")
+        elif o not in OBJECTIVES:
             parse_knob("space.objectives", o, problems, kind=str, allowed=OBJECTIVES)
     if not any(o in LOSS_OBJECTIVES for o in objectives):
         problems.append(f"space.objectives: needs a loss ({' or '.join(LOSS_OBJECTIVES)}), got {objectives!r}")
 
-    fit_raw = data.get("fit") or {}
-    if not isinstance(fit_raw, dict):
-        problems.append("space.fit: must be a mapping of width, max_width_scale, max_templates")
-        fit_raw = {}
-    check_keys("fit", fit_raw, ("width", "max_width_scale", "max_templates"), problems)
-    width_fit = fit_raw.get("width", "all")
-    parse_knob("fit.width", width_fit, problems, kind=str, allowed=("mlp", "all"))
-    parse_knob("fit.max_width_scale", fit_raw.get("max_width_scale", 4.0), problems, kind=float, low=1.0, high=64.0)
-    parse_knob("fit.max_templates", fit_raw.get("max_templates", 64), problems, kind=int, low=1, high=4096)
-
     knobs, extras = _parse_knobs(data.get("knobs") or {}, chassis, problems)
+    if "templates" in knobs and max(knobs["templates"].options()) > settings["max_templates"]:
+        problems.append(f"knobs.pools.templates: up to {max(knobs['templates'].options())} exceeds "
+                        f"fit.max_templates={settings['max_templates']}; lower it or raise fit.max_templates")
+    for key in ("name", "description", "recipe"):
+        if key in data and not isinstance(data[key], str):
+            problems.append(f"space.{key}: must be text, got {data[key]!r}")
 
     budget_spec = str(data.get("budget", "1x"))
     try:  # syntax always; feasibility against the reference only when the chassis is valid
@@ -324,9 +328,10 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         raise SpaceError(source, problems)
     return Space(
         name=str(data.get("name") or Path(source).stem), text=text, source=source, chassis=chassis,
-        budget_spec=budget_spec, dtype=dtype, objectives=tuple(objectives), recipe=str(data.get("recipe", "proxy")),
-        knobs=knobs, width_fit=width_fit, max_width_scale=float(fit_raw.get("max_width_scale", 4.0)),
-        max_templates=int(fit_raw.get("max_templates", 64)), description=str(data.get("description", "")), **extras,
+        budget_spec=budget_spec, dtype=settings["dtype"], objectives=tuple(objectives),
+        recipe=str(data.get("recipe", "proxy")), knobs=knobs, width_fit=settings["width_fit"],
+        max_width_scale=float(settings["max_width_scale"]), max_templates=int(settings["max_templates"]),
+        description=str(data.get("description", "")), **extras,
     )
 
 
@@ -344,30 +349,15 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
         check_keys(f"knobs.{sec}", body, keys, problems)
         sections[sec] = body
     L = max(chassis["n_layers"].options()) if "n_layers" in chassis else 1
-    specs = {  # knob name -> (section, key, kind, allowed, low, high)
-        "taper": ("taper", "schedule", str, TAPERS, None, None),
-        "taper_ratio": ("taper", "ratio", float, None, 1.0, 16.0),
-        "tying": ("tying", "mode", str, TYING, None, None),
-        "unique_blocks": ("tying", "unique_blocks", int, None, 1, L),
-        "pools": ("pools", "enabled", bool, None, None, None),
-        "bank_rule": ("pools", "rule", str, BANK_RULES, None, None),
-        "n_banks": ("pools", "banks", int, None, 1, 1024),
-        "generator": ("pools", "generator", str, GENERATORS, None, None),
-        "templates": ("pools", "templates", int, None, 1, 4096),
-        "lora_rank": ("relaxation", "rank", int, None, 0, 1024),
-        "lora_targets": ("relaxation", "targets", str, LORA_TARGETS, None, None),
-    }
     knobs: dict[str, Knob] = {}
-    for name, (sec, key, kind, allowed, lo, hi) in specs.items():
-        if key in sections[sec]:
-            kn = parse_knob(f"knobs.{sec}.{key}", sections[sec][key], problems, kind=kind, allowed=allowed,
-                            low=lo, high=hi)
+    for spec in KNOBS:
+        if spec.section == "chassis":
+            continue
+        body = raw if spec.section == "" else sections[spec.section]
+        if spec.key in body:
+            kn = _parse_spec(spec, body[spec.key], problems, {"n_layers": L})
             if kn is not None:
-                knobs[name] = kn
-    if "untied_norms" in raw:
-        kn = parse_knob("knobs.untied_norms", raw["untied_norms"], problems, kind=bool)
-        if kn is not None:
-            knobs["untied_norms"] = kn
+                knobs[spec.name] = kn
     extras: dict[str, Any] = {}
     per_position = sections["relaxation"].get("per_position", False)
     if not isinstance(per_position, bool):
@@ -390,5 +380,19 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
             problems.append(f"knobs.{sec}.groups: an index appears twice in {groups!r}")
         if sec == "tying" and sorted(flat) != list(range(L)):
             problems.append(f"knobs.tying.groups: must cover each of the {L} layers exactly once, got {groups!r}")
+        depths = chassis["n_layers"].options() if "n_layers" in chassis else [L]
+        if sec == "tying" and chosen is not None and need in chosen.options() and len(depths) > 1:
+            problems.append(f"knobs.tying.groups: explicit groups list the layers of one depth, but chassis.n_layers "
+                            f"is searched over {depths}; give n_layers one value")
+        if sec == "pools" and flat and max(flat) >= L:
+            problems.append(f"knobs.pools.groups: block {max(flat)} does not exist; a candidate has at most {L} "
+                            f"blocks (one per layer), numbered from 0")
         extras[dest] = tuple(tuple(g) for g in groups)
     return knobs, extras
+
+
+def _parse_spec(spec: KnobSpec, raw: Any, problems: list[str], bounds: dict[str, int] | None = None) -> Knob | None:
+    """Parse one table entry's YAML value; a bound named by a chassis key resolves through `bounds`."""
+    high = (bounds or {}).get(spec.high, 1) if isinstance(spec.high, str) else spec.high
+    return parse_knob(spec.path, raw, problems, kind=spec.kind, allowed=spec.allowed, low=spec.low, high=high,
+                      fixed_only=not spec.searchable)

@@ -2,7 +2,7 @@
 
 Read top to bottom: weight holders (Block) -> one depth position (Layer) -> the model.
 Three kinds of module carry parameters, with stable state-dict names:
-  blocks.{b}.{slot}      a unique block's direct weight, e.g. blocks.0.attn_qkv (3d, d)
+  blocks.{b}.{slot}      a unique block's direct weight, e.g. blocks.0.attn_q (d, d)
   banks.{k}.weight/coef  a shared bank generating some blocks' slots (Shapeshifter pools)
   h.{l}.ln_1 / lora_*    what belongs to one depth position: untied norms and LoRA deltas
 Every forward first *materialises* each block's weights once (views for direct and tied weights,
@@ -12,13 +12,17 @@ one generation per bank), then runs the L layers over them.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from npas.allocation.config import ArchConfig, block_slots
+from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
+from npas.errors import ConfigError
 
 
 def _norm(d: int) -> nn.LayerNorm:
@@ -52,26 +56,32 @@ class Layer(nn.Module):
         self.lora = nn.ModuleDict()
         ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
         if ra:
-            self.lora["attn_qkv"] = LoRA(ra, c.d_model, 3 * c.d_model)
-            self.lora["attn_out"] = LoRA(ra, c.d_model, c.d_model)
+            for slot in ATTN_SLOTS:
+                self.lora[slot] = LoRA(ra, c.d_model, c.d_model, cfg.lora_scale(ra))
         if rm:
-            for slot in block_slots(c.activation)[2:]:
+            for slot in MLP_SLOTS[c.activation]:
                 d_in, d_out = (self.width, c.d_model) if slot == "mlp_down" else (c.d_model, self.width)
-                self.lora[slot] = LoRA(rm, d_in, d_out)
+                self.lora[slot] = LoRA(rm, d_in, d_out, cfg.lora_scale(rm))
+
+    def _weight(self, slot: str, w: Tensor) -> Tensor:
+        if slot in self.lora:  # this depth's relaxation, merged once per forward (see sharing.LoRA)
+            return w + self.lora[slot].delta()
+        return w
 
     def _linear(self, x: Tensor, slot: str, w: Tensor) -> Tensor:
-        if slot in self.lora:  # this depth's relaxation, merged once per forward (see sharing.LoRA)
-            w = w + self.lora[slot].delta()
-        return F.linear(x, w)
+        return F.linear(x, self._weight(slot, w))
 
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module) -> Tensor:
         B, T, C = x.shape
         hs = C // self.n_heads
-        q, k, v = self._linear(ln_1(x), "attn_qkv", w["attn_qkv"]).split(C, dim=2)
+        # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
+        # (3d, d) matmul runs faster than three (d, d) ones: concatenate the weights once per forward
+        w_qkv = torch.cat([self._weight(s, w[s]) for s in ("attn_q", "attn_k", "attn_v")])  # (3d, d)
+        q, k, v = F.linear(ln_1(x), w_qkv).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_heads, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        x = x + self._linear(y, "attn_out", w["attn_out"])
+        x = x + self._linear(y, "attn_o", w["attn_o"])
         h = ln_2(x)
         n = self.width  # tied blocks store the widest member; narrower layers take a nested slice
         a = self._linear(h, "mlp_up", w["mlp_up"][:n])
@@ -169,6 +179,52 @@ class TransformerLM(nn.Module):
         return idx
 
 
+TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                        "float16": torch.float16}
+
+
 def build_model(cfg: ArchConfig) -> TransformerLM:
-    """Build the exact module an allocation describes; init draws from torch's global RNG."""
-    return TransformerLM(cfg)
+    """Build the exact module an allocation describes, its parameters in `cfg.dtype`.
+
+    Init draws from torch's global RNG in fp32 and then rounds to the dtype, so one seed gives the
+    same weights at every dtype up to rounding. Train it as `build_model(cfg).float()` (fp32 master
+    weights); `export_state` rounds the trained weights back to `cfg.dtype` for saving.
+    """
+    model = TransformerLM(cfg)
+    return model if cfg.dtype == "float32" else model.to(TORCH_DTYPES[cfg.dtype])
+
+
+def export_state(model: TransformerLM) -> dict[str, Tensor]:
+    """The weights to save, in the allocation's dtype, each tensor once (tied layers share Parameters
+    by reference, never by a second name, so the state dict holds no aliases)."""
+    dtype = TORCH_DTYPES[model.cfg.dtype]
+    return {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+
+
+def load_weights(model: TransformerLM, path: str | Path, config_text: str) -> None:
+    """Load safetensors weights saved from `model`'s allocation, also when saved under schema 1.
+
+    Schema 1 stored attention as one fused `blocks.{b}.attn_qkv` (3d, d) and `blocks.{b}.attn_out`;
+    those are split into attn_q, attn_k, attn_v (rows 0:d, d:2d, 2d:3d, the order the fused forward
+    used) and renamed attn_o, so the loaded model computes exactly what was trained. A schema-1 bank
+    that generated attn_qkv cannot be carried over (its q, k and v are now generated separately, so
+    the same bank would compute something else): that is refused with a ConfigError.
+    `config_text` is the allocation file the weights were saved beside (config.yaml).
+    """
+    raw = yaml.safe_load(config_text)
+    raw = raw.get("allocation", raw) if isinstance(raw, dict) else raw
+    if isinstance(raw, dict) and raw.get("version") == 1 and any(
+            m[1] == "attn_qkv" for bank in raw.get("banks") or () for m in bank.get("members") or ()):
+        raise ConfigError(f"{path}: trained under allocation schema 1 with a bank generating the fused attn_qkv; "
+                          "schema 2 generates q, k and v separately, so these weights cannot be reused: train again")
+    state = load_file(str(path))
+    d = model.cfg.chassis.d_model
+    for key in [k for k in state if k.endswith(".attn_qkv") or k.endswith(".attn_out")]:
+        prefix, _, slot = key.rpartition(".")
+        w = state.pop(key)
+        if slot == "attn_out":
+            state[f"{prefix}.attn_o"] = w
+        else:
+            for name, part in zip(("attn_q", "attn_k", "attn_v"), w.split(d), strict=True):
+                state[f"{prefix}.{name}"] = part.contiguous()
+    model.load_state_dict(state, strict=True)

@@ -207,7 +207,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         torch.cuda.reset_peak_memory_stats(dev)
     try:
         torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
-        model = npas.build_model(cfg)
+        model = npas.build_model(cfg).float()  # fp32 master weights at any cfg.dtype
         apply_init(model, recipe.parameterization, reference)
         model = model.to(dev)
         model.train()

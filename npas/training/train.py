@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_file
 from torch import nn
 
 from npas.errors import DataError
@@ -57,12 +57,14 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
 
 
 def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: str | Path) -> None:
-    """Weights, vocabulary and allocation. ``save_model`` (not ``save_file``) de-duplicates tied
-    Parameters, which safetensors would otherwise refuse; the rebuilt module re-ties them."""
+    """Weights (in ``cfg.dtype``, each tensor once: see ``export_state``), vocabulary and allocation;
+    the rebuilt module re-ties shared Parameters."""
+    from npas.allocation.transformer import export_state
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = model.to("cpu")
-    save_model(model, str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
+    save_file(export_state(model), str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
     (out / VOCAB_FILE).write_text(tokenizer.to_json() + "\n", encoding="utf-8")
     (out / CONFIG_FILE).write_text(cfg.to_yaml(), encoding="utf-8")
 
@@ -91,6 +93,7 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
     import npas
     from npas.allocation.config import ArchConfig
+    from npas.allocation.transformer import load_weights
 
     d = Path(model_dir)
     if not d.is_dir():
@@ -99,14 +102,15 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     if missing:
         raise DataError(f"{d} lacks {', '.join(missing)}; pass a directory written by `npas train` "
                         "(a failed run leaves only metrics.json)")
-    cfg = ArchConfig.from_yaml((d / CONFIG_FILE).read_text(encoding="utf-8"))
+    text = (d / CONFIG_FILE).read_text(encoding="utf-8")
+    cfg = ArchConfig.from_yaml(text)
     tokenizer = CharTokenizer.from_json((d / VOCAB_FILE).read_text(encoding="utf-8"))
     if tokenizer.vocab_size != cfg.chassis.vocab_size:
         raise DataError(f"{d}: vocab.json has {tokenizer.vocab_size} characters but config.yaml's chassis "
                         f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")
     model = npas.build_model(cfg)
     try:
-        load_model(model, str(d / MODEL_FILE), strict=True)
+        load_weights(model, d / MODEL_FILE, text)  # also splits a schema-1 fused attn_qkv
     except (SafetensorError, RuntimeError, OSError) as err:
         raise DataError(f"cannot load {d / MODEL_FILE}: {str(err).splitlines()[0]}; "
                         "the weights do not match config.yaml or the file is damaged") from None

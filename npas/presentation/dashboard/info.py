@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.knob_table import knob_label
 from npas.errors import NpasError
 from npas.service import study as S
 
@@ -315,6 +316,7 @@ class ImportanceInfo:
     per_objective: list[tuple[str, dict[str, float]]]  # (objective, param -> importance), each may be {}
     n_trials: int  # the full-fidelity searched trials the importances come from
     notes: dict[str, str] = field(default_factory=dict)  # objective -> why it has no importances
+    labels: dict[str, str] = field(default_factory=dict)  # param -> where the space file sets it (knob table)
 
 
 def importance_info(study: optuna.Study, min_trials: int = IMPORTANCE_MIN_TRIALS) -> ImportanceInfo:
@@ -348,7 +350,8 @@ def importance_info(study: optuna.Study, min_trials: int = IMPORTANCE_MIN_TRIALS
         if not imp and name not in notes:
             notes[name] = "no parameter varies across these trials"
         out.append((name, {k: float(v) for k, v in imp.items()}))
-    return ImportanceInfo(out, len(usable), notes)
+    labels = {p: knob_label(p) for _, imp in out for p in imp}
+    return ImportanceInfo(out, len(usable), notes, labels)
 
 
 def _front(study: optuna.Study) -> list[FrozenTrial]:

@@ -276,7 +276,7 @@ def render_importance(info: ImportanceInfo) -> Figure | None:
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     for ax, (name, imp) in zip(axes, shown, strict=True):
         items = sorted(imp.items(), key=lambda kv: kv[1])
-        ax.barh([k for k, _ in items], [v for _, v in items], color=SEARCHED)
+        ax.barh([info.labels.get(k, k) for k, _ in items], [v for _, v in items], color=SEARCHED)
         for j, (_, v) in enumerate(items):
             ax.text(v, j, f" {v:.2f}", va="center", fontsize=8)
         ax.set_xlim(0, max(v for _, v in items) * 1.2 or 1)

@@ -1,0 +1,193 @@
+"""The knob table: every searchable value of a search space, declared once.
+
+Parsing (`space.parse_space`), sampling (`Space.sample`), candidate construction (`Space.candidate`),
+validation messages and the dashboard all read this table, so a knob's name, YAML location, kind,
+allowed values or range, default and the condition under which it applies cannot disagree between
+them. Adding a knob is one `KnobSpec` entry here plus the code in `Space.candidate` (or the builder)
+that gives it meaning.
+
+The table's order is the sampling order (define-by-run): a knob's `applies` condition may only read
+knobs listed above it. Keep new entries after the ones they depend on, and append rather than
+reorder: the order in which knobs are suggested is part of what makes a seeded sampler reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from npas.allocation.config import DEFAULT_LORA_ALPHA, Activation, DType, Generator, LoraScaling
+
+Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
+Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
+BankRule = Literal["by_type", "by_type_and_shape", "all", "explicit"]
+LoraTargets = Literal["attn", "mlp", "both"]
+WidthFit = Literal["mlp", "all"]
+
+TAPERS: tuple[str, ...] = get_args(Taper)
+TYING: tuple[str, ...] = get_args(Tying)
+BANK_RULES: tuple[str, ...] = get_args(BankRule)
+GENERATORS: tuple[str, ...] = get_args(Generator)
+LORA_TARGETS: tuple[str, ...] = get_args(LoraTargets)
+TYING_WITH_U = ("sequential", "cycle", "middle_loop")  # the modes that take a unique-block count U
+
+REQUIRED = object()  # default of a chassis dimension: the space must give it
+
+
+def _always(values: dict[str, Any]) -> bool:
+    return True
+
+
+def _tied(values: dict[str, Any]) -> bool:
+    return values.get("tying", "none") != "none"
+
+
+def _relaxed(values: dict[str, Any]) -> bool:
+    """Some tied position has a LoRA rank (per-position ranks are named lora_rank_{i})."""
+    return any(values[k] for k in values if k.startswith("lora_rank"))
+
+
+def _default_unique(values: dict[str, Any]) -> int:
+    """U = half the depth, at least 2 (3 for middle_loop: unique first and last plus a loop)."""
+    return max(3 if values.get("tying") == "middle_loop" else 2, int(values["n_layers"]) // 2)
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One knob: where it is written, what it may hold, its default, and when it applies."""
+
+    name: str  # Optuna parameter name and key in Candidate.values
+    section: str  # chassis | settings | taper | tying | pools | relaxation | "" (directly under knobs:)
+    key: str  # the YAML key inside its section
+    kind: type  # int | float | str | bool
+    default: Any  # used when the space leaves the knob out; a callable reads the values chosen so far
+    allowed: tuple | None = None  # closed choices (from a Literal) for str knobs
+    low: float | None = None  # numeric bounds; `high` may name a chassis knob whose largest value bounds it
+    high: float | str | None = None
+    applies: Callable[[dict[str, Any]], bool] = _always
+    when: str = "always"  # the condition of `applies`, in words, for messages and the dashboard
+    searchable: bool = True  # False: a fixed value only (it changes what the module computes, not its size)
+    per_layer: bool = False  # with relaxation.per_position, suggested once per layer as {name}_{i}
+    help: str = ""
+
+    @property
+    def path(self) -> str:
+        """Where the knob is written in a space file, e.g. knobs.taper.ratio or chassis.d_model."""
+        if self.section in ("chassis", "fit"):
+            return f"{self.section}.{self.key}"
+        if self.section == "space":
+            return f"space.{self.key}"
+        return f"knobs.{self.section}.{self.key}" if self.section else f"knobs.{self.key}"
+
+    def default_for(self, values: dict[str, Any]) -> Any:
+        return self.default(values) if callable(self.default) else self.default
+
+
+def _chassis(key: str, help: str) -> KnobSpec:
+    return KnobSpec(key, "chassis", key, int, REQUIRED, low=1, help=help)
+
+
+KNOBS: tuple[KnobSpec, ...] = (
+    _chassis("vocab_size", "characters of the corpus; rebound to --data's vocabulary at launch"),
+    _chassis("context", "maximum sequence length (learned positions)"),
+    _chassis("d_model", "residual width"),
+    _chassis("n_layers", "depth L"),
+    _chassis("n_heads", "attention heads; must divide d_model"),
+    _chassis("d_ff", "uniform MLP width of the reference; tapers keep the mean"),
+    KnobSpec("activation", "chassis", "activation", str, "gelu", allowed=get_args(Activation),
+             help="MLP activation; swiglu adds a gate matrix"),
+    KnobSpec("taper", "taper", "schedule", str, "uniform", allowed=TAPERS, help="MLP width over depth"),
+    KnobSpec("taper_ratio", "taper", "ratio", float, 2.0, low=1.0, high=16.0,
+             applies=lambda v: v.get("taper", "uniform") != "uniform", when="taper.schedule is not uniform",
+             help="first/last MLP width; cosine 3.0 runs 1.5x -> 0.5x of d_ff"),
+    KnobSpec("tying", "tying", "mode", str, "none", allowed=TYING, help="which layers share one block"),
+    KnobSpec("unique_blocks", "tying", "unique_blocks", int, _default_unique, low=1, high="n_layers",
+             applies=lambda v: v.get("tying") in TYING_WITH_U, when="tying.mode is sequential, cycle or middle_loop",
+             help="U unique blocks"),
+    KnobSpec("lora_rank", "relaxation", "rank", int, 0, low=0, high=1024, applies=_tied,
+             when="tying.mode is not none", per_layer=True,
+             help="LoRA rank at tied positions; 0 = pure tying"),
+    KnobSpec("lora_targets", "relaxation", "targets", str, "both", allowed=LORA_TARGETS, applies=_relaxed,
+             when="some LoRA rank is > 0", help="which slots the LoRA deltas relax"),
+    KnobSpec("untied_norms", "", "untied_norms", bool, True, applies=_tied, when="tying.mode is not none",
+             help="tied layers keep their own LayerNorms"),
+    KnobSpec("pools", "pools", "enabled", bool, False, help="Shapeshifter banks generate the blocks' weights"),
+    KnobSpec("bank_rule", "pools", "rule", str, "by_type", allowed=BANK_RULES, applies=lambda v: bool(v.get("pools")),
+             when="pools.enabled", help="which slots share a bank"),
+    KnobSpec("n_banks", "pools", "banks", int, 1, low=1, high=1024, applies=lambda v: bool(v.get("pools")),
+             when="pools.enabled", help="banks per group (contiguous blocks)"),
+    KnobSpec("generator", "pools", "generator", str, "template_mix", allowed=GENERATORS,
+             applies=lambda v: bool(v.get("pools")), when="pools.enabled", help="how a bank makes its members"),
+    KnobSpec("templates", "pools", "templates", int, 2, low=1, high=4096,
+             applies=lambda v: bool(v.get("pools")) and v.get("generator") == "template_mix",
+             when="pools.enabled and pools.generator is template_mix",
+             help="least T for template_mix; more templates fill a larger budget (up to fit.max_templates)"),
+    # fixed-only, and sampled last so they never shift the seeded order of the searched knobs above
+    KnobSpec("lora_alpha", "relaxation", "alpha", float, DEFAULT_LORA_ALPHA, low=1e-6, high=1e6,
+             applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
+             help="LoRA scale numerator: delta = (alpha / r) B A, or alpha / sqrt(r) with rslora"),
+    KnobSpec("lora_scaling", "relaxation", "scaling", str, "standard", allowed=get_args(LoraScaling),
+             applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
+             help="standard: alpha / r (PEFT); rslora: alpha / sqrt(r)"),
+)
+
+# Settings of a space that shape every candidate but are never searched: fixed values only.
+SETTINGS: tuple[KnobSpec, ...] = (
+    KnobSpec("dtype", "space", "dtype", str, "float32", allowed=get_args(DType), searchable=False,
+             help="dtype of stored and exported weights"),
+    KnobSpec("width_fit", "fit", "width", str, "all", allowed=get_args(WidthFit), searchable=False,
+             help="mlp: only MLP widths scale to fill the budget; all: d_model narrows too"),
+    KnobSpec("max_width_scale", "fit", "max_width_scale", float, 4.0, low=1.0, high=64.0, searchable=False,
+             help="widest MLP a fit may give, as a multiple of the tapered width"),
+    KnobSpec("max_templates", "fit", "max_templates", int, 64, low=1, high=4096, searchable=False,
+             help="upper bound on T for template_mix pools"),
+)
+
+BY_NAME: dict[str, KnobSpec] = {s.name: s for s in KNOBS + SETTINGS}
+CHASSIS_KEYS: tuple[str, ...] = tuple(s.key for s in KNOBS if s.section == "chassis")
+SECTION_KEYS: dict[str, tuple[str, ...]] = {}
+for _s in KNOBS:
+    if _s.section not in ("chassis", ""):
+        SECTION_KEYS.setdefault(_s.section, ())
+        SECTION_KEYS[_s.section] += (_s.key,)
+SECTION_KEYS["tying"] += ("groups",)  # explicit layer groups: structure, not a sampled value
+SECTION_KEYS["pools"] += ("groups",)
+SECTION_KEYS["relaxation"] += ("per_position",)
+KNOB_SECTIONS: tuple[str, ...] = (*SECTION_KEYS, *(s.key for s in KNOBS if s.section == ""))
+FIT_KEYS: tuple[str, ...] = tuple(s.key for s in SETTINGS if s.section == "fit")
+
+
+def value(values: dict[str, Any], name: str) -> Any:
+    """The knob's value in `values`, else its table default (defaults may read earlier values)."""
+    if name in values and values[name] is not None:
+        return values[name]
+    return BY_NAME[name].default_for(values)
+
+
+def knob_label(param: str) -> str:
+    """The space-file path of an Optuna parameter name (lora_rank_3 -> knobs.relaxation.rank[3])."""
+    spec = BY_NAME.get(param)
+    if spec is not None:
+        return spec.path
+    base, _, idx = param.rpartition("_")
+    spec = BY_NAME.get(base)
+    if spec is not None and spec.per_layer and idx.isdigit():
+        return f"{spec.path}[{idx}]"
+    return param
+
+
+__all__ = [
+    "BANK_RULES",
+    "BY_NAME",
+    "CHASSIS_KEYS",
+    "GENERATORS",
+    "KNOBS",
+    "KnobSpec",
+    "LORA_TARGETS",
+    "SETTINGS",
+    "TAPERS",
+    "TYING",
+    "knob_label",
+    "value",
+]
