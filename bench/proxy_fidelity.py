@@ -233,34 +233,37 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
         return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict())
 
     ran = 0
+    queue = list(todo)
+
+    def next_job() -> Job | None:
+        """The first queued run that still fits the box (a long run that would overrun it gives way
+        to a cheaper proxy run behind it); None when the box is spent or nothing fits."""
+        for i, j in enumerate(queue):
+            if not expired(j):
+                return queue.pop(i)
+        return None
+
     if setup.workers <= 1:
-        for j in todo:
-            if expired(j):
-                break
+        while queue and (j := next_job()) is not None:
             save(j, _run(*args(j)))
             ran += 1
     else:
         with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
-            queue, live = list(todo), {}  # type: ignore[var-annotated]
+            live: dict[Future, Job] = {}
             while queue or live:
-                while queue and len(live) < setup.workers and not expired(queue[0]):
-                    j = queue.pop(0)
+                while queue and len(live) < setup.workers and (j := next_job()) is not None:
                     live[pool.submit(_run, *args(j))] = j
                 if not live:
                     break
                 done, _ = wait(list(live), return_when=FIRST_COMPLETED)
                 for fut in done:
                     j = live.pop(fut)
-                    save(j, _result(fut))
+                    save(j, fut.result())
                     ran += 1
     left = len(todo) - ran
     stop = f"; time box of {max_minutes:g} min: {left} runs not started" if left else ""
     print(f"ran {ran}, cached {cached}{stop}", flush=True)
     return ran, cached
-
-
-def _result(fut: Future) -> dict:
-    return fut.result()
 
 
 def _fmt(v: float | None) -> str:
