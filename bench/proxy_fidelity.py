@@ -1,0 +1,490 @@
+"""Proxy fidelity: does the search's ranking survive training that is four times longer?
+
+A search ranks allocations by the validation loss of a short proxy run. That ranking is only worth
+something if it predicts which allocation is better after real training. This bench takes 12+
+candidates from a frozen copy of ``full.yaml`` (the space's hand-crafted baselines plus feasible
+samples of a seeded random Optuna sampler, deduplicated by allocation hash), trains each with the
+proxy recipe on the proxy's seed (score: validation loss, the search's selection split) and with a
+run 4x longer at the same base learning rate on fresh seeds (score: test-split loss, text the search
+never reads), under both the ``fair`` parameterization and the old ``uniform`` one, and prints
+Kendall's tau between the two rankings with a 95% bootstrap interval over candidates, tau among the
+5 best proxy candidates beside it, and the long runs' seed noise.
+
+Target: tau >= 0.7 with the lower 95% bound above 0.3 over all candidates (PASS/MISS; INCOMPLETE
+while runs are missing).
+
+Every finished run is cached as one JSON in ``bench/results/proxy_fidelity/`` keyed by (candidate
+hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
+never reruns. The code version hashes the npas files that decide a loss plus the base recipe, so a
+change to either starts afresh; the frozen space keeps later edits of the shipped one from moving
+the candidates.
+
+    python bench/proxy_fidelity.py --plan              runs x tokens -> estimated CPU-hours (measures tokens/s)
+    nice -n 10 python bench/proxy_fidelity.py --max-minutes 40   train what is missing, cheapest first
+    python bench/proxy_fidelity.py --report            the table from the cache only
+    python bench/proxy_fidelity.py --quick             4 candidates, smoke recipe, tiny steps, temp dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+from scipy.stats import kendalltau  # noqa: E402
+
+import npas  # noqa: E402
+from npas.allocation.config import ArchConfig  # noqa: E402
+from npas.allocation.space import Space, load_space  # noqa: E402
+from npas.errors import NpasError  # noqa: E402
+from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
+
+SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
+RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
+# Files whose content decides a run's loss; their hash (with the base recipe) is the code version.
+VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
+             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
+LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
+TOP = 5  # tau among the best proxy candidates, where a user actually chooses
+TARGET_TAU, TARGET_LOW = 0.7, 0.3
+RESAMPLES = 2000
+SAMPLER_SEED = 0
+
+
+@dataclass(frozen=True)
+class Setup:
+    proxy: Recipe  # the search's recipe, on its own seed
+    long: Recipe  # LONG_FACTOR x the steps, same base lr; the seed is set per run
+    n_candidates: int
+    long_seeds: tuple[int, ...]
+    out: Path
+    workers: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # baseline name, or "s<trial number>" for a random sample
+    config: ArchConfig
+    values: dict[str, Any]
+    flops: int  # forward FLOPs per token: what orders runs cheapest-first
+
+
+@dataclass(frozen=True)
+class Job:
+    cand: Candidate
+    kind: str  # "proxy" | "long"
+    seed: int
+    parameterization: str
+
+    def recipe(self, setup: Setup) -> Recipe:
+        base = setup.proxy if self.kind == "proxy" else setup.long
+        return Recipe.from_dict({**base.to_dict(), "seed": self.seed, "parameterization": self.parameterization})
+
+    def key(self, setup: Setup, version: str) -> str:
+        r = self.recipe(setup)
+        return f"{self.cand.config.hash}-{r.name}-{r.steps}-s{self.seed}-{self.parameterization}-{version}"
+
+    def tokens(self, setup: Setup) -> int:
+        r = self.recipe(setup)
+        return r.steps * r.tokens_per_step
+
+
+# ------------------------------------------------------------------------------------------ candidates
+def candidates(space: Space, n: int) -> list[Candidate]:
+    """The space's baselines, then feasible samples of a seeded random sampler, one per allocation hash."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+
+    def add(name: str, cand: Any) -> None:
+        if cand.feasible and cand.config.hash not in seen:
+            seen.add(cand.config.hash)
+            out.append(Candidate(name, cand.config, dict(cand.values), npas.count(cand.config).flops_per_token))
+
+    defaults = {k: kn.default for k, kn in space.chassis.items()}
+    for name, vals in space.baselines().items():
+        add(name, space.candidate({**defaults, **vals}))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=SAMPLER_SEED))
+    for _ in range(50 * n):  # infeasible and duplicate samples are skipped; the space has plenty
+        if len(out) >= n:
+            break
+        trial = study.ask()
+        try:
+            add(f"s{trial.number}", space.sample(trial))
+        except NpasError:
+            continue
+    return out[:n]
+
+
+def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
+    """Every run, ordered so a time-boxed session completes the most candidates: per long seed, the
+    candidates cheapest first (FLOPs per token), each with its proxy run (first pass only) and long
+    run, fair and uniform side by side."""
+    out: list[Job] = []
+    by_cost = sorted(cands, key=lambda c: (c.flops, c.config.hash))
+    for i, seed in enumerate(setup.long_seeds):
+        for c in by_cost:
+            for par in PARAMETERIZATIONS:
+                if i == 0:
+                    out.append(Job(c, "proxy", setup.proxy.seed, par))
+                out.append(Job(c, "long", seed, par))
+    return out
+
+
+def code_version(setup: Setup) -> str:
+    h = hashlib.sha256()
+    for rel in VERSIONED:
+        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
+    base = {k: v for k, v in setup.proxy.to_dict().items() if k not in ("seed", "parameterization")}
+    h.update(json.dumps(base, sort_keys=True).encode())
+    return h.hexdigest()[:10]
+
+
+# ------------------------------------------------------------------------------------------ runs
+_CORPUS: dict[tuple, Any] = {}
+
+
+def _corpus(recipe: Recipe) -> Any:
+    from npas.training.data import load_corpus
+
+    key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
+    if key not in _CORPUS:
+        _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
+    return _CORPUS[key]
+
+
+def _run(cfg_json: str, recipe_json: str) -> dict:
+    """Train one allocation (in a worker process) and score it on the validation and test splits."""
+    import torch
+
+    from npas.training.proxy import eval_batches, evaluate, pick_device, train_model
+
+    cfg = ArchConfig.from_json(cfg_json)
+    recipe = Recipe.from_dict(json.loads(recipe_json))
+    corpus = _corpus(recipe)
+    if recipe.threads > 0:  # evaluation too runs on the recipe's threads, not on every core of a shared box
+        torch.set_num_threads(recipe.threads)
+    model, res = train_model(cfg, recipe, corpus)
+    test = None
+    if res.status == "ok":
+        test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
+        test = test if math.isfinite(test) else None
+    return {"status": res.status if test is not None or res.status != "ok" else "failed",
+            "val_loss": res.val_loss, "test_loss": test, "failure_reason": res.failure_reason,
+            "steps": res.steps_done, "tokens": res.steps_done * recipe.tokens_per_step,
+            "tokens_per_s": res.tokens_per_s, "wall_s": res.wall_s, "stored_params": res.stored_params,
+            "flops_per_token": res.flops_per_token, "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+
+
+def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes: float | None) -> tuple[int, int]:
+    """Train every uncached job in order; each result is written the moment it arrives. After
+    ``max_minutes`` no new run starts (runs in flight finish and are cached). Returns (ran, cached)."""
+    setup.out.mkdir(parents=True, exist_ok=True)
+    jobs = jobs_of(setup, cands)
+    todo = [j for j in jobs if not (setup.out / f"{j.key(setup, version)}.json").exists()]
+    cached = len(jobs) - len(todo)
+    print(f"runs: {len(todo)} to train, {cached} cached (code version {version}) in {setup.out}", flush=True)
+    t0 = time.perf_counter()
+    work = [0.0, 0.0]  # training FLOPs and wall seconds of this session's finished runs
+
+    def expired(j: Job | None = None) -> bool:
+        """Past the box, or (once a run has finished) this run would end more than 10% past it at
+        this session's observed pace: a box is a promise about wall time, not only about starts."""
+        if max_minutes is None:
+            return False
+        now = time.perf_counter() - t0
+        if now >= max_minutes * 60:
+            return True
+        if j is None or not work[0]:
+            return False
+        eta = j.tokens(setup) * 3 * j.cand.flops * work[1] / work[0]  # each run has its own worker
+        return now + eta > max_minutes * 60 * 1.1
+
+    def save(j: Job, rec: dict) -> None:
+        path = setup.out / f"{j.key(setup, version)}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
+                                   "seed": j.seed, "parameterization": j.parameterization, **rec,
+                                   "code_version": version}, indent=1, default=str) + "\n")
+        tmp.replace(path)  # atomic: a kill never leaves half a record
+        work[0] += rec["tokens"] * 3 * j.cand.flops
+        work[1] += rec["wall_s"]
+        print(f"  {j.kind:<5} {j.cand.name:<14} {j.parameterization:<8} seed {j.seed:<5} {rec['status']:<7} "
+              f"val {_fmt(rec['val_loss'])} test {_fmt(rec['test_loss'])} {rec['wall_s']:.0f} s "
+              f"({time.perf_counter() - t0:.0f} s elapsed)", flush=True)
+
+    def args(j: Job) -> tuple[str, str]:
+        return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict())
+
+    ran = 0
+    queue = list(todo)
+
+    def next_job() -> Job | None:
+        """The first queued run that still fits the box (a long run that would overrun it gives way
+        to a cheaper proxy run behind it); None when the box is spent or nothing fits."""
+        for i, j in enumerate(queue):
+            if not expired(j):
+                return queue.pop(i)
+        return None
+
+    if setup.workers <= 1:
+        while queue and (j := next_job()) is not None:
+            save(j, _run(*args(j)))
+            ran += 1
+    else:
+        with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
+            live: dict[Future, Job] = {}
+            while queue or live:
+                while queue and len(live) < setup.workers and (j := next_job()) is not None:
+                    live[pool.submit(_run, *args(j))] = j
+                if not live:
+                    break
+                done, _ = wait(list(live), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    j = live.pop(fut)
+                    save(j, fut.result())
+                    ran += 1
+    left = len(todo) - ran
+    stop = f"; time box of {max_minutes:g} min: {left} runs not started" if left else ""
+    print(f"ran {ran}, cached {cached}{stop}", flush=True)
+    return ran, cached
+
+
+def _fmt(v: float | None) -> str:
+    return f"{v:.4f}" if v is not None else "-"
+
+
+# ------------------------------------------------------------------------------------------ plan
+def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float:
+    """Training FLOP/s of one worker, from a short proxy-shaped run of the median-cost candidate."""
+    from npas.training.proxy import train_model
+
+    c = sorted(cands, key=lambda c: c.flops)[len(cands) // 2]
+    r = Recipe.from_dict({**setup.proxy.to_dict(), "steps": steps, "warmup_steps": 1, "eval_every": steps,
+                          "eval_batches": 1})
+    _, res = train_model(c.config, r, _corpus(r))
+    return res.tokens_per_s * 3 * c.flops
+
+
+def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
+    rate = measure_rate(setup, cands)
+    jobs = jobs_of(setup, cands)
+    total = left = 0.0
+    print(f"measured: {rate / 1e9:.1f} GFLOP/s training per worker (20 proxy-shaped steps, this machine, now)")
+    print(f"{'candidate':<14}{'hash':<18}{'fwd FLOPs/tok':>14}{'runs':>6}{'tokens':>14}{'est CPU-h':>11}")
+    for c in cands:
+        js = [j for j in jobs if j.cand is c]
+        secs = sum(j.tokens(setup) * 3 * c.flops / rate for j in js)
+        miss = sum(j.tokens(setup) * 3 * c.flops / rate for j in js
+                   if not (setup.out / f"{j.key(setup, version)}.json").exists())
+        total, left = total + secs, left + miss
+        print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{len(js):>6}{sum(j.tokens(setup) for j in js):>14,}"
+              f"{secs / 3600:>11.2f}")
+    tokens = sum(j.tokens(setup) for j in jobs)
+    print(f"plan: {len(jobs)} runs, {tokens / 1e6:.0f}M training tokens -> ~{total / 3600:.1f} CPU-hours "
+          f"(3x forward FLOPs, evaluation excluded); ~{left / 3600 / setup.workers:.1f} h wall left on "
+          f"{setup.workers} workers ({1 - left / max(total, 1e-9):.0%} cached)")
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b; nan when either side is constant (no ranking to compare)."""
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(kendalltau(x, y).statistic)
+
+
+def bootstrap_tau(x: list[float], y: list[float], resamples: int = RESAMPLES, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of tau over candidates resampled with replacement (seeded); resamples
+    whose ranking is constant on a side are dropped. (nan, nan) when none is usable."""
+    rng = np.random.default_rng(seed)
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    taus = []
+    for _ in range(resamples):
+        idx = rng.integers(0, len(xa), len(xa))
+        t = tau(xa[idx].tolist(), ya[idx].tolist())
+        if math.isfinite(t):
+            taus.append(t)
+    if not taus:
+        return math.nan, math.nan
+    a = (1 - level) / 2
+    return float(np.quantile(taus, a)), float(np.quantile(taus, 1 - a))
+
+
+def ranked(values: list[float]) -> list[float]:
+    """Failed runs (inf/None) rank last, tied with each other; finite values kept as they are."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    worst = (max(finite) + 1.0) if finite else 1.0
+    return [v if v is not None and math.isfinite(v) else worst for v in values]
+
+
+# ------------------------------------------------------------------------------------------ report
+def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict]:
+    out = {}
+    for j in jobs_of(setup, cands):
+        path = setup.out / f"{j.key(setup, version)}.json"
+        if path.exists():
+            out[j.cand.config.hash, j.kind, j.seed, j.parameterization] = json.loads(path.read_text())
+    return out
+
+
+def _loss(rec: dict, field: str) -> float:
+    v = rec.get(field) if rec.get("status") == "ok" else None
+    return float(v) if v is not None else math.inf
+
+
+def report(setup: Setup, cands: list[Candidate], version: str) -> dict[str, dict]:
+    """Print the side-by-side table and the statistics; return the statistics per parameterization."""
+    res = load(setup, cands, version)
+    S = len(setup.long_seeds)
+    rows: dict[str, dict[str, tuple[float | None, list[float]]]] = {p: {} for p in PARAMETERIZATIONS}
+    for c in cands:
+        for par in PARAMETERIZATIONS:
+            p = res.get((c.config.hash, "proxy", setup.proxy.seed, par))
+            longs = [_loss(res[k], "test_loss") for s in setup.long_seeds
+                     if (k := (c.config.hash, "long", s, par)) in res]
+            rows[par][c.name] = (None if p is None else _loss(p, "val_loss"), longs)
+    print(f"\nproxy = {setup.proxy.name} recipe ({setup.proxy.steps} steps, seed {setup.proxy.seed}), validation "
+          f"loss; long = {setup.long.steps} steps ({LONG_FACTOR}x, same lr), test-split loss, mean over seeds "
+          f"{list(setup.long_seeds)}; nats/char; '-' = not run yet, 'div' = failed")
+    head = f"{'proxy':>8}{'long':>8}{'n':>3}"
+    print(f"{'candidate':<14}{'fwd FLOPs/tok':>14}   {'fair':^19}   {'uniform':^19}")
+    print(f"{'':<14}{'':>14}   {head}   {head}")
+    for c in cands:
+        cells = []
+        for par in PARAMETERIZATIONS:
+            p, longs = rows[par][c.name]
+            mean = statistics.fmean(longs) if longs else None
+            cells.append(f"{_cell(p)}{_cell(mean)}{len(longs):>3}")
+        mark = "" if all(rows[q][c.name][0] is not None and len(rows[q][c.name][1]) == S
+                         for q in PARAMETERIZATIONS) else "  incomplete"
+        print(f"{c.name:<14}{c.flops:>14,}   {cells[0]}   {cells[1]}{mark}")
+    stats = {}
+    print()
+    for par in PARAMETERIZATIONS:
+        stats[par] = _stats(par, rows[par], cands, S, setup)
+    return stats
+
+
+def _cell(v: float | None) -> str:
+    if v is None:
+        return f"{'-':>8}"
+    return f"{v:>8.4f}" if math.isfinite(v) else f"{'div':>8}"
+
+
+def _stats(par: str, rows: dict[str, tuple[float | None, list[float]]], cands: list[Candidate], S: int,
+           setup: Setup) -> dict:
+    """tau over the candidates with a proxy score and at least one long seed; a verdict only when all
+    candidates have every seed."""
+    names = [c.name for c in cands if rows[c.name][0] is not None and rows[c.name][1]]
+    complete = len(names) == len(cands) and all(len(rows[n][1]) == S for n in names)
+    proxy = ranked([rows[n][0] for n in names])
+    long = ranked([statistics.fmean(rows[n][1]) for n in names])
+    t = tau(proxy, long)
+    lo, hi = bootstrap_tau(proxy, long) if len(names) >= 3 else (math.nan, math.nan)
+    top = sorted(range(len(names)), key=proxy.__getitem__)[:TOP]
+    t_top = tau([proxy[i] for i in top], [long[i] for i in top]) if len(top) >= 2 else math.nan
+    ok = math.isfinite(t) and t >= TARGET_TAU and math.isfinite(lo) and lo > TARGET_LOW
+    verdict = ("PASS" if ok else "MISS") if complete else "INCOMPLETE"
+    print(f"{par:<8} Kendall tau over {len(names)}/{len(cands)} candidates = {_num(t)} "
+          f"[95% bootstrap {_num(lo)}, {_num(hi)}; {RESAMPLES} resamples] | tau among the {min(TOP, len(top))} "
+          f"best proxy = {_num(t_top)} | target tau >= {TARGET_TAU} and lower bound > {TARGET_LOW}: {verdict}")
+    noise = _seed_noise(rows, names)
+    if noise is not None:
+        within, across, n = noise
+        print(f"{par:<8} seed noise of the long runs: mean within-candidate std {within:.4f} nats over {n} "
+              f"candidates with >1 seed; std across candidates of their seed means {across:.4f}")
+    return {"tau": t, "low": lo, "high": hi, "tau_top": t_top, "n": len(names), "complete": complete,
+            "verdict": verdict}
+
+
+def _seed_noise(rows: dict[str, tuple[float | None, list[float]]], names: list[str]) -> tuple | None:
+    multi = [rows[n][1] for n in names if len(rows[n][1]) > 1 and all(math.isfinite(v) for v in rows[n][1])]
+    if not multi:
+        return None
+    within = statistics.fmean(statistics.stdev(v) for v in multi)
+    means = [statistics.fmean(v) for v in multi]
+    across = statistics.stdev(means) if len(means) > 1 else math.nan
+    return within, across, len(multi)
+
+
+def _num(v: float) -> str:
+    return f"{v:+.3f}" if math.isfinite(v) else "n/a"
+
+
+# ------------------------------------------------------------------------------------------ main
+def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, out: Path | None,
+               workers: int) -> Setup:
+    if quick:
+        smoke = load_recipe("smoke")
+        proxy = Recipe.from_dict({**smoke.to_dict(), "name": "smoke-quick", "steps": 6, "warmup_steps": 2,
+                                  "eval_every": 6, "eval_batches": 1, "batch_size": 4, "seq_len": 32})
+        n, seeds, workers = n_candidates or 4, long_seeds or 1, 1
+        out = out or Path(tempfile.mkdtemp(prefix="npas-proxy-fidelity-"))
+    else:
+        proxy = load_recipe("proxy")
+        n, seeds, out = n_candidates or 12, long_seeds or 2, out or RESULTS
+    long = Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{LONG_FACTOR}",
+                             "steps": proxy.steps * LONG_FACTOR, "eval_every": proxy.steps * LONG_FACTOR})
+    seeds_t = tuple(LONG_SEED_BASE + i for i in range(seeds))
+    assert proxy.seed not in seeds_t, "a long run must never reuse the proxy's seed"
+    return Setup(proxy, long, n, seeds_t, out, max(1, workers))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 candidates, smoke recipe at 6 steps, temp dir")
+    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
+    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p.add_argument("--candidates", type=int, default=None, help="candidates (default 12; 4 quick)")
+    p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
+    p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this many minutes")
+    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
+    p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/proxy_fidelity)")
+    a = p.parse_args(argv)
+    if a.candidates is not None and a.candidates < 3:
+        p.error("--candidates must be at least 3 (a rank correlation needs them); try 12")
+    if a.long_seeds is not None and a.long_seeds < 1:
+        p.error("--long-seeds must be at least 1")
+    if a.max_minutes is not None and a.max_minutes < 0:
+        p.error("--max-minutes must be >= 0")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers)
+    from npas.training.data import load_corpus
+
+    space = load_space(SPACE).bind(vocab_size=load_corpus(setup.proxy.data).vocab_size)
+    cands = candidates(space, setup.n_candidates)
+    version = code_version(setup)
+    print(f"[proxy_fidelity] space {SPACE.relative_to(ROOT)} (frozen copy of full.yaml), {len(cands)} candidates "
+          f"({sum(c.name in space.baselines() for c in cands)} baselines) | proxy {setup.proxy.name}: "
+          f"{setup.proxy.steps} steps x {setup.proxy.tokens_per_step} tokens, seed {setup.proxy.seed} | long: "
+          f"{setup.long.steps} steps, seeds {list(setup.long_seeds)} | parameterizations {list(PARAMETERIZATIONS)}",
+          flush=True)
+    if a.plan:
+        plan(setup, cands, version)
+        return 0
+    if not a.report:
+        run_missing(setup, cands, version, a.max_minutes)
+    report(setup, cands, version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

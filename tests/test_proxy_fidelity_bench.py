@@ -1,0 +1,116 @@
+"""bench/proxy_fidelity.py: --quick trains 4 candidates' proxy and 4x runs under both
+parameterizations, caches each run, reruns nothing the second time, and prints the side-by-side table
+with tau, its interval and a verdict; the time box and the statistics behave as documented."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import ROOT
+
+BENCH = ROOT / "bench" / "proxy_fidelity.py"
+ROW = r"\s+(\d\.\d{4}|div|-)\s+(\d\.\d{4}|div|-)\s+\d"  # proxy, long, seeds of one parameterization
+
+
+def _bench(*args: str) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def pf():
+    spec = importlib.util.spec_from_file_location("proxy_fidelity", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["proxy_fidelity"] = mod  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop("proxy_fidelity", None)
+
+
+def test_quick_runs_caches_and_reruns_nothing(tmp_path):
+    out = _bench("--quick", "--out", str(tmp_path))
+    runs = sorted(tmp_path.glob("*.json"))
+    assert len(runs) == 4 * 2 * 2  # 4 candidates x {fair, uniform} x {proxy, 1 long seed}
+    assert "ran 16, cached 0" in out
+    recs = [json.loads(p.read_text()) for p in runs]
+    assert {"candidate", "kind", "seed", "parameterization", "val_loss", "test_loss", "code_version",
+            "allocation", "recipe"} <= set(recs[0])
+    proxy_seeds = {r["seed"] for r in recs if r["kind"] == "proxy"}
+    long_seeds = {r["seed"] for r in recs if r["kind"] == "long"}
+    assert proxy_seeds and long_seeds and not proxy_seeds & long_seeds  # fresh seeds for the long run
+    steps = {r["kind"]: r["recipe"]["steps"] for r in recs}
+    assert steps["long"] == 4 * steps["proxy"]
+    assert {r["recipe"]["lr"] for r in recs} == {recs[0]["recipe"]["lr"]}  # same base lr
+    assert all(r["test_loss"] is not None for r in recs if r["status"] == "ok" and r["kind"] == "long")
+    for name in ("narrow_untied", "full_tying", "cycle_tying"):  # the space's baselines are candidates
+        assert re.search(rf"^{name}\s+[\d,]+{ROW}{ROW}$", out, re.M), out
+    for par in ("fair", "uniform"):
+        assert re.search(rf"^{par}\s+Kendall tau over 4/4 candidates = [+-]\d\.\d{{3}} \[95% bootstrap "
+                         r"(\S+), (\S+); 2000 resamples\] \| tau among the 4 best proxy = \S+ \| target tau "
+                         r">= 0\.7 and lower bound > 0\.3: (PASS|MISS)$", out, re.M), out
+    again = _bench("--quick", "--out", str(tmp_path))
+    assert "ran 0, cached 16" in again
+    assert len(list(tmp_path.glob("*.json"))) == 16
+    assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
+
+
+def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
+    out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
+    assert not list(tmp_path.glob("*.json"))
+    assert "ran 0, cached 0; time box of 0 min: 16 runs not started" in out
+    assert len(re.findall(r"  incomplete$", out, re.M)) == 4
+    assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 2
+
+
+def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
+    setup = pf.make_setup(False, None, 2, tmp_path, 2)
+    space = pf.load_space(pf.SPACE).bind(vocab_size=68)
+    cands = pf.candidates(space, 12)
+    assert len(cands) == 12 and len({c.config.hash for c in cands}) == 12
+    assert [c.name for c in cands[:3]] == list(space.baselines())
+    jobs = pf.jobs_of(setup, cands)
+    assert len(jobs) == 12 * 2 * 3
+    assert all(j.seed != setup.proxy.seed for j in jobs if j.kind == "long")
+    assert setup.long.steps == 4 * setup.proxy.steps and setup.long.lr == setup.proxy.lr
+    first_pass = [j.cand.flops for j in jobs if j.kind == "proxy"]
+    assert first_pass == sorted(first_pass)
+    # all of the first long seed's runs come before any of the second's
+    order = [j.seed for j in jobs if j.kind == "long"]
+    assert order == sorted(order)
+
+
+def test_statistics_planted_order_and_pure_noise(pf):
+    rng = np.random.default_rng(1)
+    proxy = list(rng.normal(size=12))
+    planted = [2 * v + 0.01 for v in proxy]  # same order: tau 1, interval at 1
+    assert pf.tau(proxy, planted) == pytest.approx(1.0)
+    lo, hi = pf.bootstrap_tau(proxy, planted)
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+    noise = list(rng.normal(size=12))  # unrelated: the interval covers 0
+    lo, hi = pf.bootstrap_tau(proxy, noise)
+    assert lo < 0 < hi and hi - lo > 0.4
+    assert pf.bootstrap_tau(proxy, noise) == (lo, hi)  # seeded
+
+
+def test_failed_runs_rank_last(pf):
+    assert pf.ranked([1.0, math.inf, 0.5, None]) == [1.0, 2.0, 0.5, 2.0]
+    assert math.isnan(pf.tau([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+
+
+def test_bench_readme_row():
+    text = (ROOT / "bench" / "README.md").read_text()
+    assert "| `proxy_fidelity.py` |" in text
+    assert Path(ROOT / "bench" / "spaces" / "full_frozen.yaml").is_file()
