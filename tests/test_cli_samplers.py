@@ -94,7 +94,8 @@ def test_baselines_carry_their_values_as_params_and_build_the_same_allocations()
         assert {"taper", "tying", "pools"} <= set(trial.params)
         study.tell(trial, [1.0, 1.0])
     params, fixed = split_baseline(space, space.baselines()["narrow_untied"])
-    assert params == {"taper": "uniform", "tying": "none", "pools": False} and fixed == {"width_fit": "all"}
+    assert params == {"taper": "uniform", "tying": "none", "pools": False}
+    assert fixed == {"width_fit": "all", "kv_group": 1, "atom_slots": "none"}  # knobs this space does not search
 
 
 def test_a_baseline_enqueued_without_params_keeps_all_its_values_fixed():

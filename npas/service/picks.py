@@ -21,7 +21,7 @@ from npas.service.record import StudyAttr, TrialAttr
 # Objectives that measure memory, in bytes; `max-memory=` caps the first of them the study has.
 MEMORY_OBJECTIVES = ("param_bytes", "train_memory_bytes", "inference_bytes", "peak_memory_bytes")
 # Objectives that are neither loss nor memory (a pick never caps them).
-OTHER_OBJECTIVES = ("flops_per_token",)
+OTHER_OBJECTIVES = ("flops_per_token", "kv_cache_bytes_per_token")  # rates per token, not totals: never a memory cap
 PICKS = "knee, min-loss, max-memory=BYTES (e.g. 2e8, 200MB, 1.5GiB), trial=N"
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
