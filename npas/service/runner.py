@@ -9,7 +9,6 @@ validation loss (ASHA). The searcher in `npas.service.searcher` does the Optuna 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -22,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from npas.errors import NpasError, RayError
+from npas.errors import RayError
 
 log = logging.getLogger(__name__)
 
@@ -242,31 +241,20 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 
 
 # ---- the trainable: runs inside a Ray worker process ----------------------------------------
-@functools.lru_cache(maxsize=4)
-def _worker_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str):
-    """Load once per worker process (actors are reused); the fingerprint guards against drift."""
-    from npas.training.data import load_corpus
-
-    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
-    if corpus.fingerprint != fingerprint:
-        raise NpasError(f"the corpus at {source} on this worker differs from the driver's "
-                        f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
-    return corpus
-
-
 def trainable(config: dict, data: dict) -> None:
     """One proxy run. Reports the validation loss at each evaluation (for ASHA), then the metrics."""
     import ray
     from ray import tune
 
     from npas.allocation.config import ArchConfig, Chassis
+    from npas.training.data import load_known_corpus
     from npas.training.proxy import run_proxy
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_dict(config["allocation"])
     recipe = Recipe.from_dict(config["recipe"])
-    corpus = data.get("corpus") or _worker_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
-                                                  data["fingerprint"])
+    corpus = data.get("corpus") or load_known_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
+                                                     data["fingerprint"])
     reference = Chassis(**data["reference"]) if data.get("reference") else None
 
     def report(step: int, val_loss: float) -> bool:

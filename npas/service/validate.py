@@ -59,17 +59,6 @@ class Interrupted(StudyError):
     exit_code = 130
 
 
-@functools.lru_cache(maxsize=2)
-def _corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str):
-    from npas.training.data import load_corpus
-
-    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
-    if corpus.fingerprint != fingerprint:
-        raise StudyError(f"the corpus at {source or 'bundled'} differs from the one the study ran on "
-                         f"(fingerprint {corpus.fingerprint} != {fingerprint})")
-    return corpus
-
-
 def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
                    val_fraction: float, test_fraction: float, score_recipe: dict,
                    reference: dict | None = None) -> float:
@@ -79,9 +68,10 @@ def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, finge
     ``test_fraction``), so the held-out text is the text the search never read, whatever the long
     recipe says; ``reference`` is the study's reference chassis, as in the search's proxy runs."""
     from npas.allocation.config import Chassis
+    from npas.training.data import load_known_corpus
     from npas.training.proxy import evaluate, pick_device, train_model
 
-    corpus = _corpus(source, val_fraction, test_fraction, fingerprint)
+    corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint)
     model, result = train_model(cfg, recipe, corpus, reference=Chassis(**reference) if reference else None)
     if result.status != "ok":
         raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")

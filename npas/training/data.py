@@ -385,3 +385,14 @@ def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1,
         raise DataError(f"corpus {source} is empty ({len(text)} chars, all whitespace or none); "
                         "point --data at a file with text in it")
     return build_corpus(text, source, val_fraction, test_fraction)
+
+
+@functools.lru_cache(maxsize=4)
+def load_known_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str) -> Corpus:
+    """Load the corpus a study ran on, once per process (Ray workers and validate reuse it), and refuse
+    one whose text differs from what the study recorded: every node must score the same text."""
+    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
+    if corpus.fingerprint != fingerprint:
+        raise DataError(f"the corpus at {source or 'bundled'} here differs from the one the study ran on "
+                        f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
+    return corpus
