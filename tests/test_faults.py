@@ -233,24 +233,38 @@ def two_node_cluster(ray_head, tmp_path, ray_temp):
     address, env, _ = ray_head
     worker = ray_node("--address", address, env=env, log=tmp_path / "node2.log", temp_dir=ray_temp)
     try:
+        # `ray start --block` returns before the node has joined: a search started now would see one CPU
+        # and run every trial on the head, leaving the node nothing to lose
+        probe = ("import ray, sys, time\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+                 "end = time.time() + 120\nwhile ray.cluster_resources().get('CPU', 0) < 2 and time.time() < end:\n"
+                 "    time.sleep(0.5)\nprint(ray.cluster_resources().get('CPU', 0))\n")
+        out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True,
+                             timeout=180)
+        assert out.stdout.strip().splitlines()[-1:] == ["2.0"], out.stdout[-500:] + out.stderr[-2000:]
         yield address, env, worker
     finally:
         stop_node(worker)
 
 
-def test_two_node_ray_cluster_survives_losing_a_node(two_node_cluster, tmp_path, slow_recipe):
+def test_two_node_ray_cluster_survives_losing_a_node(two_node_cluster, tmp_path):
     """The driver finds the cluster through RAY_ADDRESS (what Ray's docs suggest) with --ray-address auto."""
     address, env, worker = two_node_cluster
-    url, name, target = url_for("sqlite", tmp_path), "nodes", 6
-    proc = npas_proc("search", TINY, "--recipe", slow_recipe, "--trials", str(target), "--study", name,
+    # trials of ~5-15 s: the node is killed right after two trials are seen running, and a 1-3 s trial
+    # (the slow recipe) could finish in that gap, leaving the dying node idle and nothing to retry
+    text = (ROOT / "tests" / "data" / "fast.yaml").read_text().replace("steps: 40", "steps: 2000")
+    recipe = tmp_path / "node_loss.yaml"
+    recipe.write_text(text.replace("eval_every: 20", "eval_every: 500"))
+    url, name, target = url_for("sqlite", tmp_path), "nodes", 5
+    proc = npas_proc("search", TINY, "--recipe", str(recipe), "--trials", str(target), "--study", name,
                      "--storage", url, "--ray-address", "auto", "--no-early-stop", log=tmp_path / "search.log",
                      env={**env, "RAY_ADDRESS": address})
     nodes = lambda: {t.user_attrs.get(TrialAttr.NODE) for t in trials(url, name) if t.state == TrialState.COMPLETE}  # noqa: E731
     wait_until(lambda: len(nodes()) >= 2, 240, "completed trials on both nodes")
     # both nodes hold one CPU and two workers run: the second node is running a trial when it dies
-    wait_until(lambda: sum(t.state == TrialState.RUNNING for t in trials(url, name)) >= 2, 60, "two running trials")
+    wait_until(lambda: sum(t.state == TrialState.RUNNING for t in trials(url, name)) >= 2, 120, "two running trials")
+    time.sleep(2)  # a trial just asked is placed on a worker within this; it then runs for seconds more
     stop_node(worker)
-    assert proc.wait(timeout=400) == 0, (tmp_path / "search.log").read_text()[-3000:]
+    assert proc.wait(timeout=500) == 0, (tmp_path / "search.log").read_text()[-3000:]
     ts = check_final(url, name, target)
     retried = [t.number for t in ts if t.user_attrs.get(TrialAttr.RETRIES)]
     assert retried, "no trial was retried after its node died"
