@@ -18,6 +18,7 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 
     python bench/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing
     nice -n 10 python bench/lr_transfer.py    run what is missing (2 workers), then print the table
+    python bench/lr_transfer.py --report --out bench/results/lr_transfer_h200   the GPU runs (bench/device.py)
     python bench/lr_transfer.py --report      print the table from the cache only
     python bench/lr_transfer.py --quick       a tiny chassis, seconds, output to a temp dir (smoke test)
 """
@@ -46,6 +47,8 @@ from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, refer
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
+RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
+SEEDS = (10, 11)  # fresh seeds: the parameterization's exponents were chosen looking at seeds 0 and 1
 # Files whose content decides a run's loss; their hash is the cache's code version.
 VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
@@ -297,6 +300,27 @@ def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
     return complete
 
 
+def full_setup(n_seeds: int = len(SEEDS), out: Path = RESULTS, workers: int = 2) -> Setup:
+    return Setup(REFERENCE, RECIPE, GRID, tuple(SEEDS[0] + i for i in range(n_seeds)), LORA_RANKS, out, workers)
+
+
+def device_specs() -> list[dict]:
+    """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
+    setup = full_setup(out=RESULTS_GPU)
+    configs = arms(setup.reference, setup.lora_ranks)
+    version = code_version(setup)
+    ref = dict(setup.reference.__dict__)
+    specs = []
+    for i, j in enumerate(jobs_of(setup, configs)):
+        cfg, recipe = configs[j.arm], recipe_for(setup, j)
+        specs.append({"dest": str((setup.out / f"{j.key(cfg, version)}.json").relative_to(ROOT)),
+                      "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": ref, "test": False,
+                      "priority": i, "est_s": recipe.steps * (0.002 + 0.0006 * cfg.chassis.n_layers),
+                      "meta": {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                               "code_version": version}})
+    return specs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny chassis, 3-point grid, 1 seed: seconds")
@@ -310,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = Setup(QUICK_REFERENCE, QUICK_RECIPE, QUICK_GRID, tuple(range(a.seeds or 1)), QUICK_LORA_RANKS,
                       a.out or Path(tempfile.mkdtemp(prefix="npas-lr-transfer-")), 1)
     else:
-        setup = Setup(REFERENCE, RECIPE, GRID, tuple(range(a.seeds or 2)), LORA_RANKS, a.out or RESULTS,
-                      max(1, a.workers))
+        setup = full_setup(a.seeds or len(SEEDS), a.out or RESULTS, max(1, a.workers))
     configs = arms(setup.reference, setup.lora_ranks)
     version = code_version(setup)
     c, r = setup.reference, setup.recipe

@@ -22,6 +22,7 @@ the candidates.
     python bench/proxy_fidelity.py --plan              runs x tokens -> estimated CPU-hours (measures tokens/s)
     nice -n 10 python bench/proxy_fidelity.py --max-minutes 40   train what is missing, cheapest first
     python bench/proxy_fidelity.py --report            the table from the cache only
+    python bench/proxy_fidelity.py --report --out bench/results/proxy_fidelity_h200   the GPU runs (bench/device.py)
     python bench/proxy_fidelity.py --quick             4 candidates, smoke recipe, tiny steps, temp dir
 """
 
@@ -57,6 +58,7 @@ from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa:
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
 RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
+RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
 # Files whose content decides a run's loss; their hash (with the base recipe) is the code version.
 VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
@@ -169,10 +171,13 @@ def _corpus(recipe: Recipe) -> Any:
     return _CORPUS[key]
 
 
-def _run(cfg_json: str, recipe_json: str) -> dict:
-    """Train one allocation (in a worker process) and score it on the validation and test splits."""
+def _run(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
+    """Train one allocation (in a worker process) and score it on the validation and test splits.
+    ``ref_json`` is the space's reference chassis, which the fair parameterization scales against
+    (as a search's runner passes it)."""
     import torch
 
+    from npas.allocation.config import Chassis
     from npas.training.proxy import eval_batches, evaluate, pick_device, train_model
 
     cfg = ArchConfig.from_json(cfg_json)
@@ -180,7 +185,7 @@ def _run(cfg_json: str, recipe_json: str) -> dict:
     corpus = _corpus(recipe)
     if recipe.threads > 0:  # evaluation too runs on the recipe's threads, not on every core of a shared box
         torch.set_num_threads(recipe.threads)
-    model, res = train_model(cfg, recipe, corpus)
+    model, res = train_model(cfg, recipe, corpus, reference=Chassis(**json.loads(ref_json)))
     test = None
     if res.status == "ok":
         test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
@@ -229,8 +234,8 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
               f"val {_fmt(rec['val_loss'])} test {_fmt(rec['test_loss'])} {rec['wall_s']:.0f} s "
               f"({time.perf_counter() - t0:.0f} s elapsed)", flush=True)
 
-    def args(j: Job) -> tuple[str, str]:
-        return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict())
+    def args(j: Job) -> tuple[str, str, str]:
+        return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict()), json.dumps(REFERENCE[0].__dict__)
 
     ran = 0
     queue = list(todo)
@@ -448,6 +453,35 @@ def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, ou
     return Setup(proxy, long, n, seeds_t, out, max(1, workers))
 
 
+REFERENCE: list[Any] = []  # the space's reference chassis, set where the space is loaded
+
+
+def load_candidates(setup: Setup) -> tuple[Space, list[Candidate]]:
+    from npas.training.data import load_corpus
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = load_space(SPACE).bind(vocab_size=load_corpus(setup.proxy.data).vocab_size)
+    REFERENCE[:] = [space.reference_chassis]
+    return space, candidates(space, setup.n_candidates)
+
+
+def device_specs() -> list[dict]:
+    """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
+    setup = make_setup(False, None, None, RESULTS_GPU, 1)
+    _, cands = load_candidates(setup)
+    version = code_version(setup)
+    specs = []
+    for i, j in enumerate(jobs_of(setup, cands)):
+        r = j.recipe(setup)
+        specs.append({"dest": str((setup.out / f"{j.key(setup, version)}.json").relative_to(ROOT)),
+                      "config": j.cand.config.to_json(), "recipe": r.to_dict(),
+                      "reference": dict(REFERENCE[0].__dict__), "test": True, "priority": i,
+                      "est_s": r.steps * (0.002 + 0.0006 * j.cand.config.chassis.n_layers),
+                      "meta": {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                               "parameterization": j.parameterization, "code_version": version}})
+    return specs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 candidates, smoke recipe at 6 steps, temp dir")
@@ -465,12 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--long-seeds must be at least 1")
     if a.max_minutes is not None and a.max_minutes < 0:
         p.error("--max-minutes must be >= 0")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers)
-    from npas.training.data import load_corpus
-
-    space = load_space(SPACE).bind(vocab_size=load_corpus(setup.proxy.data).vocab_size)
-    cands = candidates(space, setup.n_candidates)
+    space, cands = load_candidates(setup)
     version = code_version(setup)
     print(f"[proxy_fidelity] space {SPACE.relative_to(ROOT)} (frozen copy of full.yaml), {len(cands)} candidates "
           f"({sum(c.name in space.baselines() for c in cands)} baselines) | proxy {setup.proxy.name}: "

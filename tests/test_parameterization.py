@@ -33,34 +33,49 @@ RELAXED = ArchConfig(chassis=CHASSIS, mlp_widths=(256, 128), block_of_layer=(0, 
                      lora_mlp=(2, 2))
 
 s = 2 ** -0.5  # a tensor read by two layers: the documented k**-1/2
-WIDTH = 32 / 64  # fan_in_ref / fan_in for slots reading d_model
-DEPTH = 4 / 2  # L_ref / L
-# Expected multipliers, from the docstring table: matrix = k^-1/2 * mean(w * d), d = L_ref/L on
-# residual outputs (attn_o, mlp_down) and sqrt(L_ref/L) on inputs; norms and embeddings 1.
+A, B = 0.5, 0.5  # WIDTH_EXPONENT and DEPTH_EXPONENT as documented (asserted below)
+W = (32 / 64) ** A  # (fan_in_ref / fan_in)**a for slots reading d_model
+OUT = (4 / 2) ** B  # (L_ref / L)**b on residual outputs (attn_o, mlp_down)
+IN = (4 / 2) ** (B / 2)  # and its square root on inputs
+
+
+def w(fan_ratio: float) -> float:
+    return fan_ratio**A
+
+
+# Expected multipliers, from the docstring table: matrix = k^-1/2 * mean(w**a * d); norms and embeddings 1.
 EXPECTED = {
     "tied": {
-        "blocks.0.attn_q": s * WIDTH * math.sqrt(DEPTH),
-        "blocks.0.attn_o": s * WIDTH * DEPTH,
-        "blocks.0.mlp_up": (1.5 ** -0.5) * WIDTH * math.sqrt(DEPTH),  # widths 256+128 over 256 stored: k=1.5
+        "blocks.0.attn_q": s * W * IN,
+        "blocks.0.attn_o": s * W * OUT,
+        "blocks.0.mlp_up": (1.5 ** -0.5) * W * IN,  # widths 256+128 over 256 stored: k=1.5
         # mlp_down: layer 0 reads 64x256 at w=128/256, layer 1 reads 64x128 at w=128/128, weighted
-        "blocks.0.mlp_down": (1.5 ** -0.5) * (2 * 0.5 * DEPTH + 1 * 1.0 * DEPTH) / 3,
+        "blocks.0.mlp_down": (1.5 ** -0.5) * (2 * w(0.5) * OUT + 1 * w(1.0) * OUT) / 3,
         "h.0.ln_1.weight": 1.0, "ln_f.weight": 1.0, "wte.weight": 1.0, "wpe.weight": 1.0,
     },
     "pooled": {
-        "banks.0.weight": s * WIDTH * math.sqrt(DEPTH),  # a tie bank read whole by two members: k=2
+        "banks.0.weight": s * W * IN,  # a tie bank read whole by two members: k=2
         # template_mix: 2 members x 64*64 reads over a template of 64*64/2 -> k=4
-        "banks.1.weight": 4 ** -0.5 * WIDTH * math.sqrt(DEPTH),
+        "banks.1.weight": 4 ** -0.5 * W * IN,
         "banks.1.coef": 1.0,  # each member's block is read by one layer
-        "blocks.1.attn_o": WIDTH * DEPTH, "blocks.0.mlp_down": (128 / 256) * DEPTH,
+        "blocks.1.attn_o": W * OUT, "blocks.0.mlp_down": w(128 / 256) * OUT,
     },
     "relaxed": {
-        "blocks.0.attn_q": s * WIDTH * math.sqrt(DEPTH),
-        "h.0.lora.attn_q.A": WIDTH * math.sqrt(DEPTH), "h.0.lora.attn_q.B": WIDTH * math.sqrt(DEPTH),
-        "h.1.lora.attn_o.B": WIDTH * DEPTH,
-        "h.0.lora.mlp_down.A": (128 / 256) * DEPTH, "h.1.lora.mlp_down.B": (128 / 128) * DEPTH,
-        "h.1.lora.mlp_up.A": WIDTH * math.sqrt(DEPTH),
+        "blocks.0.attn_q": s * W * IN,
+        "h.0.lora.attn_q.A": W * IN, "h.0.lora.attn_q.B": W * IN,
+        "h.1.lora.attn_o.B": W * OUT,
+        "h.0.lora.mlp_down.A": w(128 / 256) * OUT, "h.1.lora.mlp_down.B": w(128 / 128) * OUT,
+        "h.1.lora.mlp_up.A": W * IN,
     },
 }
+
+
+def test_documented_exponents():
+    from npas.training import parameterization as par
+
+    assert (par.WIDTH_EXPONENT, par.DEPTH_EXPONENT, par.SHARING_EXPONENT) == (A, B, 0.5)
+
+
 CONFIGS = {"tied": TIED, "pooled": POOLED, "relaxed": RELAXED}
 
 
@@ -127,7 +142,7 @@ def test_fair_init_scales_hidden_matrices_by_root_width_ratio():
     fair = npas.build_model(TIED)
     apply_init(fair, "fair", REFERENCE)
     p0, p1 = dict(drawn.named_parameters()), dict(fair.named_parameters())
-    assert torch.allclose(p1["blocks.0.attn_q"], p0["blocks.0.attn_q"] * math.sqrt(WIDTH))
+    assert torch.allclose(p1["blocks.0.attn_q"], p0["blocks.0.attn_q"] * math.sqrt(32 / 64))
     assert torch.allclose(p1["blocks.0.mlp_down"], p0["blocks.0.mlp_down"] * math.sqrt((2 * 0.5 + 1) / 3))
     assert torch.equal(p1["wte.weight"], p0["wte.weight"]) and torch.equal(p1["h.0.ln_1.weight"],
                                                                            p0["h.0.ln_1.weight"])

@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
+if TYPE_CHECKING:  # optuna only types a trial here; training code imports this module without it
+    import optuna
 
 
 @dataclass(frozen=True)
