@@ -147,18 +147,7 @@ def main() -> None:
 def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
     plt = common.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    names = [r["name"] for r in summary]
-    a.bar(names, [r["mean"] for r in summary], yerr=[0 if r["std"] != r["std"] else r["std"] for r in summary],
-          capsize=4, color=["C0", "C1", "C2", "C3"][: len(names)])
-    for r in summary:
-        for v in r["per_seed"].values():
-            a.plot(names.index(r["name"]), v, "k.", ms=4)
-    vals = [v for r in summary for v in r["per_seed"].values()]
-    if vals:
-        lo, hi = min(vals), max(vals)
-        a.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
-    a.set_ylabel("val loss (nats/char)")
-    a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+    common.loss_bars(a, setup, summary)
     for k, c in enumerate(claims):
         iv = c["interval"]
         if iv["value"] is None:

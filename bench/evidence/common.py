@@ -433,6 +433,23 @@ def pyplot():
     return plt
 
 
+def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
+    """Mean val loss per config as bars (± std over seeds), each seed's loss as a dot, the y axis
+    zoomed to the seeds' range: the comparison panel several scripts draw."""
+    names = [r["name"] for r in summary]
+    ax.bar(names, [r["mean"] for r in summary], yerr=[0 if r["std"] != r["std"] else r["std"] for r in summary],
+           capsize=4, color=[f"C{k}" for k in range(len(names))])
+    for r in summary:
+        for v in r["per_seed"].values():
+            ax.plot(names.index(r["name"]), v, "k.", ms=4)
+    vals = [v for r in summary for v in r["per_seed"].values()]
+    if vals:
+        lo, hi = min(vals), max(vals)
+        ax.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
+    ax.set_ylabel("val loss (nats/char)")
+    ax.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+
+
 def finish(setup: Setup) -> None:
     print(f"wall: {setup.elapsed():.1f} s ({setup.name}, {'quick' if setup.quick else 'full'})", flush=True)
 
