@@ -101,3 +101,30 @@ def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(t
         assert re.search(rf"^claim atoms beat {tied} \(Δ < 0\): {iv}", out, re.M), out
     assert re.search(r"^seed claim \(atoms at K=2 of L=4, 49\.8% fewer attention params\): (NOT )?REPRODUCED$", out, re.M)
     assert (tmp_path / "atoms_quick.json").is_file() and (tmp_path / "atoms_quick.png").is_file()
+
+
+def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evidence_common", ROOT / "bench" / "evidence" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    sys.modules["evidence_common"] = common  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(common)
+    finally:
+        sys.modules.pop("evidence_common", None)
+    from npas.service.fidelity import Interval
+
+    run = [{"name": n, "seed": s, "val_loss": v} for n, losses in
+           (("a", [1.00, 1.10, 1.20]), ("b", [1.05, 1.16, 1.24])) for s, v in enumerate(losses)]
+    iv = common.paired_interval(run, "a", "b")  # a - b = -0.05, -0.06, -0.04 on the same seeds
+    assert iv.n == 3 and iv.value == pytest.approx(-0.05) and iv.high < 0
+    assert common.claim_verdict(iv, "better") == (True, "the interval is below 0")
+    assert common.claim_verdict(iv, "parity")[0]  # better by any amount reaches the reference
+    covers = Interval(-0.01, -0.03, 0.01, 3)
+    assert common.claim_verdict(covers, "better") == (False, "the interval covers 0")
+    assert common.claim_verdict(covers, "parity")[0]  # worse by at most 0.01 < the 0.02 margin
+    assert common.claim_verdict(Interval(0.01, -0.01, 0.03, 3), "parity") == (False, "the interval covers +0.02")
+    assert common.claim_verdict(Interval(0.05, 0.03, 0.07, 3), "parity")[1].startswith("contradicted")
+    assert not common.claim_verdict(Interval(-0.5, None, None, 1), "better")[0]  # one seed: no interval, no claim
+    assert common.fmt_interval(iv).startswith("-0.0500 [")
