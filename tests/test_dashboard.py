@@ -169,6 +169,47 @@ def test_allocation_info_has_a_row_per_front_trial_and_a_column_per_layer(smoke)
         assert {(c.block, s) for c in row.cells for _, slots in c.banks for s in slots} == in_bank
 
 
+def _map_text(cfg) -> tuple[list, list[str]]:
+    """The allocation map of one trial holding `cfg`: its cells and the text drawn in each cell."""
+    from npas.presentation.dashboard.info import AllocationInfo, allocation_row
+    from npas.presentation.dashboard.render import render_allocation
+
+    t = create_trial(values=[1.0, 2.0], user_attrs={TrialAttr.ALLOC: cfg.to_dict(),
+                                                    TrialAttr.ACCOUNTING: count(cfg).to_dict()})
+    row = allocation_row(t)
+    fig = render_allocation(AllocationInfo(cfg.chassis.n_layers, [row]))
+    return row.cells, [x.get_text() for x in fig.axes[0].texts]
+
+
+def test_allocation_map_marks_atom_projections_and_kv_sharing_groups():
+    from npas.allocation.config import ArchConfig, AtomSpec, Chassis
+
+    ch = Chassis(vocab_size=68, context=32, d_model=32, n_layers=6, n_heads=4, d_ff=64)
+    # cycle-tied blocks (ABCABC), atoms on q/k/v/o with K=2, KV groups {0,1,2} {3,4} {5}
+    cfg = ArchConfig(chassis=ch, mlp_widths=(64,) * 6, block_of_layer=(0, 1, 2, 0, 1, 2), kv_source=(0, 0, 0, 3, 3, 5),
+                     atoms=tuple(AtomSpec(f"attn_{c}", 2) for c in "qkvo"))
+    cells, text = _map_text(cfg)
+    assert [c.kv_source for c in cells] == [None, 0, 0, None, 3, None]
+    assert [c.kv_consumers for c in cells] == [(1, 2), (), (), (4,), (), ()]
+    # a consumer computes no keys or values, so only its q/o come from atoms
+    assert [len(c.atoms) for c in cells] == [4, 2, 2, 4, 2, 4]
+    assert text[0].splitlines()[-2:] == ["atoms qkvo K=2", "KV source → 1,2"]
+    assert text[1].splitlines()[-2:] == ["atoms qo K=2", "KV ← layer 0"]
+    assert text[4].splitlines()[-2:] == ["atoms qo K=2", "KV ← layer 3"]
+    assert text[5].splitlines()[-1] == "atoms qkvo K=2"  # a group of one: no KV marker
+    assert all(line.startswith("block ") for t in text for line in t.splitlines()[1:2])  # tying info kept beside
+
+    # values-only sharing: consumers keep their own keys (and key atoms)
+    _, text = _map_text(ArchConfig(chassis=ch, mlp_widths=(64,) * 6, block_of_layer=tuple(range(6)),
+                                   kv_source=(0, 0, 2, 2, 4, 4), kv_mode="v", atoms=(AtomSpec("attn_k", 3),)))
+    assert text[0].splitlines()[-2:] == ["atoms k K=3", "V source → 1"]
+    assert text[1].splitlines()[-2:] == ["atoms k K=3", "V ← layer 0"]
+
+    # the untied reference: no atom or KV marker anywhere
+    _, text = _map_text(reference_config(ch))
+    assert not [line for t in text for line in t.splitlines() if "atoms" in line or "←" in line or "→" in line]
+
+
 def test_taper_and_curves_info_follow_the_front(smoke):
     st, _ = smoke
     front = front_trials(st)

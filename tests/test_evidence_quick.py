@@ -1,4 +1,5 @@
-"""The evidence scripts run: taper and low_budget in --quick mode exit 0 and print their tables.
+"""The evidence scripts run: taper, low_budget and atoms in --quick mode exit 0 and print their tables
+(atoms' full-mode plan is checked without training).
 
 Losses are not asserted (a 60-step smoke run ranks nothing), so the claim lines (`REPRODUCED` or
 `NOT REPRODUCED`, `best at k/3 budgets`) are checked for their form only, and the test names say so.
@@ -50,3 +51,80 @@ def test_low_budget_quick_arms_fill_the_budget_claim_line_form_only(tmp_path):
             assert stored <= cap and gap == cap - stored and gap < max(step, 1), m.group(0)
             assert re.search(rf"^{re.escape(budget)} {arm}\s+{NUM}\s+\d\.\d{{3}}\s+{LOSS}", out, re.M), out
     assert re.search(r"^pools_tmix best at \d/3 budgets", out, re.M)
+
+
+ATOM_ARMS = ("untied", "atoms", "cycle_attn", "sequential_attn")
+
+
+def _atoms_accounting(out: str) -> dict[str, tuple[int, int]]:
+    """arm -> (stored params, attention params) from the script's accounting lines."""
+    got = {}
+    for arm in ATOM_ARMS:
+        stored = re.search(rf"^{arm}\s+({NUM})\s", out, re.M)
+        attn = re.search(rf"^\s+{arm}\s+attention params ({NUM}) ", out, re.M)
+        assert stored and attn, f"no accounting for {arm}:\n{out}"
+        got[arm] = (int(stored.group(1).replace(",", "")), int(attn.group(1).replace(",", "")))
+    return got
+
+
+def test_atoms_full_plan_prints_runs_times_tokens_and_matched_arms_without_training(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "atoms.py"), "--plan", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    # the report's chassis: 8 layers, K = 3 atoms; 4 arms x 5 seeds of 200 steps x 12 x 64 tokens
+    assert re.search(r"^plan: 4 arms x 5 seeds = 20 runs x 153,600 tokens \(200 steps x 12x64\) = 3,072,000 tokens",
+                     out, re.M), out
+    acc = _atoms_accounting(out)
+    d, L, K = 64, 8, 3
+    assert acc["untied"][1] == 4 * L * d * d
+    assert acc["atoms"][1] == 4 * K * (d * d + L)  # one dictionary per projection type, L x K coefficients
+    for tied in ("cycle_attn", "sequential_attn"):
+        assert acc[tied][1] == 4 * K * d * d  # K unique Q/K/V/O sets
+        assert 0 <= acc["atoms"][0] - acc[tied][0] < 2 * d * L  # stored params matched within one MLP width step
+    assert "claim" not in out and not list(tmp_path.iterdir())  # --plan trains and writes nothing
+
+
+@pytest.mark.slow
+def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "atoms.py"), "--quick", "--seeds", "2",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    acc = _atoms_accounting(out)
+    assert acc["cycle_attn"] == acc["sequential_attn"] and acc["atoms"][0] - acc["cycle_attn"][0] == 4 * 2 * 4
+    for arm in ATOM_ARMS:
+        assert re.search(rf"^{arm}\s+{NUM}\s+{NUM}\s+1\.000\s+{LOSS}", out, re.M), out
+    iv = r"Δ [+-]\d\.\d{4} \[[+-]\d\.\d{4}, [+-]\d\.\d{4}\] over 2 seed\(s\): (NOT )?REPRODUCED \(.+\)$"
+    assert re.search(rf"^claim atoms reach untied \(Δ < \+0\.02 nats\): {iv}", out, re.M), out
+    for tied in ("cycle_attn", "sequential_attn"):
+        assert re.search(rf"^claim atoms beat {tied} \(Δ < 0\): {iv}", out, re.M), out
+    assert re.search(r"^seed claim \(atoms at K=2 of L=4, 49\.8% fewer attention params\): (NOT )?REPRODUCED$", out, re.M)
+    assert (tmp_path / "atoms_quick.json").is_file() and (tmp_path / "atoms_quick.png").is_file()
+
+
+def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evidence_common", ROOT / "bench" / "evidence" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    sys.modules["evidence_common"] = common  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(common)
+    finally:
+        sys.modules.pop("evidence_common", None)
+    from npas.service.fidelity import Interval
+
+    run = [{"name": n, "seed": s, "val_loss": v} for n, losses in
+           (("a", [1.00, 1.10, 1.20]), ("b", [1.05, 1.16, 1.24])) for s, v in enumerate(losses)]
+    iv = common.paired_interval(run, "a", "b")  # a - b = -0.05, -0.06, -0.04 on the same seeds
+    assert iv.n == 3 and iv.value == pytest.approx(-0.05) and iv.high < 0
+    assert common.claim_verdict(iv, "better") == (True, "the interval is below 0")
+    assert common.claim_verdict(iv, "parity")[0]  # better by any amount reaches the reference
+    covers = Interval(-0.01, -0.03, 0.01, 3)
+    assert common.claim_verdict(covers, "better") == (False, "the interval covers 0")
+    assert common.claim_verdict(covers, "parity")[0]  # worse by at most 0.01 < the 0.02 margin
+    assert common.claim_verdict(Interval(0.01, -0.01, 0.03, 3), "parity") == (False, "the interval covers +0.02")
+    assert common.claim_verdict(Interval(0.05, 0.03, 0.07, 3), "parity")[1].startswith("contradicted")
+    assert not common.claim_verdict(Interval(-0.5, None, None, 1), "better")[0]  # one seed: no interval, no claim
+    assert common.fmt_interval(iv).startswith("-0.0500 [")

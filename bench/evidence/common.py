@@ -278,6 +278,51 @@ def summarize(results: list[dict[str, Any]], names: Sequence[str], ref: str | No
     return rows
 
 
+# Claims of "on par" are tested one-sided against this margin: the arm may be worse by less than 0.02
+# nats/char (about 1% of these models' loss, the size of an effect a seed claim calls "parity").
+PARITY_MARGIN = 0.02
+
+
+def paired_interval(results: Iterable[dict[str, Any]], name: str, ref: str):
+    """loss(name) - loss(ref) over the seeds both ran, with the 95% t-interval of
+    `npas.service.fidelity.paired_delta` (negative = `name` better)."""
+    from npas.service.fidelity import paired_delta
+
+    losses = by_name(results)
+    a, b = losses.get(name, {}), losses.get(ref, {})
+    seeds = sorted(set(a) & set(b))
+    return paired_delta([a[k] for k in seeds], [b[k] for k in seeds])
+
+
+def claim_verdict(interval, kind: str, margin: float = PARITY_MARGIN) -> tuple[bool, str]:
+    """Whether a paired difference reproduces a claim, and why, from its 95% interval only.
+
+    kind "better": the arm beats the reference; reproduced only if the whole interval is below 0.
+    kind "parity": the arm reaches the reference's loss; reproduced only if the whole interval is
+    below +margin (non-inferiority: worse by less than the margin, at 95%; better by any amount counts).
+    A mean without an interval (one seed) reproduces nothing."""
+    if kind not in ("better", "parity"):
+        raise ValueError(f"claim kind {kind!r}: use 'better' or 'parity'")
+    bound = 0.0 if kind == "better" else margin
+    at = "0" if bound == 0 else f"{bound:+.2f}"
+    if interval.low is None or interval.high is None:
+        return False, f"no interval from {interval.n} seed(s); run --seeds 2 or more"
+    if interval.high < bound:
+        return True, f"the interval is below {at}"
+    if interval.low > bound:
+        return False, f"contradicted: the interval is above {at}"
+    return False, f"the interval covers {at}"
+
+
+def fmt_interval(interval) -> str:
+    """`+0.0123 [-0.0040, +0.0286]`, or the mean alone without an interval."""
+    if interval.value is None:
+        return "-"
+    if interval.low is None:
+        return f"{interval.value:+.4f} [no interval]"
+    return f"{interval.value:+.4f} [{interval.low:+.4f}, {interval.high:+.4f}]"
+
+
 def fmt_pm(m: float, s: float, digits: int = 4) -> str:
     if math.isnan(m):
         return "-"
@@ -386,6 +431,23 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
+    """Mean val loss per config as bars (± std over seeds), each seed's loss as a dot, the y axis
+    zoomed to the seeds' range: the comparison panel several scripts draw."""
+    names = [r["name"] for r in summary]
+    ax.bar(names, [r["mean"] for r in summary], yerr=[0 if r["std"] != r["std"] else r["std"] for r in summary],
+           capsize=4, color=[f"C{k}" for k in range(len(names))])
+    for r in summary:
+        for v in r["per_seed"].values():
+            ax.plot(names.index(r["name"]), v, "k.", ms=4)
+    vals = [v for r in summary for v in r["per_seed"].values()]
+    if vals:
+        lo, hi = min(vals), max(vals)
+        ax.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
+    ax.set_ylabel("val loss (nats/char)")
+    ax.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
 
 
 def finish(setup: Setup) -> None:

@@ -64,17 +64,7 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
     a.set_ylabel("MLP width")
     a.set_title(f"taper profiles (1x = {setup.chassis.d_ff}, equal stored params)")
     a.legend()
-    names = [r["name"] for r in summary]
-    b.bar(names, [r["mean"] for r in summary], yerr=[0 if r["std"] != r["std"] else r["std"] for r in summary],
-          capsize=4, color=["C0", "C1", "C2", "C3"][: len(names)])
-    for r in summary:
-        for v in r["per_seed"].values():
-            b.plot(names.index(r["name"]), v, "k.", ms=4)
-    lo = min(v for r in summary for v in r["per_seed"].values())
-    hi = max(v for r in summary for v in r["per_seed"].values())
-    b.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
-    b.set_ylabel("val loss (nats/char)")
-    b.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+    common.loss_bars(b, setup, summary)
     common.save_figure(setup, fig)
 
 

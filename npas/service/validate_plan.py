@@ -27,8 +27,8 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
-from npas.errors import StudyError
 from npas.service import study as studies
+from npas.service.picks import objective_index
 from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
 from npas.training.recipe import Recipe
@@ -138,15 +138,6 @@ def fresh_seeds(n: int, avoid: set[int]) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def loss_index(study: optuna.Study) -> int:
-    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
-    for i, n in enumerate(names):
-        if n in LOSS_OBJECTIVES:
-            return i
-    raise StudyError(f"study {study.study_name!r} has no loss objective (objectives: {names}); "
-                     f"validation ranks by one of {', '.join(LOSS_OBJECTIVES)}")
-
-
 def _cfg(t: FrozenTrial) -> ArchConfig:
     return ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
 
@@ -172,7 +163,7 @@ def flops_matched(cfg: ArchConfig, seq_len: int) -> tuple[ArchConfig, float]:
 
 
 def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
-    li = loss_index(study)
+    li = objective_index(study, LOSS_OBJECTIVES, "loss", opts.pick)  # spaces always name a loss objective
     front = [t for t in studies.front_trials(study) if TrialAttr.ALLOC in t.user_attrs]
     front.sort(key=lambda t: t.values[li])
     picked = choose(study, opts.pick)

@@ -25,23 +25,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _rows(acc: Accounting) -> list[tuple[str, str]]:
+def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
     mib = 2**20
     return [
         ("stored params", f"{acc.stored_params:,}"),
         ("  embeddings", f"{acc.embedding_params:,}"),
         ("  block weights", f"{acc.block_params:,}"),
         ("  banks + coefficients", f"{acc.bank_params:,}"),
+        ("  atoms + coefficients", f"{acc.atom_params:,}{_atoms_note(cfg)}"),
         ("  LoRA", f"{acc.lora_params:,}"),
         ("  norms", f"{acc.norm_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
         ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
         ("weight generation FLOPs / step", f"{acc.generation_flops_per_step:,}"),
-        ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}"),
+        ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}{_kv_note(cfg)}"),
         ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
         ("training memory (estimate)", f"{acc.train_memory_bytes:,} ({acc.train_memory_bytes / mib:.1f} MiB)"),
     ]
+
+
+def _atoms_note(cfg: ArchConfig) -> str:
+    """Which projections come from atoms, K, and the coefficient rows: the numbers behind the count."""
+    if not cfg.atoms:
+        return ""
+    d = cfg.chassis.d_model
+    groups: dict[tuple[int, str], list[str]] = {}
+    for a in cfg.atoms:
+        groups.setdefault((a.n_atoms, a.scope), []).append(a.slot.removeprefix("attn_"))
+    rows = sum(len(cfg.atom_rows(a)) for a in cfg.atoms)
+    parts = [f"{','.join(s)}: K={k} atoms of {d}x{d} per projection, coefficients per {scope}"
+             for (k, scope), s in groups.items()]
+    return f" ({'; '.join(parts)}; {rows} coefficient rows)"
+
+
+def _kv_note(cfg: ArchConfig) -> str:
+    """How many layers put their own keys and values in the cache: KV sharing is what lowers it."""
+    L = cfg.chassis.n_layers
+    k, v = (sum(cfg.layer_reads(i, s) for i in range(L)) for s in ("attn_k", "attn_v"))
+    if k == v == L:
+        return ""
+    shared = "keys and values" if cfg.kv_mode == "kv" else "values"
+    return f" (K cached by {k} of {L} layers, V by {v} of {L}: the others reuse their group's {shared})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     title = f"reference model of space '{out['space']}'" if is_space else f"allocation {cfg.hash}"
     print(f"{title}: {cfg.summary()}")
-    width = max(len(k) for k, _ in _rows(acc))
-    for k, v in _rows(acc):
+    rows = _rows(acc, cfg)
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
         print(f"  {k:<{width}}  {v}")
     if is_space:
         print(f"  {'budget':<{width}}  {out['budget_params']:,} params ({space.budget_spec})")

@@ -9,24 +9,26 @@ import pandas as pd
 _SCALES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def human_count(n: float) -> str:
-    """`1,234,567` -> `1.23M`: three significant digits, decimal prefixes (as parameter counts are quoted)."""
+def _scaled(n: float, unit: str, small: str) -> str:
+    """`n` with the largest decimal prefix it reaches, to three significant digits; below 1000 `small`
+    formats it. One loop for counts and bytes, so both always use the same prefixes and rounding."""
     if not math.isfinite(n):
         return str(n)
+    sep = " " if unit else ""  # `97.7 MB` but `1.23M`
     for scale, prefix in _SCALES:
         if abs(n) >= scale:
-            return f"{n / scale:.3g}{prefix}"
-    return f"{n:.4g}"
+            return f"{n / scale:.3g}{sep}{prefix}{unit}"
+    return f"{n:{small}}{sep}{unit}"
+
+
+def human_count(n: float) -> str:
+    """`1,234,567` -> `1.23M`: three significant digits, decimal prefixes (as parameter counts are quoted)."""
+    return _scaled(n, "", ".4g")
 
 
 def human_bytes(n: float) -> str:
     """`97,656,250` -> `97.7 MB` (decimal units, like `human_count`)."""
-    if not math.isfinite(n):
-        return str(n)
-    for scale, prefix in _SCALES:
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {prefix}B"
-    return f"{n:.0f} B"
+    return _scaled(n, "B", ".0f")
 
 
 def humanize(df: pd.DataFrame) -> pd.DataFrame:

@@ -222,6 +222,12 @@ class LayerCell:
     lora_attn: int
     lora_mlp: int
     width: int  # MLP width of this layer
+    # attention projections this layer makes from shared atom dictionaries (MASA): (q|k|v|o, K atoms),
+    # only those it reads (a KV consumer computes no keys/values, so its K/V atoms are not listed)
+    atoms: tuple[tuple[str, int], ...] = ()
+    kv_source: int | None = None  # the earlier layer whose keys/values this one reuses; None: its own
+    kv_consumers: tuple[int, ...] = ()  # later layers attending with this layer's keys/values
+    kv_mode: str = "kv"  # what consumers reuse: keys and values ("kv"), or values only ("v")
 
 
 @dataclass(frozen=True)
@@ -256,8 +262,12 @@ def allocation_row(t: FrozenTrial) -> AllocationRow | None:
     cells = []
     for i, b in enumerate(cfg.block_of_layer):
         banks = tuple((k, tuple(slots)) for k, slots in sorted(banks_of_block.get(b, {}).items()))
+        atoms = tuple((a.slot.removeprefix("attn_"), a.n_atoms) for a in cfg.atoms if cfg.layer_reads(i, a.slot))
+        consumers = tuple(j for j, src in enumerate(cfg.kv_source) if src == i and j != i)
         cells.append(LayerCell(stored=float(stored[i]), block=b, shared=cfg.block_is_shared(b), banks=banks,
-                               lora_attn=cfg.lora_attn[i], lora_mlp=cfg.lora_mlp[i], width=cfg.mlp_widths[i]))
+                               lora_attn=cfg.lora_attn[i], lora_mlp=cfg.lora_mlp[i], width=cfg.mlp_widths[i],
+                               atoms=atoms, kv_source=cfg.kv_source[i] if cfg.kv_consumer(i) else None,
+                               kv_consumers=consumers, kv_mode=cfg.kv_mode))
     return AllocationRow(t.number, label(t), cfg.summary(), cells)
 
 

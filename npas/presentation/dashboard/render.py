@@ -21,6 +21,7 @@ from npas.presentation.dashboard.info import (
     FidelityInfo,
     HypervolumeInfo,
     ImportanceInfo,
+    LayerCell,
     ParetoInfo,
     TaperInfo,
 )
@@ -203,10 +204,12 @@ def render_allocation(info: AllocationInfo) -> Figure | None:
 
     rows, L = info.rows, info.n_layers
     grid = np.full((len(rows), L), np.nan)
+    text = [[_cell_lines(c) for c in row.cells] for row in rows]
     for r, row in enumerate(rows):
         for i, c in enumerate(row.cells):
             grid[r, i] = c.stored / 1e3
-    fig = new_figure(min(4 + 1.25 * L, 18), 1.4 + 0.95 * len(rows))
+    most = max((len(lines) for row in text for lines in row), default=1)
+    fig = new_figure(min(4 + 1.25 * L, 18), 1.4 + max(0.95, 0.16 * most + 0.15) * len(rows))
     ax = fig.add_subplot()
     im = ax.imshow(grid, cmap="YlGnBu", aspect="auto", vmin=0)
     cmap, norm = im.get_cmap(), im.norm
@@ -214,24 +217,46 @@ def render_allocation(info: AllocationInfo) -> Figure | None:
         for i, c in enumerate(row.cells):
             rgb = to_rgb(cmap(norm(c.stored / 1e3)))
             ink = "white" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 0.5 else "black"
-            lines = [f"{c.stored / 1e3:,.1f}k params", f"{_letter(c.block)}{' (shared)' if c.shared else ''}", f"ff {c.width}"]
-            if c.banks:
-                lines.append("bank " + ",".join(str(k) for k, _ in c.banks))
-            if c.lora_attn or c.lora_mlp:
-                lines.append(f"LoRA {c.lora_attn}/{c.lora_mlp}")
-            ax.text(i, r, "\n".join(lines), ha="center", va="center", fontsize=8, color=ink, linespacing=1.2)
+            ax.text(i, r, "\n".join(text[r][i]), ha="center", va="center", fontsize=8, color=ink, linespacing=1.2)
             if c.banks:
                 ax.add_patch(Rectangle((i - 0.5, r - 0.5), 1, 1, fill=False, hatch="//", ec=ink, lw=0, alpha=0.35))
+            if c.atoms:  # attention made from atoms: a dotted frame inside the cell
+                ax.add_patch(Rectangle((i - 0.44, r - 0.44), 0.88, 0.88, fill=False, ls=":", ec=ink, lw=1.2))
+            if c.kv_consumers:  # a KV group: a bar from its source (dot) under every layer reusing its K/V
+                ax.plot([i, max(c.kv_consumers)], [r + 0.4, r + 0.4], color="#d62728", lw=2.5, solid_capstyle="butt")
+                ax.plot([i], [r + 0.4], "o", color="#d62728", ms=5)
     ax.set_xticks(range(L), [f"layer {i}" for i in range(L)])
     ax.set_yticks(range(len(rows)), [f"{row.label}\n{row.summary}" for row in rows], fontsize=8)
     ax.set_xlabel("depth (input → output)")
     ax.set_title("Where the front trials put their parameters", fontsize=13, loc="left")
     ax.set_xticks(np.arange(-0.5, L, 1), minor=True)
     ax.set_yticks(np.arange(-0.5, len(rows), 1), minor=True)
+    ax.set_xlim(-0.5, L - 0.5)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.grid(which="minor", color="white", lw=2)
     ax.tick_params(which="minor", length=0)
     fig.colorbar(im, ax=ax, label="stored parameters per layer (thousands)", shrink=0.9)
     return fig
+
+
+def _cell_lines(c: LayerCell) -> list[str]:
+    """The text of one allocation-map cell: params, tying group, MLP width, then whatever mechanisms
+    make this layer's weights (banks, atoms, LoRA) and where its keys and values come from."""
+    lines = [f"{c.stored / 1e3:,.1f}k params", f"{_letter(c.block)}{' (shared)' if c.shared else ''}", f"ff {c.width}"]
+    if c.banks:
+        lines.append("bank " + ",".join(str(k) for k, _ in c.banks))
+    by_k: dict[int, str] = {}
+    for slot, k in c.atoms:
+        by_k[k] = by_k.get(k, "") + slot
+    lines += [f"atoms {slots} K={k}" for k, slots in by_k.items()]
+    shared = "KV" if c.kv_mode == "kv" else "V"
+    if c.kv_source is not None:
+        lines.append(f"{shared} ← layer {c.kv_source}")
+    elif c.kv_consumers:
+        lines.append(f"{shared} source → {','.join(map(str, c.kv_consumers))}")
+    if c.lora_attn or c.lora_mlp:
+        lines.append(f"LoRA {c.lora_attn}/{c.lora_mlp}")
+    return lines
 
 
 def _letter(block: int) -> str:

@@ -172,7 +172,10 @@ ALLOC_CAPTION = (
     "One row per front trial (best loss first), one column per layer. Colour: stored parameters attributed to "
     "the layer (weights shared by several layers are split evenly between them). In each cell: the tying group "
     "(the same block letter in a row means the same weights), the MLP width, the parameter banks the block's "
-    "weights are generated from (hatched cells), and the LoRA rank on attention/MLP.")
+    "weights are generated from (hatched //), the attention projections made from shared matrix atoms and the "
+    "atom count K (dotted frame, e.g. \"atoms qkvo K=3\"), cross-layer KV sharing (\"KV source → 1,2\" on the layer "
+    "whose keys and values later layers reuse, \"KV ← layer 0\" on each of those; V instead of KV when only "
+    "values are shared; a red bar joins each group), and the LoRA rank on attention/MLP.")
 
 
 def _importance_caption(imp: I.ImportanceInfo) -> str:
