@@ -90,10 +90,10 @@ def describe(gap: Gap, objective: str, decides: str | None) -> str:
                f"search with --repeats 2 or more to tell")
     elif gap.resolved:
         head = "resolved"
-        why = f"{what}, beyond {NOISE_SIGMAS:g} paired std ({NOISE_SIGMAS:g} x {gap.paired_std:.4f} over {gap.seeds} seeds)"
+        why = f"{what}, beyond {NOISE_SIGMAS:g} paired std ({NOISE_SIGMAS:g} × {gap.paired_std:.4f} over {gap.seeds} seeds)"
     else:
         head = "unresolved" if decides else "inside noise"
-        why = (f"{what}, inside {NOISE_SIGMAS:g} paired std ({NOISE_SIGMAS:g} x {gap.paired_std:.4f} over "
+        why = (f"{what}, inside {NOISE_SIGMAS:g} paired std ({NOISE_SIGMAS:g} × {gap.paired_std:.4f} over "
                f"{gap.seeds} seeds): the two are not told apart")
     if decides and gap.resolved is not True:
         why += f"; --pick {decides} chose trial {gap.better} anyway (see also --pick trial={gap.other})"
