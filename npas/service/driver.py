@@ -23,6 +23,7 @@ from npas.allocation.space import Space, parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service import faults
 from npas.service.launch import Launch, check_inputs
+from npas.service.outcome import check_repeats
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
 from npas.service.samplers import enqueue_baselines, make_sampler
@@ -39,14 +40,17 @@ DEFAULT_SAMPLER, DEFAULT_SEED = "tpe", 0
 
 def search(space: Space, *, trials: int | None = None, study: str | None = None, storage: str | None = None,
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
-           sampler: str | None = None, seed: int | None = None, launch: Launch | None = None) -> optuna.Study:
+           sampler: str | None = None, seed: int | None = None, launch: Launch | None = None,
+           repeats: int | None = None) -> optuna.Study:
     """Create a study for `space` and run it to `trials` proxy runs, or join the study named `study`.
 
-    Options left as None take the study's stored value when joining, and the defaults when creating."""
+    Options left as None take the study's stored value when joining, and the defaults when creating.
+    `repeats` trains every trial on that many seeds and ranks it by their mean (default 1)."""
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
     launch = check_inputs(trials, launch or Launch(), storage)
+    check_repeats(repeats)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
@@ -65,7 +69,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         created = optuna.create_study(study_name=name, storage=handle.storage,
                                       directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
-        given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed}
+        given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats}
         return _join(name, handle, space, trials, data, launch, given)
     record = StudyRecord(
         version=__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
@@ -76,7 +80,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         sampler=sampler_name, seed=DEFAULT_SEED if seed is None else seed,
         early_stop=True if launch.early_stop is None else launch.early_stop,
         target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides),
-        data_split=corpus.describe()["split"])
+        data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
@@ -102,7 +106,8 @@ def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, da
     if record.space_hash != space.hash:
         raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
                          f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
-    stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed}
+    stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
+              "repeats": record.repeats}
     mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in given.items()
                 if v is not None and _plain(v) != stored[k]]
     if mismatch:
@@ -141,12 +146,17 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
 
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
-           allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None) -> optuna.Study:
-    """Continue a study from the database alone: recover orphans, then run to the target total."""
+           allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None,
+           repeats: int | None = None) -> optuna.Study:
+    """Continue a study from the database alone: recover orphans, then run to the target total.
+
+    `repeats`, when given, must equal the study's stored seeds per trial: a mean over another number
+    of seeds would not rank against the trials already run."""
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
 
     launch = check_inputs(trials, launch or Launch(), storage)
+    check_repeats(repeats)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     handle = open_storage(storage)
@@ -162,6 +172,9 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
         flag = "--no-early-stop" if record.early_stop is False else "early stopping (ASHA)"
         raise StudyError(f"study {name!r} runs with {flag}; continue it as it was created (drop "
                          f"{'--no-early-stop' if not launch.early_stop else 'the option'}), or start a new study")
+    if repeats is not None and repeats != record.repeats:
+        raise StudyError(f"study {name!r} trains each trial on {record.repeats} seed(s) (--repeats {record.repeats}), "
+                         f"not {repeats}; drop --repeats to continue it as it was created, or start a new study")
     rec = Recipe.from_dict(dict(record.recipe))
     corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction,
                          test_fraction=rec.test_fraction)
@@ -202,7 +215,8 @@ def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: Study
                "fingerprint": corpus.fingerprint,
                # the chassis whose untied model the recipe's base lr is for: the fair parameterization
                # scales every candidate's per-group rates against it (training/parameterization.py)
-               "reference": dataclasses.asdict(space.reference_chassis)}
+               "reference": dataclasses.asdict(space.reference_chassis),
+               "repeats": record.repeats}  # seeds per trial: the trainable loops over them
     if launch.ray_address is None and payload["source"] is not None:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
     searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,

@@ -3,6 +3,8 @@
 A space lists its objectives in any order (`[train_memory_bytes, val_loss]` is as valid as the
 reverse) and may have only one, so every pick finds the objective it needs by name, never by
 position, and a pick the objectives cannot answer is refused with the objectives the study has.
+`noise_note` says whether the chosen point's loss advantage is beyond the seed noise
+(`npas.service.noise`): a pick that chose by a loss the data cannot resolve says so.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
 from npas.service import study as studies
+from npas.service.noise import describe, next_best, paired_gap
 from npas.service.record import StudyAttr, TrialAttr
 
 # Objectives that measure memory, in bytes; `max-memory=` caps the first of them the study has.
@@ -120,3 +123,28 @@ def knee(trials: list[FrozenTrial]) -> FrozenTrial:
         return (math.sqrt(sum(((t.values[i] - lo[i]) / ((hi[i] - lo[i]) or 1.0)) ** 2 for i in range(k))), t.number)
 
     return min(trials, key=dist)
+
+
+def noise_note(study: optuna.Study, how: str, number: int) -> str | None:
+    """One line on whether trial `number`, chosen by `how`, beats the next-best front point by loss
+    beyond the seed noise (2 paired std); None when the study has no loss objective. The points
+    compared are those the pick chose among: the front, or its part under the cap for max-memory.
+    min-loss and max-memory choose by the loss itself, so for them a gap inside the noise (or of
+    unknown noise, one seed per trial) is "unresolved"; knee and trial=N only report it."""
+    names = objective_names(study)
+    loss = next((i for i, n in enumerate(names) if n in LOSS_OBJECTIVES), None)
+    if loss is None:
+        return None
+    chosen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    pool = studies.front_trials(study)
+    if how.startswith("max-memory="):
+        memory = objective_index(study, MEMORY_OBJECTIVES, "memory", how)
+        cap = parse_bytes(how.split("=", 1)[1], how)
+        pool = [t for t in pool if t.values[memory] <= cap]
+    other = next_best(chosen, pool, loss)
+    if other is None:
+        among = "the front points under the cap" if how.startswith("max-memory=") else "the front"
+        return (f"noise: trial {number} has the highest {names[loss]} among {among}; no point ranks after it "
+                f"to compare with")
+    decides = how if how == "min-loss" or how.startswith("max-memory=") else None
+    return describe(paired_gap(chosen, other, loss, names[loss]), names[loss], decides)

@@ -37,6 +37,7 @@ class StudyAttr(StrEnum):
     TARGET = "target_trials"
     OVERRIDES = "overrides"  # vocab_size / budget bound at launch, re-applied on resume
     SPLIT = "data_split"  # how the text was cut into train / validation / test, with each part's fingerprint
+    REPEATS = "repeats"  # training seeds per trial (`npas search --repeats R`); the objective is their mean
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -62,6 +63,9 @@ class TrialAttr(StrEnum):
     NODE = "ray_node"
     SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
     RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
+    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.outcome.repeat_seeds)
+    SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
+    LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
 
 
 class Constraint(StrEnum):
@@ -98,6 +102,7 @@ class StudyRecord:
     target_trials: int = 20
     overrides: Mapping[str, Any] = field(default_factory=dict)
     data_split: Mapping[str, Any] | None = None  # None: a study from before the text-level split
+    repeats: int = 1  # training seeds per trial; 1 is what every study before `--repeats` ran
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -107,7 +112,7 @@ class StudyRecord:
              "data_fingerprint": StudyAttr.FINGERPRINT, "vocab_size": StudyAttr.VOCAB,
              "objectives": StudyAttr.OBJECTIVES, "sampler": StudyAttr.SAMPLER, "seed": StudyAttr.SEED,
              "early_stop": StudyAttr.EARLY_STOP, "target_trials": StudyAttr.TARGET,
-             "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT}
+             "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
@@ -139,6 +144,7 @@ class StudyRecord:
                              f"created by npas, or its creator stopped while setting it up")
         values["objectives"] = tuple(values["objectives"])
         values["overrides"] = dict(values.get("overrides") or {})
+        values["repeats"] = int(values.get("repeats", 1))
         return cls(**values)
 
     def with_target(self, target: int) -> StudyRecord:

@@ -242,11 +242,20 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 
 # ---- the trainable: runs inside a Ray worker process ----------------------------------------
 def trainable(config: dict, data: dict) -> None:
-    """One proxy run. Reports the validation loss at each evaluation (for ASHA), then the metrics."""
+    """One trial: its allocation trained on `data["repeats"]` seeds (default 1), one after another.
+
+    Only the first seed reports its validation loss at each evaluation, so ASHA ranks and stops a
+    trial on one seed's curve, exactly as without repeats, and decides before the other R-1 seeds
+    cost anything; a trial it lets through trains the remaining seeds without reports, and the final
+    report carries the mean over all seeds (`npas.service.outcome.combine_repeats`). A seed whose run
+    fails or diverges ends the trial as failed, naming the seed: a mean without it would not be
+    comparable with the other trials'.
+    """
     import ray
     from ray import tune
 
     from npas.allocation.config import ArchConfig, Chassis
+    from npas.service.outcome import combine_repeats, repeat_seeds
     from npas.training.data import load_known_corpus
     from npas.training.proxy import run_proxy
     from npas.training.recipe import Recipe
@@ -256,25 +265,42 @@ def trainable(config: dict, data: dict) -> None:
     corpus = data.get("corpus") or load_known_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
                                                      data["fingerprint"])
     reference = Chassis(**data["reference"]) if data.get("reference") else None
+    seeds = repeat_seeds(recipe.seed, int(data.get("repeats") or 1))
 
     def report(step: int, val_loss: float) -> bool:
         tune.report({"val_loss": val_loss if math.isfinite(val_loss) else math.inf, "step": step, "final": False})
         return False  # ASHA stops a trial by ending it at a report, not through this return value
 
+    def which(seed: int) -> str:
+        return f"seed {seed} (repeat {seeds.index(seed) + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
+
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
-    try:
-        result = run_proxy(cfg, recipe, corpus, report=report, reference=reference)
-    except Exception as e:
-        # raised by the run itself, so it would raise again on every retry: report it as the trial's
-        # failure instead of crashing the worker (Tune retries only workers and nodes that died)
-        reason = f"the proxy run raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
-        tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
-                     "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
-        return
-    loss = result.val_loss if result.val_loss is not None else math.inf
+    runs = []
+    for seed in seeds:
+        run_recipe = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
+        try:
+            result = run_proxy(cfg, run_recipe, corpus, report=report if seed == seeds[0] else None,
+                               reference=reference)
+        except Exception as e:
+            # raised by the run itself, so it would raise again on every retry: report it as the trial's
+            # failure instead of crashing the worker (Tune retries only workers and nodes that died)
+            reason = f"{which(seed)}the proxy run raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
+            tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
+                         "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
+            return
+        if result.status != "ok" or result.val_loss is None:
+            failed = result.to_dict()
+            if failed.get("failure_reason"):
+                failed["failure_reason"] = which(seed) + failed["failure_reason"]
+            loss = result.val_loss if result.val_loss is not None else math.inf
+            tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,
+                         "proxy": json.dumps(failed)})
+            return
+        runs.append(result.to_dict())
+    proxy = combine_repeats(runs, seeds)
     # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
-    tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,
-                 "proxy": json.dumps(result.to_dict())})
+    tune.report({"val_loss": proxy["val_loss"], "step": proxy["steps_done"], "final": True, "node": node,
+                 "proxy": json.dumps(proxy)})
 
 
 def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, corpus_payload: dict,

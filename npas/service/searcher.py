@@ -32,7 +32,7 @@ from npas.allocation.space import Space  # noqa: E402
 from npas.service import faults  # noqa: E402
 from npas.service import optuna_adapter as adapter  # noqa: E402
 from npas.service.candidate import Skip, prepare  # noqa: E402
-from npas.service.outcome import fidelity_constraint, objective_values  # noqa: E402
+from npas.service.outcome import fidelity_constraint, objective_values, seed_attrs  # noqa: E402
 from npas.service.progress import Progress  # noqa: E402
 from npas.service.record import Constraint, TrialAttr  # noqa: E402
 from npas.service.samplers import random_when_stuck  # noqa: E402
@@ -218,6 +218,9 @@ class NpasSearcher(Searcher):
             self._fail(trial, f"non-finite validation loss at step {steps}")
             return
         if proxy is not None:
+            proxy, per_seed = seed_attrs(proxy)  # the seeds and their losses (`--repeats`) get their own keys
+            for attr, value in per_seed.items():
+                trial.set_user_attr(attr, value)
             trial.set_user_attr(TrialAttr.PROXY, proxy)
             trial.set_user_attr(TrialAttr.NODE, result.get("node"))
             if proxy.get("curve"):  # the worker's own record includes the last evaluation

@@ -19,7 +19,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
+from npas.service.noise import seed_std, seed_values
 from npas.service.record import Constraint, StudyAttr, StudyRecord, TrialAttr, is_ready
 from npas.service.storage import StorageHandle, study_names
 
@@ -107,9 +109,17 @@ class FrontRow:
     summary: str
     baseline: str
     hash: str
+    loss_std: float | None = None  # std over the trial's seeds (`--repeats`), in the loss objective's unit
+    seeds: int = 1
+
+
+def _loss_objective(study: optuna.Study) -> str:
+    names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
+    return next((n for n in names if n in LOSS_OBJECTIVES), "val_loss")
 
 
 def front_rows(study: optuna.Study) -> list[FrontRow]:
+    loss = _loss_objective(study)
     rows = []
     for t in front_trials(study):
         acc = t.user_attrs.get(TrialAttr.ACCOUNTING, {})
@@ -119,12 +129,14 @@ def front_rows(study: optuna.Study) -> list[FrontRow]:
             flops_per_token=int(acc.get("flops_per_token", 0)),
             summary=ArchConfig.from_dict(alloc).summary() if alloc else "",
             baseline=str(t.user_attrs.get(TrialAttr.BASELINE, "")), hash=str(t.user_attrs.get(TrialAttr.HASH, "")),
+            loss_std=seed_std(t, loss), seeds=max(1, len(seed_values(t, loss))),
         ))
     return rows
 
 
 def front_frame(study: optuna.Study):
-    """The front as a pandas DataFrame, one column per objective."""
+    """The front as a pandas DataFrame, one column per objective, then `loss_std`: the std of the
+    loss objective over each trial's seeds (NaN with one seed, `--repeats 1`) and `seeds`."""
     import pandas as pd
 
     names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
@@ -132,8 +144,9 @@ def front_frame(study: optuna.Study):
     for r in front_rows(study):
         rec: dict[str, Any] = {"trial": r.trial}
         rec.update({n: v for n, v in zip(names, r.values, strict=False)})
-        rec.update({"stored_params": r.stored_params, "flops_per_token": r.flops_per_token,
-                    "baseline": r.baseline, "allocation": r.summary, "hash": r.hash})
+        rec.update({"loss_std": r.loss_std, "seeds": r.seeds, "stored_params": r.stored_params,
+                    "flops_per_token": r.flops_per_token, "baseline": r.baseline, "allocation": r.summary,
+                    "hash": r.hash})
         records.append(rec)
-    return pd.DataFrame.from_records(records, columns=["trial", *names, "stored_params", "flops_per_token",
-                                                       "baseline", "allocation", "hash"])
+    return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", "stored_params",
+                                                       "flops_per_token", "baseline", "allocation", "hash"])

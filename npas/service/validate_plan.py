@@ -28,6 +28,7 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service import study as studies
+from npas.service.outcome import repeat_seeds
 from npas.service.picks import objective_index
 from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
@@ -196,7 +197,8 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     dense, ratio = flops_matched(_cfg(picked), seq_len)
     flo = add(None, "flops_matched", cfg=dense, label=f"dense untied d_ff={dense.mlp_widths[0]}")
     proxy_seed = int((study.user_attrs.get(StudyAttr.RECIPE) or {}).get("seed", 0))
-    seeds = fresh_seeds(opts.seeds, {proxy_seed, recipe.seed})
+    repeats = int(study.user_attrs.get(StudyAttr.REPEATS) or 1)  # `search --repeats`: every proxy seed is taken
+    seeds = fresh_seeds(opts.seeds, {*repeat_seeds(proxy_seed, repeats), recipe.seed})
     return Plan(study=study.study_name,
                 targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"])
                               for e in targets.values()),

@@ -11,6 +11,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from npas.service.outcome import MAX_REPEATS
+
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
 COUNT_MAX = 1_000_000  # a bound on trials and workers that no real run approaches; stops 10**30
 
@@ -76,3 +78,4 @@ TRIALS = int_in(1, COUNT_MAX, 20)
 WORKERS = int_in(1, 4096, 2)
 SEED = int_in(0, SEED_MAX, 0)
 POSITIVE = int_in(1, COUNT_MAX, 32)
+REPEATS = int_in(1, MAX_REPEATS, 3)

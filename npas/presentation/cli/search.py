@@ -11,7 +11,7 @@ from pathlib import Path
 from npas.builtin import shipped, space_path
 from npas.errors import NpasError, SpaceError
 from npas.files import read_text
-from npas.presentation.cli.args import SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
+from npas.presentation.cli.args import REPEATS, SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
 from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler", choices=SAMPLERS,
                    help="tpe (default for a new study; joining: the study's), nsga2, gp (Gaussian process) or random")
     p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
+    p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
+                   "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
     p.set_defaults(func=run_search)
 
     p = sub.add_parser("resume", help="continue a study from its database after any stop")
@@ -39,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--space", help="the space file, checked against the one the study was created with")
     p.add_argument("--allow-space-change", action="store_true", help="continue with a changed --space")
     p.add_argument("--data", help="the corpus, if not the bundled one (must match the study's fingerprint)")
+    p.add_argument("--repeats", type=REPEATS, metavar="R",
+                   help="seeds per trial; must equal the study's, which resume always keeps")
     _launch_args(p)
     p.set_defaults(func=run_resume)
 
@@ -138,7 +142,23 @@ def _print_front(study, fmt: str = "table") -> None:
         print(f"study {study.study_name}: no complete full-fidelity trial within budget yet")
     else:
         print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
-        print(humanize(df.drop(columns=["hash"])).to_string(index=False))
+        print(humanize(_mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])).to_string(index=False))
+        seeds = int(df["seeds"].min())
+        print(f"loss: mean ± std over {seeds} seeds per trial" if seeds > 1 else
+              "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
+
+
+def _mean_pm_std(df):
+    """The table's loss column as `mean ± std` over each trial's seeds, `mean ± —` with one seed
+    (csv and json keep the mean and `loss_std` as separate numbers)."""
+    from npas.allocation.space import LOSS_OBJECTIVES
+
+    out = df.copy()
+    loss = next((c for c in out.columns if c in LOSS_OBJECTIVES), None)
+    if loss is not None:
+        out[loss] = [f"{m:.4f} ± " + ("—" if s is None or not math.isfinite(s) else f"{s:.4f}")
+                     for m, s in zip(out[loss], out["loss_std"], strict=True)]
+    return out
 
 
 def _start_ray(args: argparse.Namespace) -> None:
@@ -204,7 +224,8 @@ def run_search(args: argparse.Namespace) -> int:
     from npas.service.urls import redact, resolve_url
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
-                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch)
+                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch,
+                   repeats=args.repeats)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -231,7 +252,8 @@ def run_resume(args: argparse.Namespace) -> int:
     from npas.service.driver import resume
 
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
-                   allow_space_change=args.allow_space_change, data=args.data, launch=launch)
+                   allow_space_change=args.allow_space_change, data=args.data, launch=launch,
+                   repeats=args.repeats)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -275,8 +297,13 @@ def run_front(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     from npas.service.exporter import write_export
+    from npas.service.picks import noise_note
 
-    doc = write_export(_load(args), args.out, args.pick)
+    study = _load(args)
+    doc = write_export(study, args.out, args.pick)
     vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())
     print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}, hash {doc['hash']}")
+    note = noise_note(study, args.pick, doc["trial"])
+    if note:
+        print(note)
     return 0
