@@ -31,7 +31,6 @@ import json
 import math
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 import common  # noqa: E402  (bench/evidence is on sys.path when run as a script)
