@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -194,8 +195,7 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
     t0 = time.time()
     specs = json.loads(jobs.read_text())
     out.mkdir(parents=True, exist_ok=True)
-    results = Path(os.environ.get("TMPDIR", "/tmp")) / "npas-device-results"
-    results.mkdir(parents=True, exist_ok=True)
+    results = Path(tempfile.mkdtemp(prefix="npas-device-results-"))  # this run's records only
     for cmd in pre:  # exclusive-GPU measurements first (bench/gpu_efficiency.py)
         print(f"[device] {cmd}", flush=True)
         os.system(cmd)  # noqa: S605 - the operator's own command line

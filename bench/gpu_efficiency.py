@@ -15,6 +15,8 @@ Targets (issue "search at scale"): bf16 MFU >= 25% at d_model 1024; measured pea
 of the estimate at d_model >= 512.
 
     python bench/gpu_efficiency.py [--json PATH] [--no-compile]
+    python bench/gpu_efficiency.py --recheck bench/results/gpu_efficiency_h200.json
+        (here, no GPU: the memory verdict of a saved run against today's estimate)
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def measure(name: str, chassis: Chassis, batch: int, seq: int, compile_model: bo
                     eval_every=STEPS + WARMUP, eval_batches=1, dtype=dtype)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    acc = npas.count(cfg, batch_size=batch, seq_len=seq)
+    acc = npas.count(cfg, batch_size=batch, seq_len=seq, device=dev.type, autocast=dtype)
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
@@ -122,16 +124,39 @@ def measure(name: str, chassis: Chassis, batch: int, seq: int, compile_model: bo
     return row  # the model and optimizer go with this frame; the next row empties the cache first
 
 
+def recheck(path: Path) -> int:
+    """The measured peaks of a saved run against ``npas.count``'s estimate as the code is now."""
+    saved = json.loads(path.read_text())
+    print(f"[gpu_efficiency --recheck] {path} ({saved['device']}, torch {saved['torch']})")
+    worst = 0.0
+    for r in saved["rows"]:
+        if "error" in r:
+            continue
+        acc = npas.count(reference_config(Chassis(**r["chassis"])), batch_size=r["batch"], seq_len=r["seq_len"],
+                         device="cuda", autocast=r["dtype"])
+        ratio = r["peak_bytes"] / acc.train_memory_bytes
+        if r["chassis"]["d_model"] >= 512:
+            worst = max(worst, abs(ratio - 1))
+        print(f"  {r['name']:15s} measured {r['peak_bytes'] / 2**30:6.2f} GiB, estimate now "
+              f"{acc.train_memory_bytes / 2**30:6.2f} GiB (x{ratio:.2f}; at the run: x{r['peak_over_estimate']:.2f})")
+    print(f"target peak memory within {TARGET_MEM:.0%} of the estimate at d_model >= 512: worst {worst:.0%} off "
+          f"{'PASS' if worst <= TARGET_MEM else 'MISS'} (re-estimated from the saved measurements)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     p.add_argument("--cpu-smoke", action="store_true", help="run the code path on the CPU at toy sizes (tests)")
+    p.add_argument("--recheck", type=Path, default=None, help="a saved --json: re-estimate its rows' memory")
     a = p.parse_args(argv)
+    if a.recheck:
+        return recheck(a.recheck)
     if a.cpu_smoke:
         small = Chassis(vocab_size=68, context=32, d_model=32, n_layers=2, n_heads=2, d_ff=64)
         rows = [measure("smoke", small, 2, 16, False, "float32", device="cpu")]
-        print(json.dumps(rows[0], default=str)[:300])
+        print(json.dumps(rows[0], default=str))
         return 0
     if not torch.cuda.is_available():
         print("gpu_efficiency: no CUDA device here; run it on a GPU machine", file=sys.stderr)

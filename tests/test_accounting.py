@@ -199,3 +199,23 @@ def test_lora_is_merged_per_step_so_per_token_flops_match_the_untied_model():
     per_layer_mlp = 2 * 2 * (32 * 16 + 16 * 32)
     assert acc.generation_flops_per_step == 4 * per_layer_attn + 2 * per_layer_mlp
     assert acc.lora_params == 4 * 4 * 4 * (16 + 16) + 2 * 2 * 2 * (16 + 32)  # q, k, v, o: r * (d + d) each
+
+
+def test_gpu_memory_estimate_fuses_attention_and_halves_matmul_outputs_under_bf16():
+    """On CUDA attention is fused (no T x T probabilities saved) and bf16 autocast saves matmul
+    outputs in 2 bytes; the CPU estimate (fp32, probabilities kept) is unchanged by either knob."""
+    from npas.allocation.config import Chassis, reference_config
+
+    ch = Chassis(vocab_size=68, context=256, d_model=128, n_layers=4, n_heads=4, d_ff=512)
+    cfg = reference_config(ch)
+    B, T = 8, 256
+    cpu = npas.count(cfg, batch_size=B, seq_len=T)
+    assert npas.count(cfg, batch_size=B, seq_len=T, autocast="bfloat16").activation_bytes == cpu.activation_bytes
+    fp32 = npas.count(cfg, batch_size=B, seq_len=T, device="cuda")
+    bf16 = npas.count(cfg, batch_size=B, seq_len=T, device="cuda", autocast="bfloat16")
+    probs, lse = 4 * B * ch.n_heads * T * T * ch.n_layers, 4 * B * ch.n_heads * T * ch.n_layers
+    assert cpu.activation_bytes - fp32.activation_bytes == probs - lse
+    # matmul outputs (q, k, v, attention out and the MLP's two widths per layer) at 2 bytes instead of 4
+    matmul_elems = B * T * ch.n_layers * (4 * ch.d_model + 2 * ch.d_ff)
+    assert fp32.activation_bytes - bf16.activation_bytes == 2 * matmul_elems
+    assert bf16.stored_params == cpu.stored_params and bf16.train_memory_bytes < fp32.train_memory_bytes

@@ -169,8 +169,15 @@ def stored_params(cfg: ArchConfig) -> int:
     return total
 
 
-def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> Accounting:
-    """Exact parameter accounting plus FLOP and memory estimates at (batch_size, seq_len)."""
+def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, device: str = "cpu",
+          autocast: str = "float32") -> Accounting:
+    """Exact parameter accounting plus FLOP and memory estimates at (batch_size, seq_len).
+
+    The activation estimate depends on where training runs: on ``device="cuda"`` attention is fused
+    (scaled_dot_product_attention keeps a log-sum-exp per query, not the T x T probabilities), and
+    under ``autocast="bfloat16"`` matrix-product outputs are saved in 2 bytes while norm outputs,
+    the residual stream and the logits stay fp32. Calibrated on an H200 (bench/gpu_efficiency.py):
+    d_model 512 and 1024 x 8 layers at 65,536 tokens a step."""
     c = cfg.chassis
     d, L, V = c.d_model, c.n_layers, c.vocab_size
     T = seq_len or c.context
@@ -238,11 +245,15 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None) -> A
     # the cache holds K for each layer that computes its own and V for each KV source
     kv = (sum(cfg.layer_reads(i, "attn_k") for i in range(L)) + sum(cfg.layer_reads(i, "attn_v") for i in range(L))) \
         * d * nbytes
-    # activations saved for backward, fp32, per token: per layer ~ ln/qkv/attn-out/residuals (8d)
-    # + MLP pre/post activation (2-3 widths) + LoRA intermediates; attention probs B*nh*T*T on CPU
+    # activations saved for backward, per token: per layer ~ ln/qkv/attn-out/residuals (8d: two norm
+    # outputs and two residual sums in full precision, q/k/v/attention output from matmuls) + MLP
+    # pre/post activation (2-3 widths, matmul outputs) + final norm and logits (2d + 2V, fp32);
+    # attention probs B*nh*T*T unless attention is fused (CUDA)
     gate = 3 if c.activation == "swiglu" else 2
-    per_token = sum(8 * d + gate * w for w in cfg.mlp_widths) + 2 * d + 2 * V
-    act = 4 * batch_size * T * per_token + 4 * batch_size * c.n_heads * T * T * L
+    low = 2 if autocast == "bfloat16" and device == "cuda" else 4  # bytes of a matmul output
+    per_token_bytes = sum(4 * 4 * d + low * (4 * d + gate * w) for w in cfg.mlp_widths) + 4 * (2 * d + 2 * V)
+    probs = 4 * c.n_heads * T * L if device == "cuda" else 4 * c.n_heads * T * T * L
+    act = batch_size * T * per_token_bytes + batch_size * probs
     train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
     return Accounting(
         stored_params=stored,
