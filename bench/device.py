@@ -20,6 +20,8 @@ Groups (each bench module exposes ``device_specs() -> list[dict]``):
     lr_transfer      bench/lr_transfer.py, every arm x grid x seed, both parameterizations
     proxy_fidelity   bench/proxy_fidelity.py, proxy and 4x-longer runs, both parameterizations
     taper_scale      bench/evidence/taper_scale.py, taper arms at d_model 256 x 8 layers, 5 seeds
+    evidence         every training run of bench/evidence/{EVIDENCE} (each script run with
+                     NPAS_EVIDENCE_EXPORT, which makes it list its missing runs instead of training)
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ if str(ROOT) not in sys.path:
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
-          "taper_scale": "bench/evidence/taper_scale.py"}
+          "taper_scale": "bench/evidence/taper_scale.py", "evidence": "bench/evidence/common.py"}
+EVIDENCE = ("taper", "relaxed", "low_budget", "high_budget", "atoms")
 _CORPUS: dict[tuple, Any] = {}
 
 
@@ -65,7 +68,7 @@ def load_module(rel: str) -> Any:
 def export(groups: list[str], out: Path) -> list[dict]:
     specs: list[dict] = []
     for g in groups:
-        mine = load_module(GROUPS[g]).device_specs()
+        mine = evidence_specs() if g == "evidence" else load_module(GROUPS[g]).device_specs()
         missing = [s for s in mine if not (ROOT / s["dest"]).exists()]
         for s in missing:
             s["group"] = g
@@ -75,6 +78,25 @@ def export(groups: list[str], out: Path) -> list[dict]:
     out.write_text(json.dumps(specs))
     print(f"wrote {len(specs)} specs to {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return specs
+
+
+def evidence_specs() -> list[dict]:
+    """The evidence scripts' missing runs: each script, run with NPAS_EVIDENCE_EXPORT, appends one spec
+    a line (bench/evidence/common.py) and trains nothing."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "specs.jsonl"
+        env = {**os.environ, "NPAS_EVIDENCE_EXPORT": str(out), "NPAS_EVIDENCE_DEVICE": "cuda"}
+        for name in EVIDENCE:
+            subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / f"{name}.py")], cwd=ROOT, env=env,
+                           check=True, capture_output=True, text=True)
+        lines = out.read_text().splitlines() if out.exists() else []
+    specs = {}
+    for i, line in enumerate(lines):
+        s = json.loads(line)
+        specs.setdefault(s["dest"], {**s, "priority": i})  # an arm shared by two experiments runs once
+    return list(specs.values())
 
 
 # ------------------------------------------------------------------------------------------ run (there)

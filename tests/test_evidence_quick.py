@@ -72,8 +72,8 @@ def test_atoms_full_plan_prints_runs_times_tokens_and_matched_arms_without_train
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    # the report's chassis: 8 layers, K = 3 atoms; 4 arms x 5 seeds of 200 steps x 12 x 64 tokens
-    assert re.search(r"^plan: 4 arms x 5 seeds = 20 runs x 153,600 tokens \(200 steps x 12x64\) = 3,072,000 tokens",
+    # the report's chassis: 8 layers, K = 3 atoms; 4 arms x 5 seeds of 1000 steps x 48 x 64 tokens
+    assert re.search(r"^plan: 4 arms x 5 seeds = 20 runs x 3,072,000 tokens \(1000 steps x 48x64\) = 61,440,000 tokens",
                      out, re.M), out
     acc = _atoms_accounting(out)
     d, L, K = 64, 8, 3

@@ -105,7 +105,6 @@ def plan(setup: common.Setup, configs: dict[str, ArchConfig]) -> dict[str, int]:
 
 def main() -> None:
     parser = common.arg_parser(__doc__)
-    parser.add_argument("--plan", action="store_true", help="print the arms' accounting and the run plan, then exit")
     args = parser.parse_args()
     if args.seeds is None and not args.quick:
         args.seeds = FULL_SEEDS
@@ -116,9 +115,9 @@ def main() -> None:
         print(f"  {name:16s} attention params {a['attention_params']:,} ({a['attention_saving']:.1%} fewer than untied)"
               f"{'  K=' + str(a['n_atoms']) + ' atoms per projection type' if 'n_atoms' in a else ''}")
     runs = plan(setup, configs)
+    results = common.run_arms(configs, setup)  # --plan: prints the cache-aware plan and trains nothing
     if args.plan:
         return
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
     summary = common.summarize(results, list(ARMS), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")

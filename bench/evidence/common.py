@@ -9,13 +9,24 @@ their difference is a *paired* comparison. Tables report mean +- sample std over
 paired difference against the comparison's reference row.
 
     --quick        tiny chassis, ~1 minute, 1 seed, output to a temp dir (a smoke test)
-    (default)      the report's setting: d_model 64, 8 layers, 3 seeds, output to
-                   bench/evidence/results/*.json and docs/figures/*.png
+    (default)      the report's setting (second edition): d_model 64, 8 layers, 5 seeds, 1,000 steps
+                   of 3,072 tokens, the fair parameterization against the chassis' reference;
+                   output to bench/evidence/results/*.json and docs/figures/*.png
+    --plan         print runs x tokens -> CPU-hours (and what is cached) and train nothing
+
+Second-edition rules (issue "Evidence, second edition"): every finished run is cached as one JSON in
+``bench/evidence/results/runs/``, keyed by arm, allocation, recipe, seed, device kind and code version,
+so a killed or time-boxed script resumes where it stopped and a later session only trains what is
+missing; every arm also gets a 3-point learning-rate check (x0.5, x1, x2 on seed 99, which is never a
+reported seed). With ``NPAS_EVIDENCE_EXPORT=FILE`` set, a script trains nothing: it appends a
+``bench/device.py`` spec for every missing run to FILE and reports from the cache (how a lent GPU
+machine runs the experiments; ``python bench/device.py export --groups evidence`` does this for all).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -46,9 +57,19 @@ VOCAB = 68  # distinct characters of the bundled corpus
 FULL_CHASSIS = Chassis(vocab_size=VOCAB, context=64, d_model=64, n_layers=8, n_heads=4, d_ff=256)
 QUICK_CHASSIS = Chassis(vocab_size=VOCAB, context=32, d_model=32, n_layers=4, n_heads=4, d_ff=128)
 
-# 200 steps x 768 tokens: what ~100 runs on 2 shared cores allow (~35 s a run when the machine is busy).
-FULL_RECIPE = Recipe(name="evidence", seq_len=64, batch_size=12, steps=200, lr=1e-2, min_lr=1e-3, warmup_steps=20,
-                     eval_every=100, eval_batches=12, threads=1)
+# Second edition: 1,000 steps x 3,072 tokens (3.1M tokens, ~7.6 per parameter of the reference), the
+# product's proxy batch and base learning rate, so the untied reference ends well below the trigram
+# entropy instead of ranking how fast models learn bigrams (the first edition's 200 x 768 tokens did).
+FULL_RECIPE = Recipe(name="evidence-v2", seq_len=64, batch_size=48, steps=1000, lr=6e-3, min_lr=6e-4,
+                     warmup_steps=50, eval_every=250, eval_batches=16, threads=1)
+FULL_SEEDS = 5
+LR_CHECK_SEED, LR_CHECK_FACTORS = 99, (0.5, 1.0, 2.0)
+RUNS_DIR = RESULTS_DIR / "runs"
+# Files whose content decides a run's loss; their hash is the cache's code version.
+VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
+             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py",
+             "npas/allocation/atoms.py")
+CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
 
@@ -66,6 +87,8 @@ class Setup:
     out_dir: Path
     fig_dir: Path
     t0: float = field(default_factory=time.perf_counter)
+    cache: Path | None = None  # per-run records (full mode); None: train everything afresh (quick)
+    plan_only: bool = False
 
     def recipe_for(self, seed: int, **changes: Any) -> Recipe:
         return Recipe.from_dict({**self.recipe.to_dict(), "seed": seed, **changes})
@@ -86,7 +109,8 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny chassis and recipe, 1 seed: a 1-3 minute smoke run")
-    p.add_argument("--seeds", type=int, default=None, help="number of recipe seeds (default: 1 quick, 3 full)")
+    p.add_argument("--seeds", type=int, default=None, help=f"number of recipe seeds (default: 1 quick, {FULL_SEEDS} full)")
+    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and what is cached; train nothing")
     p.add_argument("--steps", type=int, default=None, help="override the recipe's optimizer steps")
     p.add_argument("--workers", type=int, default=2, help="training processes in parallel (1 thread each)")
     p.add_argument("--out", type=Path, default=None, help="folder for the JSON (default: results/ or a temp dir)")
@@ -100,7 +124,7 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     if args.steps:
         recipe = recipe.with_steps(args.steps)
         recipe = Recipe.from_dict({**recipe.to_dict(), "eval_every": max(1, args.steps // 2)})
-    n_seeds = args.seeds or (1 if quick else 3)
+    n_seeds = args.seeds or (1 if quick else FULL_SEEDS)
     if quick:
         out = args.out or Path(tempfile.gettempdir()) / "npas-evidence-quick"
         figs = args.fig_dir or out
@@ -110,7 +134,8 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     out.mkdir(parents=True, exist_ok=True)
     figs.mkdir(parents=True, exist_ok=True)
     s = Setup(name=name, quick=quick, chassis=QUICK_CHASSIS if quick else FULL_CHASSIS, recipe=recipe,
-              seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs)
+              seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs,
+              cache=None if quick else RUNS_DIR, plan_only=bool(getattr(args, "plan", False)))
     print(s.describe(), flush=True)
     return s
 
@@ -195,44 +220,142 @@ def _corpus():
     return _CORPUS
 
 
-def train_job(job: dict[str, Any]) -> dict[str, Any]:
-    """One proxy run in a worker process: returns the job's identity plus its measured metrics."""
-    from npas.training.proxy import run_proxy
+def _device_module():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import device
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return device
 
-    cfg = ArchConfig.from_dict(job["config"])
+
+def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
+    """The bench/device.py spec of a job: the one runner both a CPU pool and a GPU machine use."""
     recipe = Recipe.from_dict(job["recipe"])
-    res = run_proxy(cfg, recipe, _corpus(), device="cpu")
-    return {"name": job["name"], "seed": recipe.seed, "status": res.status, "val_loss": res.val_loss,
-            "train_loss": res.train_loss, "steps_done": res.steps_done, "wall_s": round(res.wall_s, 2),
-            "tokens": res.steps_done * recipe.tokens_per_step, "stored_params": res.stored_params,
-            "flops_per_token": res.flops_per_token, "tokens_per_s": round(res.tokens_per_s, 1),
-            "curve": [list(p) for p in res.curve], "recipe": recipe.name, "failure_reason": res.failure_reason}
+    cfg = ArchConfig.from_dict(job["config"])
+    return {"dest": dest, "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": job.get("reference"),
+            "test": True, "est_s": recipe.steps * recipe.tokens_per_step * 3 * npas.count(cfg).flops_per_token / CPU_FLOPS,
+            "meta": {"name": job["name"], "seed": recipe.seed, "recipe_name": recipe.name, "lr": recipe.lr}}
 
 
-def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
-    """Every config x every seed, seed-major so a cut-short run still has whole seeds."""
+def train_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One run in a worker process (bench/device.py's runner): the job's identity plus its metrics."""
+    rec = _device_module().run_spec(spec_of(job))
+    rec.setdefault("steps_done", rec.get("steps", 0))
+    rec["wall_s"] = round(rec.get("wall_s") or 0.0, 2)
+    return rec
+
+
+def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
+              seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Every config x every seed, seed-major so a cut-short run still has whole seeds; the fair
+    parameterization scales against the setup's chassis (the experiment's reference)."""
     base = recipe or setup.recipe
-    return [{"name": name, "config": cfg.to_dict(),
-             "recipe": {**base.to_dict(), "seed": seed}} for seed in setup.seeds for name, cfg in configs.items()]
+    return [{"name": name, "config": cfg.to_dict(), "reference": asdict(setup.chassis),
+             "recipe": {**base.to_dict(), "seed": seed}} for seed in (setup.seeds if seeds is None else seeds)
+            for name, cfg in configs.items()]
 
 
-def run_jobs(jobs: list[dict[str, Any]], workers: int) -> list[dict[str, Any]]:
-    """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order."""
+def code_version() -> str:
+    h = hashlib.sha256()
+    for rel in VERSIONED:
+        path = ROOT / rel
+        h.update(rel.encode() + b"\0" + (path.read_bytes() if path.exists() else b""))
+    return h.hexdigest()[:10]
+
+
+def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:
+    recipe = Recipe.from_dict(job["recipe"])
+    rhash = hashlib.sha256(json.dumps({**recipe.to_dict(), "seed": 0}, sort_keys=True).encode()).hexdigest()[:8]
+    chash = ArchConfig.from_dict(job["config"]).hash[:12]
+    return cache / f"{job['name']}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
+
+
+def _device_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
+             plan_only: bool = False) -> list[dict[str, Any]]:
+    """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
+
+    With a ``cache`` folder, finished runs are read from it and every new one is written the moment
+    it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
+    nothing and returns what is cached."""
     t0 = time.perf_counter()
-    out: list[dict[str, Any] | None] = [None] * len(jobs)
+    version, kind = code_version(), os.environ.get("NPAS_EVIDENCE_DEVICE") or _device_kind()
+    paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
+    out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
+    todo = [i for i, r in enumerate(out) if r is None]
+    tokens = sum(Recipe.from_dict(jobs[i]["recipe"]).steps * Recipe.from_dict(jobs[i]["recipe"]).tokens_per_step
+                 for i in todo)
+    cpu_s = sum(spec_of(jobs[i])["est_s"] for i in todo)
+    print(f"plan: {len(jobs)} runs, {len(jobs) - len(todo)} cached ({kind}, code {version}); {len(todo)} to train, "
+          f"{tokens / 1e6:.1f}M tokens -> ~{cpu_s / 3600:.2f} CPU-hours (~{cpu_s / 3600 / max(1, workers):.2f} h wall "
+          f"on {workers} workers)", flush=True)
+    export = os.environ.get("NPAS_EVIDENCE_EXPORT")
+    if export and cache:
+        with open(export, "a") as f:
+            for i in todo:
+                f.write(json.dumps({**spec_of(jobs[i], str(cache_path(jobs[i], cache, "cuda", version).relative_to(ROOT))),
+                                    "group": "evidence"}) + "\n")
+        print(f"exported {len(todo)} specs to {export}")
+    if plan_only or export:
+        return [r for r in out if r is not None]
+
+    def done(i: int, rec: dict[str, Any], n: int) -> None:
+        out[i] = rec
+        if paths[i] is not None:
+            paths[i].parent.mkdir(parents=True, exist_ok=True)
+            tmp = paths[i].with_suffix(".tmp")
+            tmp.write_text(json.dumps({**rec, "code_version": version}, default=str) + "\n")
+            tmp.replace(paths[i])
+        _progress(n, len(todo), rec, t0)
+
     if workers <= 1:
-        for i, job in enumerate(jobs):
-            out[i] = train_job(job)
-            _progress(i + 1, len(jobs), out[i], t0)
+        for n, i in enumerate(todo, 1):
+            done(i, train_job(jobs[i]), n)
         return [r for r in out if r is not None]
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(train_job, job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(train_job, jobs[i]): i for i in todo}
         for n, fut in enumerate(as_completed(futures), 1):
-            i = futures[fut]
-            out[i] = fut.result()
-            _progress(n, len(jobs), out[i], t0)
+            done(futures[fut], fut.result(), n)
     return [r for r in out if r is not None]
+
+
+def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
+    """The experiment's runs (every arm x every seed) and, in full mode, each arm's learning-rate check
+    (x0.5, x1, x2 of the base rate on seed 99, never a reported seed), whose table is printed here."""
+    jobs = make_jobs(configs, setup, recipe)
+    base = recipe or setup.recipe
+    checks = []
+    if not setup.quick:
+        for f in LR_CHECK_FACTORS:
+            r = Recipe.from_dict({**base.to_dict(), "lr": base.lr * f, "min_lr": base.min_lr * f})
+            checks += make_jobs(configs, setup, r, seeds=(LR_CHECK_SEED,))
+    results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
+    main = [r for r in results if r.get("seed") != LR_CHECK_SEED or setup.quick]
+    lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and not setup.quick]
+    if lr_rows:
+        print(lr_check_table(lr_rows, list(configs), base.lr))
+    return main
+
+
+def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: float) -> str:
+    """Per arm: loss at x0.5, x1, x2 of the base rate (seed 99) and whether the optimum moved."""
+    table = []
+    for name in names:
+        by_f = {round(r["lr"] / base_lr, 3): r.get("val_loss") for r in rows if r.get("name") == name}
+        cells = [by_f.get(f) for f in LR_CHECK_FACTORS]
+        ok = [(v, f) for v, f in zip(cells, LR_CHECK_FACTORS, strict=True) if v is not None]
+        best = min(ok)[1] if len(ok) == len(LR_CHECK_FACTORS) else None
+        table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells),
+                      "incomplete" if best is None else (f"x{best:g}" + ("" if best == 1.0 else " (moved)"))])
+    return f"learning-rate check (seed {LR_CHECK_SEED}, val loss):\n" + format_table(
+        ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
 
 
 def _progress(n: int, total: int, r: dict[str, Any], t0: float) -> None:

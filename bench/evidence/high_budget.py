@@ -48,7 +48,7 @@ def main() -> None:
         print(f"  {name:16s} templates per bank: {a.get('templates', '-')}{frac}, generation FLOPs/step "
               f"{a['generation_flops_per_step']:,} (= {a['generation_flops_per_step'] / (a['flops_per_token'] * setup.recipe.tokens_per_step):.2%}"
               f" of one step's forward FLOPs at {setup.recipe.tokens_per_step} tokens)")
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    results = common.run_arms(configs, setup)
     summary = common.summarize(results, list(configs), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")

@@ -59,7 +59,7 @@ def main() -> None:
         if "templates" in a:
             print(f"  {name:18s} T={a['templates']} templates of {a['template_fraction']:.0%} of a full block's "
                   f"length{' (tiled)' if a['template_fraction'] < 1 else ''}")
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    results = common.run_arms(configs, setup)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} at the same budget (negative = better)")
     summaries, verdict = {}, {}

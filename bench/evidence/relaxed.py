@@ -71,7 +71,7 @@ def main() -> None:
             print(f"  {name:16s} LoRA merge {a['generation_flops_per_step']:,} FLOPs/step = "
                   f"{a['generation_flops_per_step'] / (a['flops_per_token'] * tokens):.1%} of a {tokens}-token step's "
                   f"forward FLOPs")
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    results = common.run_arms(configs, setup)
     names = list(configs)
     summary = common.summarize(results, names, REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "

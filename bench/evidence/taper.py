@@ -39,7 +39,7 @@ def main() -> None:
     common.print_accounting(list(acc.values()))
     for name, row in acc.items():
         print(f"  {name:10s} MLP widths {row['mlp_widths']}")
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
+    results = common.run_arms(configs, setup)
     summary = common.summarize(results, list(ARMS), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
