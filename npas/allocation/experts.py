@@ -1,0 +1,101 @@
+"""Expert pools shared across layers (UniPool / MoEUT / WideNet): the MLP as a sparse mixture.
+
+Each pool stores P experts, small MLPs of width `d_expert`, stacked in one tensor per matrix so a
+pool is three (or two) Parameters however many experts it holds. Every layer reads one pool through
+its own router (or its pool's shared router): a token's k best experts run, weighted by their router
+probabilities, and nothing else is computed. Dispatch sorts the (token, expert) assignments by
+expert, runs one matmul per expert that received tokens over its contiguous segment, and adds the
+results back with one `index_add_`, so a step costs k experts per token whatever the pool size.
+
+The load-balancing loss is Switch Transformer's, taken over a whole pool: with f_e the share of the
+pool's (token, slot) assignments that went to expert e and p_e the mean router probability of e,
+both over every layer that reads the pool, loss = P * sum_e f_e p_e (1 when perfectly balanced).
+A pool shared by many layers is balanced as one resource, which is what keeps all of its experts
+trained. The model exposes the weighted mean over pools as `aux_loss` after each forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from npas.allocation.config import ExpertPool
+
+
+class ExpertBank(nn.Module):
+    """One pool: `up` (and `gate`) (P, d, w), `down` (P, w, d); expert e is row e of each."""
+
+    def __init__(self, n: int, d_model: int, width: int, gated: bool, std: float, resid_std: float) -> None:
+        super().__init__()
+        self.up = nn.Parameter(torch.empty(n, d_model, width).normal_(0.0, std))
+        if gated:
+            self.gate = nn.Parameter(torch.empty(n, d_model, width).normal_(0.0, std))
+        self.down = nn.Parameter(torch.empty(n, width, d_model).normal_(0.0, resid_std))
+        self.gated = gated
+
+    def expert(self, e: int, x: Tensor) -> Tensor:
+        """Expert e on its tokens x (n, d) -> (n, d)."""
+        a = x @ self.up[e]
+        a = F.silu(x @ self.gate[e]) * a if self.gated else F.gelu(a)
+        return a @ self.down[e]
+
+
+class ExpertPools(nn.Module):
+    """All pools of an allocation and the routers that read them; call it per layer."""
+
+    def __init__(self, spec: ExpertPool, d_model: int, gated: bool, std: float, resid_std: float) -> None:
+        super().__init__()
+        self.spec = spec
+        self.pool_of_layer = list(spec.pool_of_layer)
+        self.top_k = spec.top_k
+        self.pools = nn.ModuleList(ExpertBank(n, d_model, spec.d_expert, gated, std, resid_std)
+                                   for n in spec.pool_sizes)
+        # a router per layer, or one per pool that every layer of the pool reads
+        self.routers = nn.ParameterList(nn.Parameter(torch.empty(rows, d_model).normal_(0.0, std))
+                                        for rows in spec.router_rows())
+        self._stats: list[list[Tensor]] = []
+        self.calls = 0  # expert matmul groups run since construction: what a test counts
+
+    def router_of(self, layer: int) -> Tensor:
+        return self.routers[self.pool_of_layer[layer] if self.spec.router == "shared" else layer]
+
+    def reset(self) -> None:
+        """Start a forward pass: clear each pool's routing statistics."""
+        self._stats = [[] for _ in self.pools]
+
+    def forward(self, x: Tensor, layer: int) -> Tensor:
+        """The mixture's output for x (B, T, d), already normed, at depth `layer`."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, d)
+        pool = self.pool_of_layer[layer]
+        bank = self.pools[pool]
+        probs = F.linear(x, self.router_of(layer)).float().softmax(-1)  # (N, P)
+        # raw top-k probabilities as gates (Switch): renormalising would make a k=1 gate constant 1
+        # and cut the task loss's gradient to the router
+        gate, idx = probs.topk(self.top_k, dim=-1)  # (N, k)
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)  # assignments grouped by expert
+        counts = torch.bincount(flat, minlength=probs.shape[1])
+        tok = order // self.top_k  # the token of each sorted assignment
+        xs = x[tok]  # (N*k, d)
+        outs, start = [], 0
+        for e, n in enumerate(counts.tolist()):  # only experts that received tokens run
+            if n:
+                outs.append(bank.expert(e, xs[start:start + n]))
+                start += n
+                self.calls += 1
+        ys = torch.cat(outs) * gate.reshape(-1)[order].unsqueeze(1).to(x.dtype)
+        if self._stats:
+            self._stats[pool].append(torch.stack([counts.to(probs.dtype) / self.top_k, probs.sum(0)]))
+        return torch.zeros_like(x).index_add_(0, tok, ys).view(shape)
+
+    def balance_loss(self) -> Tensor:
+        """Mean over pools of P * sum_e f_e p_e, over all layers that read each pool this pass."""
+        losses = []
+        for stats in self._stats:
+            if stats:
+                counts, prob_sum = torch.stack(stats).sum(0)  # (P,), (P,): assignments/k and probabilities
+                tokens = counts.sum()  # each token contributes k assignments, counted as 1 after /k
+                losses.append(counts.numel() * torch.sum(counts / tokens * prob_sum / tokens))
+        return torch.stack(losses).mean() if losses else torch.zeros(())
