@@ -210,7 +210,7 @@ class Space:
 
         def make(ch: Chassis, widths: tuple[int, ...], experts: ExpertPool | None = None) -> ArchConfig:
             return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=blocks, lora_attn=lora_attn,
-                              lora_mlp=lora_mlp, lora_alpha=float(value(values, "lora_alpha")),
+                              lora_mlp=lora_mlp if experts is None else (0,) * L, lora_alpha=float(value(values, "lora_alpha")),
                               lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
                               dtype=self.dtype, kv_source=kv_source, kv_mode=value(values, "kv_mode"), atoms=atoms,
                               experts=experts)
@@ -250,7 +250,7 @@ class Space:
         def make_experts(ch: Chassis, d_expert: int) -> ArchConfig:
             pool = ExpertPool(sizes, pool_of_layer, d_expert, k, value(values, "expert_router"),
                               float(value(values, "expert_balance")))
-            return replace(make(ch, (1,) * L, pool), lora_mlp=(0,) * L)
+            return make(ch, (1,) * L, pool)  # experts take no MLP LoRA: make drops it
 
         fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale)
         return Candidate(values, fit, budget)
