@@ -4,8 +4,11 @@ Each pool stores P experts, small MLPs of width `d_expert`, stacked in one tenso
 pool is three (or two) Parameters however many experts it holds. Every layer reads one pool through
 its own router (or its pool's shared router): a token's k best experts run, weighted by their router
 probabilities, and nothing else is computed. Dispatch sorts the (token, expert) assignments by
-expert, runs one matmul per expert that received tokens over its contiguous segment, and adds the
-results back with one `index_add_`, so a step costs k experts per token whatever the pool size.
+expert and runs each matrix as one grouped matmul over the experts' contiguous segments
+(`F.grouped_mm`: a segment of n tokens costs n rows, an expert with no tokens costs nothing), then
+adds the results back with one `index_add_`. So a step costs k experts per token whatever the pool
+size, and the number of kernels does not grow with the pool either. Where grouped_mm is missing for
+a device or dtype, a loop over the experts that received tokens computes the same thing.
 
 The load-balancing loss is Switch Transformer's, taken over a whole pool: with f_e the share of the
 pool's (token, slot) assignments that went to expert e and p_e the mean router probability of e,
@@ -22,6 +25,26 @@ from torch import Tensor, nn
 
 from npas.allocation.config import ExpertPool
 
+# device type -> whether F.grouped_mm ran there; set on first use, a failure falls back to the loop
+GROUPED_MM: dict[str, bool] = {}
+
+
+def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
+    """Rows offs[e-1]:offs[e] of x (n, d_in) times w[e] (P, d_in, d_out), for every expert e."""
+    if GROUPED_MM.get(x.device.type, True):
+        try:
+            out = F.grouped_mm(x, w.to(x.dtype), offs=offs)
+            GROUPED_MM[x.device.type] = True
+            return out
+        except (RuntimeError, NotImplementedError):
+            GROUPED_MM[x.device.type] = False
+    # unbind once: its backward stacks the experts' gradients in one tensor, where indexing w[e]
+    # per expert would allocate a zero gradient of the whole pool for every expert
+    ws = w.unbind(0)
+    ends = offs.tolist()
+    starts = [0, *ends[:-1]]
+    return torch.cat([x[s:e] @ ws[i].to(x.dtype) for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if e > s])
+
 
 class ExpertBank(nn.Module):
     """One pool: `up` (and `gate`) (P, d, w), `down` (P, w, d); expert e is row e of each."""
@@ -35,10 +58,16 @@ class ExpertBank(nn.Module):
         self.gated = gated
 
     def expert(self, e: int, x: Tensor) -> Tensor:
-        """Expert e on its tokens x (n, d) -> (n, d)."""
+        """Expert e on its tokens x (n, d) -> (n, d): the reference the grouped path must equal."""
         a = x @ self.up[e]
         a = F.silu(x @ self.gate[e]) * a if self.gated else F.gelu(a)
         return a @ self.down[e]
+
+    def run(self, xs: Tensor, offs: Tensor) -> Tensor:
+        """Every expert on its segment of xs (N*k, d), sorted by expert; offs[e] ends expert e's rows."""
+        a = grouped_matmul(xs, self.up, offs)
+        a = F.silu(grouped_matmul(xs, self.gate, offs)) * a if self.gated else F.gelu(a)
+        return grouped_matmul(a, self.down, offs)
 
 
 class ExpertPools(nn.Module):
@@ -55,7 +84,6 @@ class ExpertPools(nn.Module):
         self.routers = nn.ParameterList(nn.Parameter(torch.empty(rows, d_model).normal_(0.0, std))
                                         for rows in spec.router_rows())
         self._stats: list[list[Tensor]] = []
-        self.calls = 0  # expert matmul groups run since construction: what a test counts
 
     def router_of(self, layer: int) -> Tensor:
         return self.routers[self.pool_of_layer[layer] if self.spec.router == "shared" else layer]
@@ -78,14 +106,8 @@ class ExpertPools(nn.Module):
         order = flat.argsort(stable=True)  # assignments grouped by expert
         counts = torch.bincount(flat, minlength=probs.shape[1])
         tok = order // self.top_k  # the token of each sorted assignment
-        xs = x[tok]  # (N*k, d)
-        outs, start = [], 0
-        for e, n in enumerate(counts.tolist()):  # only experts that received tokens run
-            if n:
-                outs.append(bank.expert(e, xs[start:start + n]))
-                start += n
-                self.calls += 1
-        ys = torch.cat(outs) * gate.reshape(-1)[order].unsqueeze(1).to(x.dtype)
+        offs = counts.cumsum(0).to(torch.int32)  # end row of each expert's segment
+        ys = bank.run(x[tok], offs) * gate.reshape(-1)[order].unsqueeze(1).to(x.dtype)  # (N*k, d)
         if self._stats:
             self._stats[pool].append(torch.stack([counts.to(probs.dtype) / self.top_k, probs.sum(0)]))
         return torch.zeros_like(x).index_add_(0, tok, ys).view(shape)
