@@ -50,3 +50,18 @@ def test_low_budget_quick_arms_fill_the_budget_claim_line_form_only(tmp_path):
             assert stored <= cap and gap == cap - stored and gap < max(step, 1), m.group(0)
             assert re.search(rf"^{re.escape(budget)} {arm}\s+{NUM}\s+\d\.\d{{3}}\s+{LOSS}", out, re.M), out
     assert re.search(r"^pools_tmix best at \d/3 budgets", out, re.M)
+
+
+@pytest.mark.slow
+def test_expert_pool_quick_arms_match_activated_flops_claim_line_form_only(tmp_path):
+    out = _run("expert_pool.py", tmp_path)
+    for arm in ("dense", "per_layer_moe", "global_pool_50", "global_pool_67"):
+        # every arm activates the dense MLP's width per token: FLOPs within the routers' few % of dense
+        m = re.search(rf"^{arm}\s+{NUM}\s+-\s+-\s+-\s+{NUM}\s+(\d\.\d{{3}})\s", out, re.M)
+        assert m and 1.0 <= float(m[1]) < 1.05, out
+        assert re.search(rf"^{arm}\s+{NUM}\s+\d\.\d{{3}}\s+{LOSS}", out, re.M), out
+    m = re.search(r"^global_pool_50\s+([\d,]+)\s+(\d\.\d{3})\s", out, re.M)
+    assert m and 0.5 <= float(m[2]) < 0.55, out  # half the per-layer experts, plus wider routers
+    assert re.search(r"^claim global pool matches or beats per-layer MoE at equal activated FLOPs: "
+                     r"(NOT )?REPRODUCED$", out, re.M)
+    assert (tmp_path / "expert_pool_quick.json").is_file()
