@@ -215,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             misses.append(name)
         print(f"{name:<22}{1e3 * statistics.median(times[name]):>9.1f}{ratio:>8.3f}{fr:>12.4f}{fr_gen:>8.4f}"
               f"{npas.count(cfg).stored_params:>11,}  {'PASS' if ok else 'MISS'}  {cfg.summary()}")
-    print(f"result: {len(sharing) - len(misses)}/{len(sharing)} variants within {TARGET:.2f}x of the reference"
-          + (f"; MISS: {', '.join(misses)}" if misses else ""))
+    if sharing:
+        print(f"result: {len(sharing) - len(misses)}/{len(sharing)} variants within {TARGET:.2f}x of the reference"
+              + (f"; MISS: {', '.join(misses)}" if misses else ""))
     timed = {n: c for n, c in cfgs.items() if n in experts}
     if timed:
         print_experts(timed, ratios, times, ref_cfg, shape)
