@@ -307,3 +307,20 @@ def test_wrongly_typed_expert_fields_are_refused():
     with pytest.raises(ConfigError, match="experts"):
         ArchConfig.from_dict(d)
     assert math.isclose(ArchConfig.from_dict(moe(bw=0.25).to_dict()).experts.balance_weight, 0.25)
+
+
+def test_front_table_with_flops_as_an_objective():
+    # expert_pool.yaml's objectives include flops_per_token, which the front also lists as accounting:
+    # one column, printable (the search's closing table crashed on the duplicate)
+    from npas.presentation.cli.units import humanize
+    from npas.service.record import TrialAttr
+    from npas.service.study import front_frame
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    study.set_metric_names(["val_loss", "flops_per_token"])
+    for loss, flops in ((2.5, 3_000_000), (2.4, 4_000_000)):
+        study.add_trial(optuna.trial.create_trial(
+            values=[loss, flops], user_attrs={TrialAttr.ACCOUNTING: {"stored_params": 10, "flops_per_token": flops}}))
+    df = front_frame(study)
+    assert list(df.columns).count("flops_per_token") == 1 and list(df["flops_per_token"]) == [4_000_000, 3_000_000]
+    assert "FLOPs/token" in humanize(df).columns
