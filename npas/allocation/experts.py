@@ -31,13 +31,18 @@ GROUPED_MM: dict[str, bool] = {}
 
 def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
     """Rows offs[e-1]:offs[e] of x (n, d_in) times w[e] (P, d_in, d_out), for every expert e."""
-    if GROUPED_MM.get(x.device.type, True):
+    dev = x.device.type
+    if dev != "cpu" and torch.is_autocast_enabled(dev):  # what F.linear would compute in under autocast
+        x = x.to(torch.get_autocast_dtype(dev))
+    if GROUPED_MM.get(dev, True):
         try:
             out = F.grouped_mm(x, w.to(x.dtype), offs=offs)
-            GROUPED_MM[x.device.type] = True
+            GROUPED_MM[dev] = True
             return out
+        except torch.cuda.OutOfMemoryError:
+            raise  # the run is too large, not the kernel missing: the proxy records it as failed
         except (RuntimeError, NotImplementedError):
-            GROUPED_MM[x.device.type] = False
+            GROUPED_MM[dev] = False
     # unbind once: its backward stacks the experts' gradients in one tensor, where indexing w[e]
     # per expert would allocate a zero gradient of the whole pool for every expert
     ws = w.unbind(0)
@@ -107,7 +112,7 @@ class ExpertPools(nn.Module):
         counts = torch.bincount(flat, minlength=probs.shape[1])
         tok = order // self.top_k  # the token of each sorted assignment
         offs = counts.cumsum(0).to(torch.int32)  # end row of each expert's segment
-        ys = bank.run(x[tok], offs) * gate.reshape(-1)[order].unsqueeze(1).to(x.dtype)  # (N*k, d)
+        ys = bank.run(x[tok], offs).to(x.dtype) * gate.reshape(-1)[order].unsqueeze(1).to(x.dtype)  # (N*k, d)
         if self._stats:
             self._stats[pool].append(torch.stack([counts.to(probs.dtype) / self.top_k, probs.sum(0)]))
         return torch.zeros_like(x).index_add_(0, tok, ys).view(shape)
