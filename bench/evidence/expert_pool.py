@@ -18,8 +18,8 @@ equal activated FLOPs (the untied reference). The balance loss (weight 0.01) tra
 from __future__ import annotations
 
 import common
-import npas
 
+import npas
 from npas.allocation.config import ArchConfig, Chassis, ExpertPool, reference_config
 
 E, K = 4, 2  # experts per layer of the per-layer baseline, experts per token

@@ -20,7 +20,16 @@ import yaml
 
 from npas.allocation.budget import parse_budget, reference_params
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
-from npas.allocation.fit import Fit, bank_members, expert_pools, fit_banks, fit_experts, fit_width, taper_profile, tying_map
+from npas.allocation.fit import (
+    Fit,
+    bank_members,
+    expert_pools,
+    fit_banks,
+    fit_experts,
+    fit_width,
+    taper_profile,
+    tying_map,
+)
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
     FIT_KEYS,
