@@ -58,6 +58,16 @@ def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
         passed += [v] if verdict == "PASS" else []
     m = re.search(r"^result: (\d)/8 variants within 1\.10x", out, re.M)
     assert m and int(m[1]) == len(passed), out
+    # expert pools: activated FLOPs = the dense reference's + routers; own targets (1.5x, pool size 1.15x)
+    for v in ("experts_global_k1", "experts_global4x_k1", "experts_global_k2", "experts_per_layer_k1"):
+        m = re.search(rf"^{v}\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+(PASS|MISS)", out, re.M)
+        assert m, f"no row for {v}:\n{out}"
+        assert 1.0 < num(m[3]) < 1.1, m[0]  # only the routers' scores add FLOPs
+        assert num(m[4]) <= num(m[5]), m[0]  # a token activates at most what is stored
+        assert m[6] == ("PASS" if num(m[2]) <= 1.5 else "MISS"), m[0]
+    m = re.search(rf"^pool size: global pool 4x larger at the same k = ({NUM})x the step time "
+                  rf"\(target <= 1\.15x\) (PASS|MISS)$", out, re.M)
+    assert m and m[2] == ("PASS" if num(m[1]) <= 1.15 else "MISS"), out
 
 
 def test_data_bench_reports_its_cache_and_its_verdict_matches_its_ratio():

@@ -128,3 +128,18 @@ def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
     assert common.claim_verdict(Interval(0.05, 0.03, 0.07, 3), "parity")[1].startswith("contradicted")
     assert not common.claim_verdict(Interval(-0.5, None, None, 1), "better")[0]  # one seed: no interval, no claim
     assert common.fmt_interval(iv).startswith("-0.0500 [")
+
+
+@pytest.mark.slow
+def test_expert_pool_quick_arms_match_activated_flops_claim_line_form_only(tmp_path):
+    out = _run("expert_pool.py", tmp_path)
+    for arm in ("dense", "per_layer_moe", "global_pool_50", "global_pool_67"):
+        # every arm activates the dense MLP's width per token: FLOPs within the routers' few % of dense
+        m = re.search(rf"^{arm}\s+{NUM}\s+-\s+-\s+-\s+{NUM}\s+(\d\.\d{{3}})\s", out, re.M)
+        assert m and 1.0 <= float(m[1]) < 1.05, out
+        assert re.search(rf"^{arm}\s+{NUM}\s+\d\.\d{{3}}\s+{LOSS}", out, re.M), out
+    m = re.search(r"^global_pool_50\s+([\d,]+)\s+(\d\.\d{3})\s", out, re.M)
+    assert m and 0.5 <= float(m[2]) < 0.55, out  # half the per-layer experts, plus wider routers
+    assert re.search(r"^claim global pool matches or beats per-layer MoE at equal activated FLOPs: "
+                     r"(NOT )?REPRODUCED$", out, re.M)
+    assert (tmp_path / "expert_pool_quick.json").is_file()

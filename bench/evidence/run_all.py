@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("taper", "high_budget", "low_budget", "relaxed", "search_vs_hand", "early_stop")
+ORDER = ("taper", "high_budget", "low_budget", "relaxed", "search_vs_hand", "early_stop", "expert_pool")
 
 
 def main() -> int:

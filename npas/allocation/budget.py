@@ -70,6 +70,12 @@ class Accounting:
     atom_params: int  # atom dictionaries and their coefficients (MASA)
     layer_stored: tuple[float, ...]  # each layer's share of stored params (shared ones split evenly)
     layer_materialised: tuple[int, ...]  # weights each layer uses in its forward
+    # With an expert pool the budget caps stored parameters (every expert of every pool, plus the
+    # routers), while a token pays only for the k experts its router picks per layer: that is
+    # `activated_params` (embeddings, norms, attention read, routers, k experts per layer), the
+    # basis of flops_per_token. Without experts activated_params == materialised_params.
+    activated_params: int = 0
+    expert_params: int = 0  # stored experts of all pools plus the routers (0 without experts)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -117,6 +123,30 @@ def _bank_params(cfg: ArchConfig) -> list[int]:
     return out
 
 
+def expert_params(cfg: ArchConfig) -> int:
+    """Stored parameters of the expert pools (all experts, however few a token uses) and routers."""
+    e = cfg.experts
+    if e is None:
+        return 0
+    d = cfg.chassis.d_model
+    n_mlp = len(MLP_SLOTS[cfg.chassis.activation])
+    return n_mlp * d * e.d_expert * e.n_experts + d * sum(e.router_rows())
+
+
+def _expert_layer(cfg: ArchConfig, layer: int) -> tuple[float, int]:
+    """(this layer's even share of stored expert params, params one token activates in it)."""
+    e = cfg.experts
+    if e is None:
+        return 0.0, 0
+    d = cfg.chassis.d_model
+    per_expert = len(MLP_SLOTS[cfg.chassis.activation]) * d * e.d_expert
+    pool = e.pool_of_layer[layer]
+    readers = e.pool_of_layer.count(pool)
+    router = d * e.pool_sizes[pool]
+    share = per_expert * e.pool_sizes[pool] / readers + (router / readers if e.router == "shared" else router)
+    return share, router + e.top_k * per_expert
+
+
 def stored_params(cfg: ArchConfig) -> int:
     """Stored parameters alone, in closed form: the number the budget fit solves for.
 
@@ -137,7 +167,10 @@ def stored_params(cfg: ArchConfig) -> int:
             if w > widths[b]:
                 widths[b] = w
     total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
-    total += n_mlp * d * sum(widths)  # every MLP slot, banked or not
+    if cfg.experts is None:
+        total += n_mlp * d * sum(widths)  # every MLP slot, banked or not
+    else:  # experts replace the MLP slots: every pool's experts plus the routers
+        total += expert_params(cfg)
     if not cfg.atoms and cfg.kv_source == tuple(range(L)):  # the fit's common case: every attention slot stored
         total += 4 * d * d * n_blocks
     else:  # the same numbers as block_stores / atom_rows, counted without walking the blocks
@@ -227,9 +260,13 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         lora += lp
         layer_stored[i] += lp
         used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots if cfg.layer_reads(i, s))
+        e_share, e_used = _expert_layer(cfg, i)
+        layer_stored[i] += e_share
+        used += e_used  # the router and the k experts a token runs
         matmul_params += used  # LoRA is merged into these weights per step, not run per token
         layer_mat.append(used + lp + 2 * d)
-    stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params
+    experts = expert_params(cfg)
+    stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts
 
     attention = 2 * L * T * d  # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC
     flops = 2 * matmul_params + attention + 2 * V * d
@@ -273,6 +310,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         atom_params=atom_params,
         layer_stored=tuple(round(x, 3) for x in layer_stored),
         layer_materialised=tuple(layer_mat),
+        activated_params=embedding + d + sum(layer_mat),
+        expert_params=experts,
     )
 
 

@@ -27,6 +27,7 @@ DType = Literal["float32", "bfloat16", "float16"]
 LoraScaling = Literal["standard", "rslora"]
 KvMode = Literal["kv", "v"]  # cross-layer sharing of keys and values, or of values only
 AtomScope = Literal["layer", "block"]  # atom coefficients per depth position, or per unique block
+ExpertRouter = Literal["per_layer", "shared"]  # a router per layer, or one per expert pool read by all its layers
 
 # LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
 # across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
@@ -143,6 +144,42 @@ class AtomSpec:
 
 
 @dataclass(frozen=True)
+class ExpertPool:
+    """The MLP as a mixture of experts drawn from pools shared across layers (UniPool / MoEUT / WideNet).
+
+    Pool p stores `pool_sizes[p]` experts, each an MLP of width `d_expert` (up/down, plus gate for
+    SwiGLU). Layer i's router scores the experts of pool `pool_of_layer[i]` and each token runs its
+    `top_k` best, weighted by their router probabilities. One pool read by every layer is the global
+    pool; one pool per layer of E experts is the per-layer MoE. Routers are per layer (d x P rows
+    each) or, with `router: shared`, one per pool. `balance_weight` scales the Switch-style
+    load-balancing loss (pool size x sum_e f_e P_e, over the pool's layers) added to the training loss.
+    Stored: sum(pool_sizes) x experts' matrices + routers; a token activates k experts per layer.
+    """
+
+    pool_sizes: tuple[int, ...]
+    pool_of_layer: tuple[int, ...]
+    d_expert: int
+    top_k: int = 1
+    router: ExpertRouter = "per_layer"
+    balance_weight: float = 0.01
+
+    @property
+    def n_experts(self) -> int:
+        return sum(self.pool_sizes)
+
+    def router_rows(self) -> tuple[int, ...]:
+        """Experts each stored router scores: one router per layer, or one per pool."""
+        if self.router == "shared":
+            return self.pool_sizes
+        return tuple(self.pool_sizes[p] for p in self.pool_of_layer)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool_sizes": list(self.pool_sizes), "pool_of_layer": list(self.pool_of_layer),
+                "d_expert": self.d_expert, "top_k": self.top_k, "router": self.router,
+                "balance_weight": self.balance_weight}
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """One candidate allocation. Plain data: YAML/JSON round-trip, schema version, stable hash."""
 
@@ -165,6 +202,9 @@ class ArchConfig:
     kv_source: tuple[int, ...] = ()
     kv_mode: KvMode = "kv"
     atoms: tuple[AtomSpec, ...] = ()  # attention slots generated from shared atom dictionaries
+    # The MLP as top-k experts from pools shared across layers; None = dense MLPs. With experts no
+    # block stores an MLP slot, and mlp_widths hold each layer's activated width, top_k x d_expert.
+    experts: ExpertPool | None = None
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -180,6 +220,9 @@ class ArchConfig:
             object.__setattr__(self, "kv_source", tuple(range(L)))
         if self.kv_source == tuple(range(L)):
             object.__setattr__(self, "kv_mode", "kv")  # nothing is shared: one canonical form
+        if self.experts is not None and isinstance(self.experts.top_k, int) and isinstance(self.experts.d_expert, int):
+            # the widths a token activates: what activation memory and the dashboard read
+            object.__setattr__(self, "mlp_widths", (self.experts.top_k * self.experts.d_expert,) * L)
         if len(set(self.block_of_layer)) == len(self.block_of_layer):
             # with no shared block, tied-or-untied norms build the same model: keep one canonical form
             object.__setattr__(self, "untied_norms", True)
@@ -213,7 +256,10 @@ class ArchConfig:
         return self.kv_source[layer] != layer
 
     def layer_reads(self, layer: int, slot: str) -> bool:
-        """Whether this depth position multiplies with `slot`'s weight (KV consumers skip K and/or V)."""
+        """Whether this depth position multiplies with `slot`'s weight (KV consumers skip K and/or V;
+        with experts no layer reads a dense MLP slot)."""
+        if self.experts is not None and slot.startswith("mlp"):
+            return False
         if self.kv_source[layer] == layer or slot not in ("attn_k", "attn_v"):
             return True
         return slot == "attn_k" and self.kv_mode == "v"
@@ -297,6 +343,10 @@ class ArchConfig:
             del d["kv_source"], d["kv_mode"]
         if not self.atoms:
             del d["atoms"]
+        if self.experts is None:
+            del d["experts"]
+        else:
+            d["experts"] = self.experts.to_dict()
         return d
 
     @classmethod
@@ -363,6 +413,9 @@ class ArchConfig:
             parts.append(f"{self.kv_mode}:{sources}src")
         if self.atoms:
             parts.append("atoms=" + ",".join(f"{a.slot[-1]}{a.n_atoms}" for a in self.atoms))
+        if self.experts is not None:
+            e = self.experts
+            parts.append(f"experts={len(e.pool_sizes)}x{max(e.pool_sizes)}:k{e.top_k}:w{e.d_expert}")
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")
@@ -398,6 +451,7 @@ __all__ = [
     "AtomSpec",
     "Bank",
     "Chassis",
+    "ExpertPool",
     "SCHEMA_VERSION",
     "block_slots",
     "canonical_blocks",

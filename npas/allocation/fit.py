@@ -4,6 +4,7 @@ A sampled candidate fixes everything but one size, and that size is solved so st
 as closely as the shapes allow:
   * `slice` / `tile` pools  -> bank sizes (integers, distributed in proportion to each bank's cap),
   * `template_mix` pools    -> the template count T,
+  * expert pools            -> the expert width d_expert (every pool's experts share it),
   * everything else         -> a width scale on the MLP (and, in `all` mode, on d_model too).
 Stored parameters are monotone in each of these, so the largest size with `stored <= budget` is
 found exactly; `step` records what the next increment would have cost, which is how close to the
@@ -223,6 +224,39 @@ def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_mi
     out = replace(probe, banks=tuple(replace(b, size=s_, templates=t_min)
                                      for b, s_ in zip(probe.banks, sizes, strict=True)))
     return Fit(out, free="bank_size", stored=fixed + t_min * (sum(sizes) + coefs), step=t_min)
+
+
+def expert_pools(n_layers: int, window: int, per_layer: int, fraction: float,
+                 top_k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(experts per pool, pool of each layer): one pool per window of adjacent layers (the last
+    window may be shorter), holding fraction x its layers x E experts, and never fewer than top_k."""
+    pool_of_layer = tuple(i // window for i in range(n_layers))
+    sizes = tuple(max(top_k, round(fraction * pool_of_layer.count(p) * per_layer))
+                  for p in range(pool_of_layer[-1] + 1))
+    return sizes, pool_of_layer
+
+
+def fit_experts(make: Callable[[Chassis, int], ArchConfig], chassis: Chassis, budget: int, mode: str = "all",
+                max_scale: float = 4.0) -> Fit:
+    """Solve the expert width d_expert. Stored params are affine in it (every pool's experts widen
+    together, routers do not), so the widest width within budget is one division, capped at
+    max_scale x d_ff. In `all` mode d_model narrows by n_heads only when not even width 1 fits."""
+    d, H = chassis.d_model, chassis.n_heads
+    shapes = [chassis]
+    if mode == "all":
+        shapes += [replace(chassis, d_model=dm, d_ff=max(1, round(chassis.d_ff * dm / d))) for dm in range(d - H, 0, -H)]
+    for ch in shapes:
+        one = stored_params(make(ch, 1))
+        if one <= budget:
+            break
+    else:
+        return Fit(None, f"experts of width 1 need {one:,} params > budget {budget:,} even at d_model={ch.d_model}; "
+                         f"raise the budget, lower experts.per_layer or experts.pool_fraction")
+    step = stored_params(make(ch, 2)) - one  # params of one more unit of width in every expert
+    cap = max(1, int(max_scale * ch.d_ff))
+    width = min(cap, 1 + (budget - one) // step)
+    cfg = make(ch, width)
+    return Fit(cfg, free="d_expert", stored=stored_params(cfg), step=step, capped=width == cap)
 
 
 def _proportional(total: int, caps: list[int]) -> list[int]:

@@ -24,6 +24,7 @@ from npas.allocation.config import (
     Activation,
     AtomScope,
     DType,
+    ExpertRouter,
     Generator,
     KvMode,
     LoraScaling,
@@ -34,6 +35,7 @@ Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
 BankRule = Literal["by_type", "by_type_and_shape", "all", "explicit"]
 LoraTargets = Literal["attn", "mlp", "both"]
 WidthFit = Literal["mlp", "all"]
+ExpertScope = Literal["global", "window"]  # one pool for every layer, or one per window of adjacent layers
 
 TAPERS: tuple[str, ...] = get_args(Taper)
 TYING: tuple[str, ...] = get_args(Tying)
@@ -67,6 +69,10 @@ def _atoms_on(values: dict[str, Any]) -> bool:
 def _default_atoms(values: dict[str, Any]) -> int:
     """K = atoms.fraction x depth (a third of the layers by default), at least 1."""
     return max(1, round(float(values.get("atoms_fraction", 1 / 3)) * int(values["n_layers"])))
+
+
+def _experts_on(values: dict[str, Any]) -> bool:
+    return int(values.get("experts_per_layer", 0) or 0) > 0
 
 
 def _default_unique(values: dict[str, Any]) -> int:
@@ -164,6 +170,27 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("lora_scaling", "relaxation", "scaling", str, "standard", allowed=get_args(LoraScaling),
              applies=_relaxed, when="some LoRA rank is > 0", searchable=False,
              help="standard: alpha / r (PEFT); rslora: alpha / sqrt(r)"),
+    # expert pools, appended last so spaces written before them keep their seeded suggestion order
+    KnobSpec("experts_per_layer", "experts", "per_layer", int, 0, low=0, high=1024,
+             help="E: the MLP becomes a mixture of experts; a pool holds pool_fraction x its layers x E "
+                  "experts; 0 = dense MLP"),
+    KnobSpec("expert_pool_fraction", "experts", "pool_fraction", float, 1.0, low=0.01, high=8.0,
+             applies=_experts_on, when="experts.per_layer > 0",
+             help="pool size as a fraction of (layers reading it x E); 1 = as many as per-layer MoE, at least top_k"),
+    KnobSpec("experts_topk", "experts", "topk", int, 1, low=1, high=64, applies=_experts_on,
+             when="experts.per_layer > 0", help="k experts each token runs per layer"),
+    KnobSpec("expert_router", "experts", "router", str, "per_layer", allowed=get_args(ExpertRouter),
+             applies=_experts_on, when="experts.per_layer > 0",
+             help="per_layer: every layer routes with its own router; shared: one router per pool"),
+    KnobSpec("expert_scope", "experts", "scope", str, "global", allowed=get_args(ExpertScope),
+             applies=_experts_on, when="experts.per_layer > 0",
+             help="global: one pool read by every layer; window: one pool per window of adjacent layers"),
+    KnobSpec("expert_window", "experts", "window", int, 2, low=1, high="n_layers",
+             applies=lambda v: _experts_on(v) and v.get("expert_scope") == "window",
+             when="experts.scope is window", help="layers per window; 1 with pool_fraction 1 is per-layer MoE"),
+    KnobSpec("expert_balance", "experts", "balance_weight", float, 0.01, low=0.0, high=100.0,
+             applies=_experts_on, when="experts.per_layer > 0",
+             help="weight of the pool-level load-balancing loss in the training loss"),
 )
 
 # Settings of a space that shape every candidate but are never searched: fixed values only.

@@ -17,6 +17,7 @@ from npas.allocation.config import (
     AtomSpec,
     Bank,
     Chassis,
+    ExpertPool,
     Generator,
     LoraScaling,
 )
@@ -78,6 +79,8 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         problems.append(f"atoms: must be a list of mappings, got {atoms!r}")
         atoms = []
     out["atoms"] = tuple(a for k, raw in enumerate(atoms) if (a := read_atoms(k, raw, problems)) is not None)
+    if d.get("experts") is not None:
+        out["experts"] = read_experts(d["experts"], problems)
     version = d.get("version", SCHEMA_VERSION)
     if version not in (1, SCHEMA_VERSION) or not _is_int(version):
         problems.append(f"version: {version!r} is not a schema version this npas reads (1 or {SCHEMA_VERSION})")
@@ -115,6 +118,29 @@ def read_atoms(k: int, raw: Any, problems: list[str]) -> AtomSpec | None:
         problems.append(f"{where}: slot and scope must be text, n_atoms an integer, got {raw!r}")
         return None
     return AtomSpec(raw["slot"], raw["n_atoms"], raw.get("scope", "layer"))
+
+
+def read_experts(raw: Any, problems: list[str]) -> ExpertPool | None:
+    keys = ("pool_sizes", "pool_of_layer", "d_expert", "top_k", "router", "balance_weight")
+    if not isinstance(raw, dict) or set(raw) - set(keys) or not {"pool_sizes", "pool_of_layer", "d_expert"} <= set(raw):
+        problems.append(f"experts: must be a mapping of {', '.join(keys)} (the first three required), got {raw!r}")
+        return None
+    before = len(problems)
+    for key in ("pool_sizes", "pool_of_layer"):
+        if not isinstance(raw[key], list | tuple) or not all(_is_int(v) for v in raw[key]):
+            problems.append(f"experts.{key}: must be a list of integers, got {raw[key]!r}")
+    for key in ("d_expert", "top_k"):
+        if key in raw and not _is_int(raw[key]):
+            problems.append(f"experts.{key}: must be an integer, got {raw[key]!r}")
+    if not isinstance(raw.get("router", ""), str):
+        problems.append(f"experts.router: must be per_layer or shared, got {raw['router']!r}")
+    bw = raw.get("balance_weight", 0.01)
+    if not isinstance(bw, int | float) or isinstance(bw, bool):
+        problems.append(f"experts.balance_weight: must be a number, got {bw!r}")
+    if len(problems) > before:
+        return None
+    return ExpertPool(tuple(raw["pool_sizes"]), tuple(raw["pool_of_layer"]), raw["d_expert"], raw.get("top_k", 1),
+                      raw.get("router", "per_layer"), float(bw))
 
 
 def upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:

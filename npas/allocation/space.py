@@ -19,8 +19,17 @@ import optuna
 import yaml
 
 from npas.allocation.budget import parse_budget, reference_params
-from npas.allocation.config import ArchConfig, AtomSpec, Chassis
-from npas.allocation.fit import Fit, bank_members, fit_banks, fit_width, taper_profile, tying_map
+from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
+from npas.allocation.fit import (
+    Fit,
+    bank_members,
+    expert_pools,
+    fit_banks,
+    fit_experts,
+    fit_width,
+    taper_profile,
+    tying_map,
+)
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
     FIT_KEYS,
@@ -208,11 +217,15 @@ class Space:
         atoms = () if atom_letters == "none" else tuple(
             AtomSpec(f"attn_{c}", int(value(values, "n_atoms")), value(values, "atom_scope")) for c in atom_letters)
 
-        def make(ch: Chassis, widths: tuple[int, ...]) -> ArchConfig:
+        def make(ch: Chassis, widths: tuple[int, ...], experts: ExpertPool | None = None) -> ArchConfig:
             return ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=blocks, lora_attn=lora_attn,
-                              lora_mlp=lora_mlp, lora_alpha=float(value(values, "lora_alpha")),
+                              lora_mlp=lora_mlp if experts is None else (0,) * L, lora_alpha=float(value(values, "lora_alpha")),
                               lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
-                              dtype=self.dtype, kv_source=kv_source, kv_mode=value(values, "kv_mode"), atoms=atoms)
+                              dtype=self.dtype, kv_source=kv_source, kv_mode=value(values, "kv_mode"), atoms=atoms,
+                              experts=experts)
+
+        if int(value(values, "experts_per_layer")) > 0:
+            return self._experts_candidate(values, chassis, make, budget)
 
         if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
@@ -228,6 +241,29 @@ class Space:
                         self.max_templates)
         return Candidate(values, fit, budget)
 
+    def _experts_candidate(self, values: dict[str, Any], chassis: Chassis, make: Any, budget: int) -> Candidate:
+        """The MLP as pooled experts; the fit solves the expert width. Shapeshifter banks would pool
+        the same MLP weights a second way, so that combination is refused (attention-only banks
+        would be a later extension); MLP LoRA has no dense MLP to relax and is dropped."""
+        if value(values, "pools"):
+            return Candidate(values, Fit(None, "expert pools and parameter banks (pools.enabled) both pool the "
+                                               "MLP; enable one of them"), budget)
+        L = chassis.n_layers
+        window = L if value(values, "expert_scope") == "global" else int(value(values, "expert_window"))
+        if not 1 <= window <= L:
+            return Candidate(values, Fit(None, f"experts.window={window} must be 1..n_layers={L}"), budget)
+        k = int(value(values, "experts_topk"))
+        sizes, pool_of_layer = expert_pools(L, window, int(value(values, "experts_per_layer")),
+                                            float(value(values, "expert_pool_fraction")), k)
+
+        def make_experts(ch: Chassis, d_expert: int) -> ArchConfig:
+            pool = ExpertPool(sizes, pool_of_layer, d_expert, k, value(values, "expert_router"),
+                              float(value(values, "expert_balance")))
+            return make(ch, (1,) * L, pool)  # experts take no MLP LoRA: make drops it
+
+        fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale)
+        return Candidate(values, fit, budget)
+
     def baselines(self) -> dict[str, dict[str, Any]]:
         """Knob values of the hand-crafted baselines, completed for this space's depth."""
         L = self.reference_chassis.n_layers
@@ -238,7 +274,15 @@ class Space:
                 if L < 4:
                     continue
                 vals["unique_blocks"] = L // 2
+            if "experts_per_layer" in self.knobs:
+                vals["experts_per_layer"] = 0  # the dense, hand-crafted models
             out[name] = vals
+        experts = [e for e in self.knobs["experts_per_layer"].options() if e > 0] if "experts_per_layer" in self.knobs \
+            else []
+        if experts:  # the natural baseline of an expert pool: each layer its own E experts, nothing shared
+            out["per_layer_moe"] = {**BASELINES["narrow_untied"], "width_fit": self.width_fit,
+                                    "experts_per_layer": max(experts), "expert_scope": "window", "expert_window": 1,
+                                    "expert_pool_fraction": 1.0}
         return out
 
 

@@ -5,6 +5,7 @@ Three kinds of module carry parameters, with stable state-dict names:
   blocks.{b}.{slot}      a unique block's direct weight, e.g. blocks.0.attn_q (d, d)
   banks.{k}.weight/coef  a shared bank generating some blocks' slots (Shapeshifter pools)
   atoms.{slot}.atoms/coef  a dictionary of matrix atoms generating one attention slot (MASA)
+  experts.pools.{p}.up/gate/down, experts.routers.{j}  expert pools replacing the MLP (see experts.py)
   h.{l}.ln_1 / lora_*    what belongs to one depth position: untied norms and LoRA deltas
 Every forward first *materialises* each block's weights once (views for direct and tied weights,
 one generation per bank and per atom dictionary), then runs the L layers over them. A layer that
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 
 from npas.allocation.atoms import AtomDictionary
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
+from npas.allocation.experts import ExpertPools
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
 
@@ -78,8 +80,10 @@ class Layer(nn.Module):
         return F.linear(x, self._weight(slot, w))
 
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module,
-                kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """The layer's output and the (k, v) it attended with, for layers that share them."""
+                kv: tuple[Tensor, Tensor] | None = None, moe: ExpertPools | None = None,
+                layer: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The layer's output and the (k, v) it attended with, for layers that share them.
+        With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`)."""
         B, T, C = x.shape
         hs = C // self.n_heads
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
@@ -98,6 +102,8 @@ class Layer(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self._linear(y, "attn_o", w["attn_o"])
         h = ln_2(x)
+        if moe is not None:
+            return x + moe(h, layer), (k, v)
         n = self.width  # tied blocks store the widest member; narrower layers take a nested slice
         a = self._linear(h, "mlp_up", w["mlp_up"][:n])
         a = F.silu(self._linear(h, "mlp_gate", w["mlp_gate"][:n])) * a if self.gated else F.gelu(a)
@@ -145,6 +151,9 @@ class TransformerLM(nn.Module):
             for a in cfg.atoms
         }
         self.kv_source = list(cfg.kv_source)
+        self.experts = None if cfg.experts is None else ExpertPools(
+            cfg.experts, c.d_model, c.activation == "swiglu", INIT_STD, resid_std)
+        self.aux_loss: Tensor = torch.zeros(())  # weighted expert balance loss of the last forward
         self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
         self.ln_f = _norm(c.d_model)
         self._init_direct(resid_std)
@@ -173,6 +182,8 @@ class TransformerLM(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
         kv: dict[int, tuple[Tensor, Tensor]] = {}
+        if self.experts is not None:
+            self.experts.reset()
         for i, (layer, b) in enumerate(zip(self.h, self.block_of_layer, strict=True)):
             norms = layer if hasattr(layer, "ln_1") else self.blocks[b]
             w = weights[b]
@@ -182,9 +193,12 @@ class TransformerLM(nn.Module):
                     if i in rows:
                         w[slot] = atoms[slot][rows[i]]
             src = self.kv_source[i]
-            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src))
+            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i)
             if src == i:
                 kv[i] = kv_i
+        if self.experts is not None:
+            # the training loop adds this to the LM loss (proxy._loop); evaluation reads the LM loss only
+            self.aux_loss = self.cfg.experts.balance_weight * self.experts.balance_loss()
         logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
         loss = None
         if targets is not None:

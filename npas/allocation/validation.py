@@ -16,6 +16,7 @@ from npas.allocation.config import (
     ArchConfig,
     AtomScope,
     Bank,
+    ExpertRouter,
     Generator,
     KvMode,
     LoraScaling,
@@ -106,7 +107,45 @@ def _sharing_problems(cfg: ArchConfig) -> list[str]:
             out.append(f"atoms[{k}].n_atoms: must be an integer >= 1, got {a.n_atoms!r}")
         if a.scope not in get_args(AtomScope):
             out.append(f"atoms[{k}].scope: {a.scope!r} is not one of {list(get_args(AtomScope))}")
+    out.extend(_expert_problems(cfg))
     return out  # layer 0 is always a KV source, so every atom dictionary has a reader
+
+
+def _expert_problems(cfg: ArchConfig) -> list[str]:
+    """Pools with readers and at least top_k experts, one pool per layer, no MLP LoRA."""
+    e = cfg.experts
+    if e is None:
+        return []
+    out = []
+    L = cfg.chassis.n_layers
+
+    def ints(seq: object) -> bool:
+        return isinstance(seq, tuple) and bool(seq) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                            for v in seq)
+
+    if not ints(e.pool_sizes) or min(e.pool_sizes) < 1:
+        return [f"experts.pool_sizes: must be a non-empty list of integers >= 1, got {e.pool_sizes!r}"]
+    if not ints(e.pool_of_layer) or len(e.pool_of_layer) != L:
+        return [f"experts.pool_of_layer: needs one pool index per layer ({L}), got {e.pool_of_layer!r}"]
+    n = len(e.pool_sizes)
+    if sorted(set(e.pool_of_layer)) != list(range(n)):
+        out.append(f"experts.pool_of_layer: must read each of the {n} pools and only those (0..{n - 1}), "
+                   f"got {list(e.pool_of_layer)}")
+    for name in ("d_expert", "top_k"):
+        v = getattr(e, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            out.append(f"experts.{name}: must be an integer >= 1, got {v!r}")
+    if not out and e.top_k > min(e.pool_sizes):
+        out.append(f"experts.top_k: {e.top_k} is more than the smallest pool's {min(e.pool_sizes)} experts; "
+                   f"lower top_k or grow the pool")
+    if e.router not in get_args(ExpertRouter):
+        out.append(f"experts.router: {e.router!r} is not one of {list(get_args(ExpertRouter))}")
+    bw = e.balance_weight
+    if not isinstance(bw, int | float) or isinstance(bw, bool) or not math.isfinite(bw) or bw < 0:
+        out.append(f"experts.balance_weight: must be a finite number >= 0, got {bw!r}")
+    if any(cfg.lora_mlp):
+        out.append("lora_mlp: experts replace the dense MLP and take no LoRA; set lora_mlp to zeros")
+    return out
 
 
 def _bank_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:

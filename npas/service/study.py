@@ -148,5 +148,7 @@ def front_frame(study: optuna.Study):
                     "flops_per_token": r.flops_per_token, "baseline": r.baseline, "allocation": r.summary,
                     "hash": r.hash})
         records.append(rec)
-    return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", "stored_params",
-                                                       "flops_per_token", "baseline", "allocation", "hash"])
+    # an objective that is also an accounting column (flops_per_token) is listed once
+    extra = [c for c in ("stored_params", "flops_per_token") if c not in names]
+    return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", *extra, "baseline",
+                                                       "allocation", "hash"])

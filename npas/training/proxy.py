@@ -275,7 +275,10 @@ def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, r
             xy = data[offsets[step % OFFSET_BLOCK] + window].long()  # (B, T+1)
             with amp:
                 _, loss = model(xy[:, :-1], xy[:, 1:])
-            loss.backward()
+            # expert pools' weighted load-balancing loss (0 without experts) trains with the LM loss;
+            # the logged and evaluated losses stay the LM loss alone
+            aux = getattr(model, "aux_loss", None)
+            (loss if aux is None else loss + aux).backward()
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
             opt.step()
