@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import math
 
+import optuna
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.space import load_space
 from npas.training.data import load_corpus
 from npas.training.parameterization import apply_init, optimizer_groups
 from npas.training.proxy import run_proxy, train_model
 from npas.training.recipe import Recipe
+
+from .conftest import ROOT
 
 CHASSIS = Chassis(vocab_size=68, context=64, d_model=64, n_layers=2, n_heads=4, d_ff=256)
 # the reference the base lr is "tuned" on: half the width, twice the depth, so width and depth rules act
@@ -150,3 +154,23 @@ def test_fair_init_scales_hidden_matrices_by_root_width_ratio():
     uniform = npas.build_model(TIED)
     apply_init(uniform, "uniform", REFERENCE)
     assert all(torch.equal(a, b) for a, b in zip(uniform.parameters(), drawn.parameters(), strict=True))
+
+
+def test_expert_pool_tensors_follow_the_documented_rule():
+    """Pool experts: sharing k = readers x top_k / pool size, width by d_expert; routers by readers."""
+    from npas.allocation.transformer import build_model
+    from npas.training.parameterization import SHARING_EXPONENT, rules
+
+    space = load_space(ROOT / "search_spaces" / "expert_pool.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    cfg = next(c.config for c in (space.sample(study.ask()) for _ in range(200))
+               if c.feasible and c.config.experts is not None)
+    e, ch = cfg.experts, cfg.chassis
+    table = rules(build_model(cfg), ch)  # its own chassis as reference: only sharing and width move
+    for p, size in enumerate(e.pool_sizes):
+        k = max(1.0, sum(q == p for q in e.pool_of_layer) * e.top_k / size)
+        assert table[f"experts.pools.{p}.up"].group == "expert"
+        assert table[f"experts.pools.{p}.up"].lr_mult == pytest.approx(k**-SHARING_EXPONENT)
+        w = ch.d_ff / e.d_expert
+        assert table[f"experts.pools.{p}.down"].lr_mult == pytest.approx(k**-SHARING_EXPONENT * w**0.5)
+    assert all(r.group != "other" for r in table.values())

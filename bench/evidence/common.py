@@ -337,6 +337,8 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
             r = Recipe.from_dict({**base.to_dict(), "lr": base.lr * f, "min_lr": base.min_lr * f})
             checks += make_jobs(configs, setup, r, seeds=(LR_CHECK_SEED,))
     results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
+    if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
+        raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
     main = [r for r in results if r.get("seed") != LR_CHECK_SEED or setup.quick]
     lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and not setup.quick]
     if lr_rows:

@@ -193,8 +193,9 @@ def report(v: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", action="store_true")
+    p.add_argument("--code-version", default=None, help="report the cached runs of this code version")
     a = p.parse_args(argv)
-    v = version()
+    v = a.code_version or version()
     if a.plan:
         tok = sum(Recipe.from_dict(s["recipe"]).steps * RECIPE.tokens_per_step for s in device_specs())
         print(f"{len(runs())} runs, {tok / 1e6:.0f}M tokens in all; code {v}")

@@ -30,6 +30,10 @@ bank                  as a matrix, with its members' uses (a pool's template, a 
 template coefficient  ``k**-SHARING_EXPONENT`` with ``k`` the mean uses of a member's      model's
                       block: a coefficient is a gain (vector-like, width-free in muP);
                       its reach through the templates already carries their init scale
+expert (pool)         as a matrix of an MLP slot of width d_expert (``w = d_ff_ref /       std x
+                      d_expert`` for down), ``k`` = readers x top_k / pool size: the       sqrt(w)
+                      expected reads of one expert per token
+router                as an input-slot matrix read by its layers (one, or a pool's)       std x sqrt(w)
 LoRA factor (A, B)    ``w**a * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
                       it); the rank's effect on step size is the model's alpha/r scaling
 norm gain             ``k**-SHARING_EXPONENT`` (vector-like: width- and depth-free); k > 1  model's
@@ -82,13 +86,15 @@ _BLOCK = re.compile(r"blocks\.(\d+)\.(\w+)$")
 _BLOCK_NORM = re.compile(r"blocks\.(\d+)\.ln_[12]\.weight$")
 _BANK = re.compile(r"banks\.(\d+)\.(weight|coef)$")
 _LORA = re.compile(r"h\.(\d+)\.lora\.(\w+)\.([AB])$")
+_EXPERT = re.compile(r"experts\.pools\.(\d+)\.(up|down)$")
+_ROUTER = re.compile(r"experts\.routers\.(\d+)$")
 
 
 @dataclass(frozen=True)
 class Rule:
     """What the parameterization decided for one parameter: its group, lr multiplier and init scale."""
 
-    group: str  # embedding | norm | matrix | bank | coef | lora
+    group: str  # embedding | norm | matrix | bank | coef | lora | expert | router
     lr_mult: float
     init_scale: float = 1.0  # multiplies the model's draw once, before training (1: untouched)
 
@@ -152,6 +158,15 @@ def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]
             d_in = p.shape[1] if m[3] == "A" else model.h[layer].lora[slot].A.shape[1]
             w = slot_shape(slot, ref.d_model, ref.d_ff)[1] / d_in
             out[name] = Rule("lora", width_factor(w) * depth_factor(slot, depth_ratio))
+        elif m := _EXPERT.match(name):
+            out[name] = _expert_rule(cfg, ref, int(m[1]), m[2])
+        elif m := _ROUTER.match(name):
+            e = cfg.experts
+            readers = ([i for i, q in enumerate(e.pool_of_layer) if q == int(m[1])] if e.router == "shared"
+                       else [int(m[1])])
+            w = ref.d_model / cfg.chassis.d_model
+            out[name] = Rule("router", sharing_factor(len(readers)) * width_factor(w)
+                             * depth_factor("mlp_up", depth_ratio), math.sqrt(w))
         elif ".ln_" in f".{name}":
             out[name] = Rule("norm", 1.0)
         elif name.startswith(("wte.", "wpe.")):
@@ -159,6 +174,18 @@ def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]
         else:  # a parameter kind this table does not know: base lr, and say so in the group name
             out[name] = Rule("other", 1.0)
     return out
+
+
+def _expert_rule(cfg: ArchConfig, ref: Chassis, pool: int, which: str) -> Rule:
+    """A pool's stacked expert matrices: an MLP slot of width ``d_expert`` whose sharing count is the
+    expected reads of one expert per token, (layers reading the pool) x top_k / (experts in it)."""
+    e = cfg.experts
+    readers = sum(q == pool for q in e.pool_of_layer)
+    k = readers * e.top_k / e.pool_sizes[pool]
+    slot = "mlp_up" if which == "up" else "mlp_down"
+    w = (ref.d_model / cfg.chassis.d_model) if which == "up" else ref.d_ff / e.d_expert
+    d = depth_factor(slot, ref.n_layers / cfg.chassis.n_layers)
+    return Rule("expert", sharing_factor(k) * width_factor(w) * d, math.sqrt(w))
 
 
 def _decays(model: nn.Module, weight_decay: float) -> dict[int, float]:
