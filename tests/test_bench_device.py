@@ -63,3 +63,20 @@ def test_gpu_efficiency_runs_its_code_path_on_cpu_and_rechecks_the_saved_h200_ru
     big = [x for x, r in zip(ratios, [r for r in rows if "error" not in r], strict=True) if r["chassis"]["d_model"] >= 512]
     assert abs(int(m[1]) - 100 * max(abs(x - 1) for x in big)) < 1.5  # the verdict is of the printed ratios
     assert m[2] == ("PASS" if max(abs(x - 1) for x in big) <= 0.25 else "MISS")
+
+
+def test_evidence_export_lists_missing_runs_as_specs_and_writes_no_report(tmp_path: Path):
+    import os
+
+    specs = tmp_path / "specs.jsonl"
+    out = tmp_path / "out"
+    env = {**os.environ, "NPAS_EVIDENCE_EXPORT": str(specs), "NPAS_EVIDENCE_DEVICE": "cuda"}
+    proc = subprocess.run([sys.executable, "bench/evidence/taper.py", "--out", str(out), "--fig-dir", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [json.loads(x) for x in specs.read_text().splitlines()]
+    # 4 arms x 5 seeds plus each arm's 3-point learning-rate check on seed 99
+    assert len(lines) == 4 * 5 + 4 * 3
+    assert {s["meta"]["seed"] for s in lines} == {0, 1, 2, 3, 4, 99}
+    assert all(s["dest"].startswith("bench/evidence/results/runs/") and "-cuda-" in s["dest"] for s in lines)
+    assert not list(out.iterdir())  # nothing trained, so no report or figure was written
