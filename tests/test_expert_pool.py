@@ -243,10 +243,13 @@ def test_shipped_space_fits_and_enqueues_per_layer_moe():
     assert space.budget_params - pool.fit.stored < pool.fit.step  # exactly filled by the expert width
 
 
-def test_expert_pools_and_banks_are_refused_together_with_the_reason():
+def test_expert_pools_do_not_apply_with_banks_so_such_samples_stay_dense():
+    """Shapeshifter pools and an expert pool would both own the MLP weights: experts.per_layer only
+    applies when pools are off (the knob table's condition), so a sample with pools is a dense one."""
     text = EXPERTS.replace("atoms: {slots: [none, qk]}", "pools: {enabled: [true]}")
     cand = sample(parse_space(text), 0)
-    assert not cand.feasible and "pools.enabled" in cand.reason
+    assert cand.feasible and cand.config.experts is None and cand.config.banks
+    assert "experts_per_layer" not in cand.values
 
 
 @pytest.mark.parametrize("change, fragment", [

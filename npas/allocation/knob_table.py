@@ -172,8 +172,10 @@ KNOBS: tuple[KnobSpec, ...] = (
              help="standard: alpha / r (PEFT); rslora: alpha / sqrt(r)"),
     # expert pools, appended last so spaces written before them keep their seeded suggestion order
     KnobSpec("experts_per_layer", "experts", "per_layer", int, 0, low=0, high=1024,
+             applies=lambda v: not v.get("pools"), when="pools is not enabled",
              help="E: the MLP becomes a mixture of experts; a pool holds pool_fraction x its layers x E "
-                  "experts; 0 = dense MLP"),
+                  "experts; 0 = dense MLP (Shapeshifter pools own the MLP weights, so a sample with pools "
+                  "is dense)"),
     KnobSpec("expert_pool_fraction", "experts", "pool_fraction", float, 1.0, low=0.01, high=8.0,
              applies=_experts_on, when="experts.per_layer > 0",
              help="pool size as a fraction of (layers reading it x E); 1 = as many as per-layer MoE, at least top_k"),
