@@ -62,3 +62,29 @@ def test_count_prints_the_kv_cache_of_the_sharing_groups_sources_only(tmp_path, 
     _count(tmp_path, replace(_config(), kv_mode="v"))  # values only: every layer still caches its keys
     assert _row(capsys.readouterr().out, "KV cache bytes / token").startswith(f"{(6 + 3) * d * 4:,} (K cached by 6")
 
+
+
+def test_count_prints_the_expert_pool_stored_and_activated(tmp_path, capsys):
+    """A pool stores every expert but a token activates k of them: count prints both, each equal to
+    the built model's tensors."""
+    import optuna
+
+    from npas.allocation.space import load_space
+
+    space = load_space("search_spaces/expert_pool.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    cfg = next(c.config for c in (space.sample(study.ask()) for _ in range(100)) if c.feasible and c.config.experts)
+    _count(tmp_path, cfg)
+    out = capsys.readouterr().out
+    model = npas.build_model(cfg)
+    built = sum(p.numel() for n, p in model.named_parameters() if n.startswith("experts."))
+    row = _row(out, "experts + routers")
+    e = cfg.experts
+    assert row.startswith(f"{built:,} ({len(e.pool_sizes)} pool(s)") and f"top-{e.top_k}" in row, row
+    act = int(_row(out, "activated params / token").split()[0].replace(",", ""))
+    d, stored = cfg.chassis.d_model, sum(p.numel() for p in model.parameters())
+    per_expert = 2 * d * e.d_expert  # up and down of one GELU expert
+    assert cfg.n_blocks == cfg.chassis.n_layers and cfg.chassis.activation == "gelu"  # untied attention
+    # stored minus the pools and routers, plus what each layer runs: its router over its pool and k experts
+    runs = sum(d * e.pool_sizes[q] + e.top_k * per_expert for q in e.pool_of_layer)
+    assert act == stored - built + runs < stored

@@ -33,16 +33,28 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("  block weights", f"{acc.block_params:,}"),
         ("  banks + coefficients", f"{acc.bank_params:,}"),
         ("  atoms + coefficients", f"{acc.atom_params:,}{_atoms_note(cfg)}"),
+        ("  experts + routers", f"{acc.expert_params:,}{_experts_note(cfg)}"),
         ("  LoRA", f"{acc.lora_params:,}"),
         ("  norms", f"{acc.norm_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
+        ("activated params / token", f"{acc.activated_params:,}"
+                                     + (" (k experts and the routers, not the whole pool)" if cfg.experts else "")),
         ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
         ("weight generation FLOPs / step", f"{acc.generation_flops_per_step:,}"),
         ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}{_kv_note(cfg)}"),
         ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
         ("training memory (estimate)", f"{acc.train_memory_bytes:,} ({acc.train_memory_bytes / mib:.1f} MiB)"),
     ]
+
+
+def _experts_note(cfg: ArchConfig) -> str:
+    """The pools behind the count: sizes, expert width, k and router kind (stored: every pool expert)."""
+    e = cfg.experts
+    if e is None:
+        return ""
+    return (f" ({len(e.pool_sizes)} pool(s) of {', '.join(map(str, e.pool_sizes))} experts, d_expert {e.d_expert}, "
+            f"top-{e.top_k}, {e.router} router)")
 
 
 def _atoms_note(cfg: ArchConfig) -> str:
