@@ -210,6 +210,25 @@ def test_allocation_map_marks_atom_projections_and_kv_sharing_groups():
     assert not [line for t in text for line in t.splitlines() if "atoms" in line or "←" in line or "→" in line]
 
 
+def test_allocation_map_marks_the_expert_pool_each_layer_reads():
+    import optuna
+
+    from npas.allocation.space import load_space
+
+    space = load_space(ROOT / "search_spaces" / "expert_pool.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    cfg = next(c.config for c in (space.sample(study.ask()) for _ in range(100)) if c.feasible and c.config.experts)
+    e = cfg.experts
+    cells, text = _map_text(cfg)
+    assert [c.experts[0] for c in cells] == list(e.pool_of_layer)
+    for i, t in enumerate(text):
+        q = e.pool_of_layer[i]
+        assert f"pool {q}: top-{e.top_k} of {e.pool_sizes[q]} x ff {e.d_expert}" in t.splitlines()
+        assert not any(line.startswith("ff ") for line in t.splitlines())  # no dense MLP width
+    _, dense = _map_text(reference_config(cfg.chassis))
+    assert all("pool " not in t for t in dense)
+
+
 def test_taper_and_curves_info_follow_the_front(smoke):
     st, _ = smoke
     front = front_trials(st)

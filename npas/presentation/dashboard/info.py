@@ -228,6 +228,9 @@ class LayerCell:
     kv_source: int | None = None  # the earlier layer whose keys/values this one reuses; None: its own
     kv_consumers: tuple[int, ...] = ()  # later layers attending with this layer's keys/values
     kv_mode: str = "kv"  # what consumers reuse: keys and values ("kv"), or values only ("v")
+    # the shared expert pool this layer's router reads (UniPool / MoEUT): (pool index, experts in it,
+    # top_k, d_expert); None for a dense MLP
+    experts: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -267,8 +270,16 @@ def allocation_row(t: FrozenTrial) -> AllocationRow | None:
         cells.append(LayerCell(stored=float(stored[i]), block=b, shared=cfg.block_is_shared(b), banks=banks,
                                lora_attn=cfg.lora_attn[i], lora_mlp=cfg.lora_mlp[i], width=cfg.mlp_widths[i],
                                atoms=atoms, kv_source=cfg.kv_source[i] if cfg.kv_consumer(i) else None,
-                               kv_consumers=consumers, kv_mode=cfg.kv_mode))
+                               kv_consumers=consumers, kv_mode=cfg.kv_mode, experts=_experts_of(cfg, i)))
     return AllocationRow(t.number, label(t), cfg.summary(), cells)
+
+
+def _experts_of(cfg: ArchConfig, layer: int) -> tuple[int, int, int, int] | None:
+    e = getattr(cfg, "experts", None)
+    if e is None:
+        return None
+    q = e.pool_of_layer[layer]
+    return q, e.pool_sizes[q], e.top_k, e.d_expert
 
 
 def allocation_info(study: optuna.Study) -> AllocationInfo:

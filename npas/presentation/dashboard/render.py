@@ -242,7 +242,12 @@ def render_allocation(info: AllocationInfo) -> Figure | None:
 def _cell_lines(c: LayerCell) -> list[str]:
     """The text of one allocation-map cell: params, tying group, MLP width, then whatever mechanisms
     make this layer's weights (banks, atoms, LoRA) and where its keys and values come from."""
-    lines = [f"{c.stored / 1e3:,.1f}k params", f"{_letter(c.block)}{' (shared)' if c.shared else ''}", f"ff {c.width}"]
+    lines = [f"{c.stored / 1e3:,.1f}k params", f"{_letter(c.block)}{' (shared)' if c.shared else ''}"]
+    if c.experts is not None:  # the MLP is a top-k read of a shared pool: which pool, its size, k and width
+        pool, size, k, width = c.experts
+        lines.append(f"pool {pool}: top-{k} of {size} x ff {width}")
+    else:
+        lines.append(f"ff {c.width}")
     if c.banks:
         lines.append("bank " + ",".join(str(k) for k, _ in c.banks))
     by_k: dict[int, str] = {}
