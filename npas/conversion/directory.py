@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 
 from npas.allocation.config import ArchConfig
 from npas.conversion.convert import Conversion, convert_model, convertible_problems
@@ -93,7 +95,13 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
 
     conversion = convert_model(source, cfg, tie_init=tie_init, seed=seed)
     dev = pick_device(device)
-    val = evaluate(conversion.model.to(dev), eval_batches(corpus, recipe), dev, recipe)
+    prev = torch.get_num_threads()
+    if dev.type == "cpu" and recipe.threads > 0:
+        torch.set_num_threads(recipe.threads)  # as the recipe trains: one thread per process by default
+    try:
+        val = evaluate(conversion.model.to(dev), eval_batches(corpus, recipe), dev, recipe)
+    finally:
+        torch.set_num_threads(prev)
     conversion.model.to("cpu")
     src_result = metrics.get("result") or {}
     from npas import __version__
