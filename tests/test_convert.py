@@ -227,3 +227,69 @@ def test_missing_inputs_are_refused_in_one_line(dense_dir: Path, tmp_path: Path,
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+# ---- npas search --init-from: trials start from the converted model ---------------------------
+TINY = Path(__file__).resolve().parent / "data" / "tiny.yaml"
+FAST = str(Path(__file__).resolve().parent / "data" / "fast.yaml")
+
+
+def _train_tiny(out: Path, steps: int, seed: int = 0) -> float:
+    import npas
+
+    recipe = load_recipe("smoke").with_steps(steps)
+    recipe = type(recipe).from_dict({**recipe.to_dict(), "seed": seed})
+    corpus = load_corpus(None, recipe.val_fraction, recipe.test_fraction)
+    return train_allocation(reference_config(npas.load_space(TINY).reference_chassis), recipe, corpus, out).val_loss
+
+
+def test_search_init_from_starts_trials_from_the_model_and_pins_it(tmp_path: Path) -> None:
+    import ray
+
+    import npas
+    from npas.conversion.directory import fingerprint_weights
+    from npas.errors import StudyError
+    from npas.service.driver import resume, search
+    from npas.service.launch import Launch
+    from npas.service.record import StudyAttr, TrialAttr
+
+    dense_val = _train_tiny(tmp_path / "dense", 200)
+    _train_tiny(tmp_path / "other", 20, seed=1)
+    url = f"sqlite:///{tmp_path}/npas.db"
+    space = npas.load_space(TINY)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        st = search(space, trials=3, study="warm", storage=url, recipe=FAST, sampler="random",
+                    init_from=str(tmp_path / "dense"), launch=Launch(workers=2, early_stop=False))
+        assert st.user_attrs[StudyAttr.INIT_FROM]["weights"] == fingerprint_weights(tmp_path / "dense")
+        done = [t for t in st.trials if t.user_attrs.get(TrialAttr.STATUS) == "ok"]
+        assert len(done) >= 2
+        for t in done:  # first evaluation after 20 steps: near the dense model, far below a uniform guess
+            first = t.user_attrs[TrialAttr.CURVE][0][1]
+            assert first < math.log(68) - 1.2 and first < dense_val + 0.6, (t.number, first, dense_val)
+        # the same allocation from scratch under the same recipe is far behind at that point
+        from npas.training.proxy import run_proxy
+
+        t = done[0]
+        recipe = load_recipe(FAST)
+        cold = run_proxy(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), recipe,
+                         load_corpus(None, recipe.val_fraction, recipe.test_fraction),
+                         reference=space.reference_chassis)
+        assert t.user_attrs[TrialAttr.CURVE][0][1] < cold.curve[0][1] - 0.2
+        with pytest.raises(StudyError, match="holds weights"):
+            resume("warm", storage=url, init_from=str(tmp_path / "other"))
+        with pytest.raises(StudyError, match="holds weights"):
+            search(space, study="warm", storage=url, init_from=str(tmp_path / "other"))
+    finally:
+        ray.shutdown()
+
+
+def test_a_study_from_scratch_refuses_a_starting_model() -> None:
+    from npas.conversion.init_from import check_same_source
+    from npas.errors import StudyError
+
+    src = {"dir": "/m", "weights": "abc", "config_hash": "h"}
+    check_same_source("s", src, dict(src, dir="/moved"))  # the same weights elsewhere: fine
+    check_same_source("s", src, None)  # joining without the flag: the study's model
+    with pytest.raises(StudyError, match="from scratch"):
+        check_same_source("s", None, src)

@@ -263,7 +263,12 @@ def trainable(config: dict, data: dict) -> None:
 
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
     try:
-        result = run_proxy(cfg, recipe, corpus, report=report, reference=reference)
+        init_state = None
+        if data.get("init_from"):  # `search --init-from`: start from the trained model, converted
+            from npas.conversion.init_from import initial_state
+
+            init_state = initial_state(data["init_from"], cfg, recipe.seed)
+        result = run_proxy(cfg, recipe, corpus, report=report, reference=reference, init_state=init_state)
     except Exception as e:
         # raised by the run itself, so it would raise again on every retry: report it as the trial's
         # failure instead of crashing the worker (Tune retries only workers and nodes that died)

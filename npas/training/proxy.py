@@ -242,11 +242,11 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
 
 def run_proxy(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
               device: str | torch.device | None = None, progress: Progress | None = None,
-              reference: Any = None) -> ProxyResult:
+              reference: Any = None, init_state: dict[str, torch.Tensor] | None = None) -> ProxyResult:
     """Train and score one allocation; see ``train_model``. ``report(step, val_loss)`` is called at
     every evaluation and may return True to stop the run early (ASHA-style early stopping)."""
     return train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
-                       reference=reference)[1]
+                       reference=reference, init_state=init_state)[1]
 
 
 def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, report: Report | None,
