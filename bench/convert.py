@@ -37,6 +37,7 @@ from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.config import ArchConfig, Chassis, reference_config  # noqa: E402
 from npas.allocation.space import parse_space  # noqa: E402
 from npas.conversion import convert_model  # noqa: E402
+from npas.conversion.calibration import calibration_ids  # noqa: E402
 from npas.training.data import load_corpus  # noqa: E402
 from npas.training.proxy import eval_batches, evaluate, train_model  # noqa: E402
 from npas.training.recipe import Recipe, load_recipe  # noqa: E402
@@ -112,13 +113,14 @@ def run(mode: Mode, allocs: dict[str, ArchConfig], device: str | None) -> int:
     dense, res = train_model(reference_config(mode.chassis), mode.dense, corpus, device=dev)
     dense_val = evaluate(dense, evals, dev, mode.proxy)
     dense = dense.to("cpu")
+    calibration = calibration_ids(corpus, mode.proxy.seq_len)  # training text for the MLP width changes
     print(f"dense reference: val {dense_val:.4f} after {res.steps_done} steps ({time.perf_counter() - t0:.0f} s)")
     rows = []
     for name, cfg in allocs.items():
         for seed in mode.seeds:
             proxy = Recipe.from_dict({**mode.proxy.to_dict(), "seed": seed})
             matched = Recipe.from_dict({**proxy.with_steps(mode.dense.steps + proxy.steps).to_dict()})
-            conv = convert_model(dense, cfg, seed=seed)
+            conv = convert_model(dense, cfg, seed=seed, calibration=calibration)
             state = {k: v.clone() for k, v in conv.model.state_dict().items()}
             at0 = evaluate(conv.model.to(dev), evals, dev, proxy)
             tuned = train_model(cfg, proxy, corpus, device=dev, init_state=state)[1].val_loss

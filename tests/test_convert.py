@@ -120,15 +120,20 @@ def test_stepwise_takes_the_first_layer_and_average_the_mean(dense) -> None:
     want = _dense_weights(dense)
     step = convert_model(dense, cycle, tie_init="stepwise").model
     assert torch.equal(step.blocks[1].attn_o, want[1]["attn_o"])
-    avg = convert_model(dense, cycle).model
-    assert torch.allclose(avg.blocks[1].attn_o, torch.stack([want[i]["attn_o"] for i in range(1, L, 2)]).mean(0))
+    mean = torch.stack([want[i]["attn_o"] for i in range(1, L, 2)]).mean(0)
+    avg = convert_model(dense, cycle, tie_init="average").model
+    assert torch.allclose(avg.blocks[1].attn_o, mean)
+    # auto: stepwise where nothing relaxes the shared weight, average where LoRA does
+    assert torch.equal(convert_model(dense, cycle).model.blocks[1].attn_o, want[1]["attn_o"])
+    relaxed = convert_model(dense, _alloc(block_of_layer=cycle.block_of_layer, lora_attn=(4,) * L)).model
+    assert torch.allclose(relaxed.blocks[1].attn_o, mean) and torch.equal(relaxed.blocks[1].mlp_up, want[1]["mlp_up"])
 
 
 def test_wider_mlp_units_start_silent_and_narrower_keeps_the_strongest(dense, text_batch) -> None:
     wide = convert_model(dense, _alloc(mlp_widths=(CHASSIS.d_ff * 2,) * L)).model.eval()
     assert torch.allclose(wide(IDS)[0], dense(IDS)[0], atol=1e-5)
     assert float(wide.blocks[0].mlp_up.detach()[CHASSIS.d_ff:].std()) > 0  # new units have inputs: they can learn
-    assert float(wide.blocks[0].mlp_down[:, CHASSIS.d_ff:].abs().max()) == 0
+    assert float(wide.blocks[0].mlp_down.detach()[:, CHASSIS.d_ff:].abs().max()) == 0
     x, y = text_batch
     narrow = convert_model(dense, _alloc(mlp_widths=(CHASSIS.d_ff // 2,) * L)).model.eval()
     torch.manual_seed(0)
@@ -141,6 +146,20 @@ def test_wider_mlp_units_start_silent_and_narrower_keeps_the_strongest(dense, te
     kept = score.topk(CHASSIS.d_ff // 2).indices  # most important first, so nested slices read the best
     assert torch.equal(narrow.blocks[0].mlp_up, want["mlp_up"][kept])
     assert torch.equal(narrow.blocks[0].mlp_down, want["mlp_down"][:, kept])
+
+
+def test_calibrated_narrowing_keeps_more_than_weight_norms(dense, text_batch) -> None:
+    from npas.conversion.calibration import calibration_ids
+
+    x, y = text_batch
+    narrow = _alloc(mlp_widths=(CHASSIS.d_ff // 8,) * L)
+    plain = convert_model(dense, narrow).model.eval()
+    cal = convert_model(dense, narrow, calibration=calibration_ids(load_corpus(None, 0.1, 0.1), 64))
+    with torch.no_grad():
+        want = dense(x)[0]
+        off_plain, off_cal = (float((m(x)[0] - want).norm() / want.norm()) for m in (plain, cal.model.eval()))
+    assert off_cal < 0.5 * off_plain, (off_cal, off_plain)  # an eighth of the units, far closer to the dense model
+    assert "least squares" in cal.provenance.entries["blocks.0.mlp_down"].method
 
 
 def _full_space_candidates(n: int) -> list[ArchConfig]:

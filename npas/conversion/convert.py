@@ -2,7 +2,8 @@
 
 Order of work, each step reading only what the previous ones settled:
   1. read the source's effective per-layer weights (`source`), refuse what cannot be converted;
-  2. per layer, the *target* weights: residual dims narrowed (`residual`), MLP resized (`widths`);
+  2. per layer, the *target* weights: residual dims narrowed (`residual`), MLP resized (`widths`),
+     tied layers' MLP units matched to each other (`align`);
   3. every shared tensor from the targets of the layers that read it: direct blocks (`tying`),
      banks (`banks`), attention atoms (`atoms`); norms and embeddings copied (averaged when tied);
   4. with those loaded, each relaxed layer's LoRA delta from what sharing lost (`lora`).
@@ -20,8 +21,10 @@ from torch import Tensor
 
 from npas.allocation.config import ArchConfig, block_slots
 from npas.allocation.transformer import TransformerLM, build_model
+from npas.conversion.align import match_units, permute_units
 from npas.conversion.atoms import fit_atoms
 from npas.conversion.banks import fit_copy_bank, fit_template_bank
+from npas.conversion.calibration import mlp_inputs
 from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
@@ -65,20 +68,46 @@ def convertible_problems(src: ArchConfig, dst: ArchConfig) -> list[str]:
     return out
 
 
-def _targets(src: SourceModel, cfg: ArchConfig, plan: ResidualPlan, gen: torch.Generator
-             ) -> tuple[list[dict[str, Tensor]], list[str | None]]:
-    """Per layer: the weights this allocation's layer should compute with, and its fresh-element note."""
-    targets, notes = [], []
+def _targets(src: SourceModel, cfg: ArchConfig, plan: ResidualPlan, gen: torch.Generator,
+             inputs: list[Tensor] | None) -> tuple[list[dict[str, Tensor]], list[str | None], list[str]]:
+    """Per layer: the weights this allocation's layer should compute with, its fresh-element note
+    and how its MLP width was changed ("" when it was not)."""
+    targets, notes, how = [], [], []
     for i, ws in enumerate(src.layers):
         narrowed = {slot: narrow_slot(plan, slot, w.value) for slot, w in ws.items()}
-        resized, note = resize_mlp(narrowed, cfg.mlp_widths[i], gen)
+        h = None if inputs is None else narrow_vector(plan, inputs[i])
+        resized, note, method = resize_mlp(narrowed, cfg.mlp_widths[i], gen, h)
         targets.append(resized)
         notes.append(note)
-    return targets, notes
+        how.append(method)
+    return targets, notes, how
+
+
+def _align_tied_mlps(cfg: ArchConfig, targets: list[dict[str, Tensor]]) -> None:
+    """Permute each tied layer's MLP units to match its block's first layer (see `align`); in place.
+    A permutation changes nothing a layer computes, so every target stays exact."""
+    for b in range(cfg.n_blocks):
+        members = cfg.members_of(b)
+        if len(members) < 2 or len({cfg.mlp_widths[i] for i in members}) > 1:
+            continue
+        first = targets[members[0]]
+        for i in members[1:]:
+            targets[i] = permute_units(targets[i], match_units(first, targets[i]))
 
 
 def _readers(cfg: ArchConfig, block: int, slot: str) -> list[int]:
     return [i for i in cfg.members_of(block) if cfg.layer_reads(i, slot)]
+
+
+def _relaxed(cfg: ArchConfig, layer: int, slot: str) -> bool:
+    return bool(cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer])
+
+
+def tie_mode(cfg: ArchConfig, layers: list[int], slot: str, tie_init: str) -> str:
+    """`auto` resolved for one shared weight: average when LoRA relaxes its readers, else stepwise."""
+    if tie_init != "auto":
+        return tie_init
+    return "average" if any(_relaxed(cfg, i, slot) for i in layers) else "stepwise"
 
 
 @contextlib.contextmanager
@@ -94,14 +123,17 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
-def convert_model(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit = "average",
-                  seed: int = 0) -> Conversion:
-    """`source` (any trained allocation without KV sharing) converted into `cfg`; see the module doc."""
+def convert_model(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit = "auto",
+                  seed: int = 0, align: bool = True, calibration: Tensor | None = None) -> Conversion:
+    """`source` (any trained allocation without KV sharing) converted into `cfg`; see the module doc.
+    `align`: match tied layers' MLP units before sharing them (`align`); False averages them as they are.
+    `calibration`: (n, T) token ids of training text for data-aware MLP narrowing (`calibration`)."""
     with _one_thread(), torch.no_grad():
-        return _convert(source, cfg, tie_init, seed)
+        return _convert(source, cfg, tie_init, seed, align, calibration)
 
 
-def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: int) -> Conversion:
+def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: int, align: bool,
+             calibration: Tensor | None) -> Conversion:
     if tie_init not in TIE_INITS:
         raise ConfigError(f"tie init {tie_init!r} is not one of {list(TIE_INITS)}")
     problems = convertible_problems(source.cfg, cfg)
@@ -110,7 +142,11 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
     src = read_source(source)
     plan = plan_residual(src, cfg.chassis.d_model)
     gen = torch.Generator().manual_seed(seed)
-    targets, notes = _targets(src, cfg, plan, gen)
+    narrows = any(w < n for w, n in zip(cfg.mlp_widths, source.cfg.mlp_widths, strict=True))
+    inputs = mlp_inputs(source, calibration) if calibration is not None and narrows else None
+    targets, notes, resized = _targets(src, cfg, plan, gen, inputs)
+    if align:
+        _align_tied_mlps(cfg, targets)
     torch.manual_seed(seed)  # the few elements kept fresh (declared in provenance) are reproducible
     model = build_model(cfg).float()
     prov = ProvenanceRecord()
@@ -119,6 +155,10 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
 
     def srcs(layers: list[int], slot: str) -> list[str]:
         return [s for i in layers for s in src.layers[i][slot].sources]
+
+    def width_how(layers: list[int], slot: str) -> str:
+        got = sorted({resized[i] for i in layers if resized[i]}) if slot.startswith("mlp") else []
+        return "".join(f"; {g}" for g in got)
 
     def fresh_of(layers: list[int], slot: str) -> str | None:
         if not slot.startswith("mlp"):
@@ -134,14 +174,15 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
             if not cfg.block_stores(b, slot):
                 continue
             readers = _readers(cfg, b, slot)
-            block_target[b, slot] = shared_weight(cfg.slot_shape(b, slot), [targets[i][slot] for i in readers],
-                                                  tie_init)
+            mode = tie_mode(cfg, readers, slot, tie_init)
+            block_target[b, slot] = shared_weight(cfg.slot_shape(b, slot), [targets[i][slot] for i in readers], mode)
             block_sources[b, slot] = srcs(readers, slot)
             name = f"blocks.{b}.{slot}"
             if name in params:
                 params[name].copy_(block_target[b, slot])
-                how = "copy" if len(readers) == 1 else f"tied {tie_init} of layers {readers}"
-                prov.add(name, block_sources[b, slot], how + narrowed, fresh_of(readers, slot))
+                how = "copy" if len(readers) == 1 else f"tied {mode} of layers {readers}"
+                prov.add(name, block_sources[b, slot], how + narrowed + width_how(readers, slot),
+                         fresh_of(readers, slot))
     for k, (bank_cfg, bank) in enumerate(zip(cfg.banks, model.banks, strict=True)):
         members = [block_target[m] for m in bank_cfg.members]
         sources = [s for m in bank_cfg.members for s in block_sources[m]]
@@ -170,7 +211,8 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
             sources = srcs(list(rows), spec.slot)
         else:
             row_w = [shared_weight(cfg.slot_shape(b, spec.slot), [targets[i][spec.slot] for i in
-                                                                   _readers(cfg, b, spec.slot)], tie_init)
+                                                                   _readers(cfg, b, spec.slot)],
+                                   tie_mode(cfg, _readers(cfg, b, spec.slot), spec.slot, tie_init))
                      for b in rows]
             sources = [s for b in rows for s in srcs(_readers(cfg, b, spec.slot), spec.slot)]
         dictionary = model.atoms[spec.slot]
@@ -193,9 +235,10 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
             layers = list(cfg.members_of(b))
             for ln in ("ln_1", "ln_2"):
                 vals = torch.stack([narrow_vector(plan, src.norms[i][ln].value) for i in layers])
-                params[f"blocks.{b}.{ln}.weight"].copy_(vals.mean(0) if tie_init == "average" else vals[0])
+                mode = "stepwise" if tie_init == "stepwise" else "average"  # a mean of gains is no blur
+                params[f"blocks.{b}.{ln}.weight"].copy_(vals.mean(0) if mode == "average" else vals[0])
                 prov.add(f"blocks.{b}.{ln}.weight", [s for i in layers for s in src.norms[i][ln].sources],
-                         f"tied {tie_init} of layers {layers}" + narrowed)
+                         f"tied {mode} of layers {layers}" + narrowed)
     ctx = cfg.chassis.context
     for name in ("wte", "wpe", "ln_f"):
         v = narrow_vector(plan, src.embed[name].value)

@@ -4,7 +4,8 @@ The output is a `npas train` directory (model.safetensors, vocab.json, config.ya
 `npas sample`, `load_trained` and a later `npas train --init-from` read it like any trained model,
 plus provenance.json, the origin of every tensor. metrics.json holds the converted model's validation
 loss before any training, measured on the source's own validation batches (its recipe and corpus),
-next to the source's, so the two numbers are comparable. Everything a user can get wrong (paths, the
+next to the source's, so the two numbers are comparable; narrower MLPs are fitted on a few thousand
+tokens of the corpus's training split (`calibration`). Everything a user can get wrong (paths, the
 allocation, an incompatible chassis, an occupied --out) is checked before anything is written.
 """
 
@@ -20,6 +21,7 @@ import torch
 
 
 from npas.allocation.config import ArchConfig
+from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import Conversion, convert_model, convertible_problems
 from npas.conversion.tying import TieInit
 from npas.errors import ConfigError, DataError, NpasError
@@ -70,7 +72,7 @@ def source_corpus(metrics: dict, recipe: Recipe, data: str | None) -> Corpus:
 
 
 def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str | Path,
-                tie_init: TieInit = "average", data: str | None = None, force: bool = False,
+                tie_init: TieInit = "auto", data: str | None = None, force: bool = False,
                 device: str | None = "cpu", seed: int = 0) -> ConvertResult:
     """Convert the model in `dense_dir` into allocation `alloc` and write it to `out`."""
     cfg = alloc if isinstance(alloc, ArchConfig) else read_allocation(alloc)
@@ -93,7 +95,8 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         raise DataError(f"the corpus {corpus.source} has a different character vocabulary than {dense_dir}; "
                         "pass --data with the text the model was trained on")
 
-    conversion = convert_model(source, cfg, tie_init=tie_init, seed=seed)
+    calibration = calibration_ids(corpus, recipe.seq_len)  # training text only: never the validation split
+    conversion = convert_model(source, cfg, tie_init=tie_init, seed=seed, calibration=calibration)
     dev = pick_device(device)
     prev = torch.get_num_threads()
     if dev.type == "cpu" and recipe.threads > 0:
@@ -111,7 +114,7 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
             "source_dir": str(dense_dir), "source_hash": src_cfg.hash, "source_weights": fingerprint_weights(dense_dir),
             "source_val_loss": src_result.get("val_loss"), "tie_init": tie_init,
             "val_loss": val if math.isfinite(val) else None, "val_bpc": val / math.log(2) if math.isfinite(val) else None,
-            "provenance": conversion.provenance.counts(),
+            "provenance": conversion.provenance.counts(), "calibration_tokens": calibration.numel(),
             "max_weight_error": max(conversion.errors.values(), default=0.0),
         },
         "recipe": recipe.to_dict(), "data": corpus.describe(), "npas_version": __version__,

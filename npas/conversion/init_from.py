@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from npas.allocation.config import ArchConfig, Chassis, reference_config
+from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import convert_model, convertible_problems
 from npas.conversion.directory import fingerprint_weights
 from npas.errors import ConfigError, DataError, StudyError
@@ -62,7 +63,10 @@ def _source(directory: str, weights: str):
     return load_trained(directory)[0]
 
 
-def initial_state(init: dict, cfg: ArchConfig, seed: int) -> dict[str, Tensor]:
-    """The state dict of `cfg` converted from the study's starting model."""
-    conv = convert_model(_source(init["dir"], init["weights"]), cfg, seed=seed)
+def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64
+                  ) -> dict[str, Tensor]:
+    """The state dict of `cfg` converted from the study's starting model (MLPs narrowed on the
+    corpus's training text when one is given, see `calibration`)."""
+    cal = None if corpus is None else calibration_ids(corpus, seq_len)
+    conv = convert_model(_source(init["dir"], init["weights"]), cfg, seed=seed, calibration=cal)
     return conv.model.state_dict()

@@ -267,7 +267,7 @@ def trainable(config: dict, data: dict) -> None:
         if data.get("init_from"):  # `search --init-from`: start from the trained model, converted
             from npas.conversion.init_from import initial_state
 
-            init_state = initial_state(data["init_from"], cfg, recipe.seed)
+            init_state = initial_state(data["init_from"], cfg, recipe.seed, corpus, recipe.seq_len)
         result = run_proxy(cfg, recipe, corpus, report=report, reference=reference, init_state=init_state)
     except Exception as e:
         # raised by the run itself, so it would raise again on every retry: report it as the trial's

@@ -16,8 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dense_dir", help="the --out directory of `npas train` (e.g. the untied reference)")
     p.add_argument("--to", required=True, dest="alloc", help="allocation YAML, e.g. from `npas export`")
     p.add_argument("--out", required=True, help="output directory (a `npas train`-style model directory)")
-    p.add_argument("--tie-init", choices=("average", "stepwise"), default="average",
-                   help="shared weights: mean of the layers that use them, or the first such layer's")
+    p.add_argument("--tie-init", choices=("auto", "average", "stepwise"), default="auto",
+                   help="shared weights: mean of the layers that use them (average), the first such layer's "
+                        "(stepwise), or auto: average where LoRA relaxes them, else stepwise")
     p.add_argument("--data", default=None, help="text the source was trained on, when its recorded path moved")
     p.add_argument("--seed", type=SEED, default=0, help="seed for the few elements initialised fresh")
     p.add_argument("--device", default="cpu", help="device for the validation pass (default: cpu)")
