@@ -129,15 +129,15 @@ def run(mode: Mode, allocs: dict[str, ArchConfig], device: str | None) -> int:
             rows.append((name, seed, at0, tuned, scratch, long))
             print(f"  {name:<22} seed {seed}: converted {at0:.4f}  +proxy {tuned:.4f}  scratch(a) {scratch:.4f}  "
                   f"scratch(b) {long:.4f}   [{time.perf_counter() - t0:.0f} s]", flush=True)
-    print(f"\n| allocation | params | converted | converted + proxy | scratch (a) proxy | scratch (b) matched |"
-          f" beats (a) |\n|---|---|---|---|---|---|---|")
+    print("\n| allocation | params | converted | converted + proxy | scratch (a) proxy | scratch (b) matched |"
+          " beats (a) |\n|---|---|---|---|---|---|---|")
     ok_a = True
     for name, cfg in allocs.items():
         mine = [r for r in rows if r[0] == name]
         beats = all(r[3] < r[4] for r in mine)
         ok_a &= beats
 
-        def m(k: int) -> str:
+        def m(k: int, mine: list = mine) -> str:
             vals = [r[k] for r in mine]
             return f"{statistics.mean(vals):.4f}" + (f" ± {statistics.stdev(vals):.4f}" if len(vals) > 1 else "")
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-
 from npas.allocation.config import ArchConfig
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import Conversion, convert_model, convertible_problems

@@ -43,7 +43,7 @@ def _slot_sources(cfg: ArchConfig, layer: int, slot: str) -> tuple[str, ...]:
         if bank is None:
             out = [f"blocks.{b}.{slot}"]
         else:
-            out = [f"banks.{bank}.weight"] + (["banks.%d.coef" % bank]
+            out = [f"banks.{bank}.weight"] + ([f"banks.{bank}.coef"]
                                               if cfg.banks[bank].generator == "template_mix" else [])
     rank = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
     if rank:
