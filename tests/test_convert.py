@@ -312,3 +312,25 @@ def test_a_study_from_scratch_refuses_a_starting_model() -> None:
     check_same_source("s", src, None)  # joining without the flag: the study's model
     with pytest.raises(StudyError, match="from scratch"):
         check_same_source("s", None, src)
+
+
+def test_learned_groups_find_layers_that_compute_alike_under_unit_permutations(dense) -> None:
+    from npas.conversion.groups import learned_groups
+
+    model = load_trained_copy(dense)
+    with torch.no_grad():  # layers 5 and 6 become noisy copies of 1 and 2, with their MLP units shuffled
+        for dst, src in ((5, 1), (6, 2)):
+            perm = torch.randperm(CHASSIS.d_ff, generator=torch.Generator().manual_seed(dst))
+            for slot in ("attn_q", "attn_k", "attn_v", "attn_o", "mlp_up", "mlp_down"):
+                w = getattr(model.blocks[src], slot).clone()
+                w = w[perm] if slot == "mlp_up" else w[:, perm] if slot == "mlp_down" else w
+                getattr(model.blocks[dst], slot).copy_(w + 0.002 * torch.randn_like(w))
+    groups = learned_groups(model, L - 2)
+    assert groups[5] == groups[1] and groups[6] == groups[2] and len(set(groups)) == L - 2
+    assert learned_groups(model, L) == tuple(range(L))
+
+
+def load_trained_copy(model: torch.nn.Module) -> torch.nn.Module:
+    copy = build_model(model.cfg)
+    copy.load_state_dict(model.state_dict())
+    return copy
