@@ -5,7 +5,8 @@ so the least-squares bank is, element by element, the mean of the trained values
 exactly untied slice bank gets each member's own weights back). `template_mix` members are rows of
 coef @ templates, tiled when the templates are shorter than the member: the members' weights (folded
 onto the template length by averaging) are fitted by least squares at rank T (`lowrank`), exactly
-when T >= members and the templates are full length.
+when T >= members and the templates are full length; `stepwise` takes T members as the templates and
+fits the others' coefficients (see `lowrank.pick_low_rank` for why that converts better untrained).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 
 from npas.allocation.sharing import BankModule
-from npas.conversion.lowrank import masked_low_rank
+from npas.conversion.lowrank import masked_low_rank, pick_low_rank
 
 
 def _index(bank: BankModule, j: int) -> Tensor:
@@ -51,11 +52,13 @@ def fold(bank: BankModule, members: list[Tensor]) -> tuple[Tensor, Tensor]:
     return torch.where(observed, total / count.clamp_min(1), torch.zeros((), dtype=torch.float64)), observed
 
 
-def fit_template_bank(bank: BankModule, members: list[Tensor]) -> tuple[Tensor, Tensor, int]:
-    """(templates (T, S), coef (m, T), templates left fresh) for a template_mix bank."""
+def fit_template_bank(bank: BankModule, members: list[Tensor], mode: str = "average"
+                      ) -> tuple[Tensor, Tensor, int]:
+    """(templates (T, S), coef (m, T), templates left fresh) for a template_mix bank; mode "average"
+    is the least-squares (SVD) fit, "stepwise" picks members as templates."""
     X, observed = fold(bank, members)
     T = bank.weight.shape[0]
-    coef, basis = masked_low_rank(X, observed, T)
+    coef, basis = (pick_low_rank if mode == "stepwise" else masked_low_rank)(X, observed, T)
     r = basis.shape[0]
     weight = bank.weight.detach().float().clone()  # templates beyond the fit's rank keep their init
     weight[:r] = basis

@@ -189,13 +189,16 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
         layers = sorted({i for b, s in bank_cfg.members for i in _readers(cfg, b, s)})
         mlp_notes = "; ".join({n for b, s in bank_cfg.members if (n := fresh_of(_readers(cfg, b, s), s))}) or None
         if bank_cfg.generator == "template_mix":
-            weight, coef, spare = fit_template_bank(bank, members)
+            relaxed = any(_relaxed(cfg, i, s) for b, s in bank_cfg.members for i in _readers(cfg, b, s))
+            mode = tie_init if tie_init != "auto" else "average" if relaxed else "stepwise"
+            weight, coef, spare = fit_template_bank(bank, members, mode)
             bank.weight.copy_(weight)
             bank.coef.copy_(coef)
             fresh = "; ".join(x for x in (f"{spare} template(s) beyond the members' rank (zero coefficients)"
                                           if spare else None, mlp_notes) if x) or None
-            prov.add(f"banks.{k}.weight", sources, f"template_mix least squares (rank {bank_cfg.templates}) of "
-                     f"{len(members)} members{narrowed}", fresh)
+            how = (f"templates = the first {bank_cfg.templates} members" if mode == "stepwise"
+                   else f"least squares (rank {bank_cfg.templates})")
+            prov.add(f"banks.{k}.weight", sources, f"template_mix {how} of {len(members)} members{narrowed}", fresh)
             prov.add(f"banks.{k}.coef", sources, "template_mix least squares coefficients")
         else:
             weight, unread = fit_copy_bank(bank, members)
@@ -216,10 +219,13 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                      for b in rows]
             sources = [s for b in rows for s in srcs(_readers(cfg, b, spec.slot), spec.slot)]
         dictionary = model.atoms[spec.slot]
-        atoms, coef, spare = fit_atoms(dictionary, row_w)
+        atom_mode = tie_mode(cfg, [i for i in range(cfg.chassis.n_layers) if cfg.layer_reads(i, spec.slot)],
+                             spec.slot, tie_init)
+        atoms, coef, spare = fit_atoms(dictionary, row_w, atom_mode)
         dictionary.atoms.copy_(atoms)
         dictionary.coef.copy_(coef)
-        prov.add(f"atoms.{spec.slot}.atoms", sources, f"truncated SVD of {len(rows)} {spec.scope} weights "
+        how = "the first readers' weights" if atom_mode == "stepwise" else "truncated SVD"
+        prov.add(f"atoms.{spec.slot}.atoms", sources, f"{how} of {len(rows)} {spec.scope} weights "
                  f"({spec.n_atoms} atoms){narrowed}",
                  f"{spare} atom(s) beyond the readers' rank (zero coefficients)" if spare else None)
         prov.add(f"atoms.{spec.slot}.coef", sources, "truncated SVD coefficients")
