@@ -158,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny chassis and smoke recipes, one seed")
     ap.add_argument("--plan", action="store_true", help="print the run's plan and exit")
     ap.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available)")
+    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 full, 1 quick)")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     mode = modes()["quick" if args.quick else "full"]
+    if args.seeds is not None:
+        mode = Mode(mode.chassis, mode.dense, mode.proxy, tuple(range(args.seeds)))
     allocs = allocations(mode.chassis)
     print_plan(mode, allocs)
     if args.plan:

@@ -184,9 +184,12 @@ def _full_space_candidates(n: int) -> list[ArchConfig]:
 
 def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -> None:
     x, y = text_batch
+    from npas.conversion.calibration import calibration_ids
+
+    cal = calibration_ids(load_corpus(None, 0.1, 0.1), 64, tokens=1024)
     seen: set[str] = set()
-    for cfg in _full_space_candidates(20):
-        conv = convert_model(dense, cfg)
+    for k, cfg in enumerate(_full_space_candidates(20)):
+        conv = convert_model(dense, cfg, calibration=cal if k % 2 else None)  # both ways of narrowing MLPs
         entries = conv.provenance.entries
         state = conv.model.state_dict()
         assert set(entries) == set(state), cfg.summary()
