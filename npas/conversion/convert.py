@@ -187,7 +187,8 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
         members = [block_target[m] for m in bank_cfg.members]
         sources = [s for m in bank_cfg.members for s in block_sources[m]]
         layers = sorted({i for b, s in bank_cfg.members for i in _readers(cfg, b, s)})
-        mlp_notes = "; ".join({n for b, s in bank_cfg.members if (n := fresh_of(_readers(cfg, b, s), s))}) or None
+        mlp_notes = "; ".join(sorted({n for b, s in bank_cfg.members
+                                      if (n := fresh_of(_readers(cfg, b, s), s))})) or None
         if bank_cfg.generator == "template_mix":
             relaxed = any(_relaxed(cfg, i, s) for b, s in bank_cfg.members for i in _readers(cfg, b, s))
             mode = tie_init if tie_init != "auto" else "average" if relaxed else "stepwise"
