@@ -41,11 +41,12 @@ DEFAULT_SAMPLER, DEFAULT_SEED = "tpe", 0
 def search(space: Space, *, trials: int | None = None, study: str | None = None, storage: str | None = None,
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
            sampler: str | None = None, seed: int | None = None, launch: Launch | None = None,
-           repeats: int | None = None) -> optuna.Study:
+           repeats: int | None = None, init_from: str | None = None) -> optuna.Study:
     """Create a study for `space` and run it to `trials` proxy runs, or join the study named `study`.
 
     Options left as None take the study's stored value when joining, and the defaults when creating.
-    `repeats` trains every trial on that many seeds and ranks it by their mean (default 1)."""
+    `repeats` trains every trial on that many seeds and ranks it by their mean (default 1).
+    `init_from`: a `npas train` directory every trial is converted from before its proxy run."""
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
@@ -60,6 +61,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     if rec.seq_len > space.reference_chassis.context:
         raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
+    init = _init_source(init_from, space, corpus)
     sampler_name = sampler or DEFAULT_SAMPLER
     chosen = make_sampler(sampler_name, DEFAULT_SEED if seed is None else seed, len(space.objectives))
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -70,7 +72,7 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
                                       directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
         given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats}
-        return _join(name, handle, space, trials, data, launch, given)
+        return _join(name, handle, space, trials, data, launch, given, init)
     record = StudyRecord(
         version=__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
         space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
@@ -83,10 +85,21 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
+    if init is not None:
+        created.set_user_attr(StudyAttr.INIT_FROM, init)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
     mark_ready(created)  # last: a driver joining by name waits for this
-    _run(created, handle, space, record, corpus, record.target_trials, launch, cpus)
+    _run(created, handle, space, record, corpus, record.target_trials, launch, cpus, init)
     return created
+
+
+def _init_source(init_from: str | None, space: Space, corpus) -> dict | None:
+    """The starting model's record (checked against the space and corpus), before anything is written."""
+    if init_from is None:
+        return None
+    from npas.conversion.init_from import describe_source
+
+    return describe_source(init_from, space.reference_chassis, corpus)
 
 
 def _prove_ray(launch: Launch, threads: int | None) -> float:
@@ -98,7 +111,7 @@ def _prove_ray(launch: Launch, threads: int | None) -> float:
 
 
 def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, data: str | None, launch: Launch,
-          given: dict) -> optuna.Study:
+          given: dict, init: dict | None = None) -> optuna.Study:
     """`npas search --study S` on an existing study: another driver joins it (PostgreSQL), or a
     stopped one continues (SQLite), provided the space, its launch overrides and the settings match."""
     existing = _await_setup(name, handle)
@@ -113,7 +126,11 @@ def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, da
     if mismatch:
         raise StudyError(f"study {name!r} was created with other settings: {'; '.join(mismatch)}; drop the "
                          f"option to use the study's, or pick another --study name")
-    return resume(name, trials=trials, storage=handle.url, data=data, launch=launch)
+    from npas.conversion.init_from import check_same_source
+
+    check_same_source(name, existing.user_attrs.get(StudyAttr.INIT_FROM), init)
+    return resume(name, trials=trials, storage=handle.url, data=data, launch=launch,
+                  init_from=init["dir"] if init else None)
 
 
 def _plain(value: object) -> object:
@@ -147,11 +164,12 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
            allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None,
-           repeats: int | None = None) -> optuna.Study:
+           repeats: int | None = None, init_from: str | None = None) -> optuna.Study:
     """Continue a study from the database alone: recover orphans, then run to the target total.
 
     `repeats`, when given, must equal the study's stored seeds per trial: a mean over another number
-    of seeds would not rank against the trials already run."""
+    of seeds would not rank against the trials already run. A study whose trials start from a
+    trained model reloads it from its recorded directory, or from `init_from` (same weights required)."""
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
 
@@ -160,7 +178,8 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     handle = open_storage(storage)
-    record = read_record(_await_setup(name, handle))
+    existing = _await_setup(name, handle)
+    record = read_record(existing)
     space = parse_space(record.space_text, record.space_source or name)
     if space_text is not None and space_text != record.space_text and not allow_space_change:
         raise StudyError(f"the space file differs from the one study {name!r} was created with; "
@@ -189,6 +208,14 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if record.data_split is None:
         log.warning("study %s predates the text-level train/validation/test split: new trials are ranked on "
                     "other validation text than its old ones", name)
+    stored_init = existing.user_attrs.get(StudyAttr.INIT_FROM)
+    init = None
+    if stored_init is not None or init_from is not None:
+        from npas.conversion.init_from import check_same_source
+
+        init = _init_source(init_from or stored_init["dir"], space, corpus)
+        check_same_source(name, stored_init, init)
+        init = dict(stored_init, dir=init["dir"])
     sampler = make_sampler(record.sampler, record.seed, len(space.objectives))
     study = optuna.load_study(study_name=name, storage=handle.storage, sampler=sampler)
     if handle.is_sqlite and (others := faults.live_drivers(study)):
@@ -204,12 +231,12 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     recovered = faults.recover_orphans(study, wait_unclaimed_s=faults.GRACE_S + 2 * faults.HEARTBEAT_S)
     if recovered:
         log.warning("re-enqueued orphaned trials %s", recovered)
-    _run(study, handle, space, record, corpus, target, launch, cpus)
+    _run(study, handle, space, record, corpus, target, launch, cpus, init)
     return study
 
 
 def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: StudyRecord, corpus, target: int,
-         launch: Launch, cpus: float) -> None:
+         launch: Launch, cpus: float, init: dict | None = None) -> None:
     recipe = dict(record.recipe)
     payload = {"source": None if corpus.source.startswith("bundled") else corpus.source,
                "fingerprint": corpus.fingerprint,
@@ -217,6 +244,8 @@ def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: Study
                # scales every candidate's per-group rates against it (training/parameterization.py)
                "reference": dataclasses.asdict(space.reference_chassis),
                "repeats": record.repeats}  # seeds per trial: the trainable loops over them
+    if init is not None:
+        payload["init_from"] = init  # each worker converts this model into its trial's allocation
     if launch.ray_address is None and payload["source"] is not None:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
     searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,

@@ -38,6 +38,7 @@ class StudyAttr(StrEnum):
     OVERRIDES = "overrides"  # vocab_size / budget bound at launch, re-applied on resume
     SPLIT = "data_split"  # how the text was cut into train / validation / test, with each part's fingerprint
     REPEATS = "repeats"  # training seeds per trial (`npas search --repeats R`); the objective is their mean
+    INIT_FROM = "init_from"  # {"dir", "weights", "config_hash"}: the trained model trials start from
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 

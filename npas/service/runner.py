@@ -275,12 +275,23 @@ def trainable(config: dict, data: dict) -> None:
         return f"seed {seed} (repeat {seeds.index(seed) + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
 
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
+    init_state = None
+    if data.get("init_from"):  # `search --init-from`: every seed starts from the trained model, converted
+        try:
+            from npas.conversion.init_from import initial_state
+
+            init_state = initial_state(data["init_from"], cfg, recipe.seed, corpus, recipe.seq_len)
+        except Exception as e:  # a conversion that raises would raise on every retry: the trial fails
+            reason = f"converting the --init-from model raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
+            tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
+                         "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
+            return
     runs = []
     for seed in seeds:
         run_recipe = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
         try:
             result = run_proxy(cfg, run_recipe, corpus, report=report if seed == seeds[0] else None,
-                               reference=reference)
+                               reference=reference, init_state=init_state)
         except Exception as e:
             # raised by the run itself, so it would raise again on every retry: report it as the trial's
             # failure instead of crashing the worker (Tune retries only workers and nodes that died)

@@ -182,7 +182,8 @@ def _peak_rss_bytes() -> int:
 
 def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
                 device: str | torch.device | None = None, progress: Progress | None = None,
-                reference: Any = None) -> tuple[nn.Module, ProxyResult]:
+                reference: Any = None, init_state: dict[str, torch.Tensor] | None = None
+                ) -> tuple[nn.Module, ProxyResult]:
     """Build ``cfg``, train it under ``recipe`` and return the trained module with its metrics.
 
     Memory: on CUDA ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over the run. On CPU
@@ -191,7 +192,8 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
     the analytic ``npas.count(...).train_memory_bytes`` and the measured peak-RSS growth is kept
     beside it as ``rss_delta_bytes`` for sanity checks only. ``reference`` is the chassis whose
     untied model ``recipe.lr`` is tuned for (default ``cfg.chassis``; ``bench/lr_transfer.py`` moves
-    width and depth away from it).
+    width and depth away from it). ``init_state`` starts training from given weights (a model
+    converted from a trained one, ``npas.conversion``) instead of the recipe's fresh init.
     """
     from npas.allocation.budget import count
     from npas.allocation.transformer import build_model
@@ -210,6 +212,8 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
         model = build_model(cfg).float()  # fp32 master weights at any cfg.dtype
         apply_init(model, recipe.parameterization, reference)
+        if init_state is not None:
+            model.load_state_dict(init_state)
         model = model.to(dev)
         model.train()
         run = _loop(model, recipe, corpus, dev, report, progress, reference)
@@ -238,11 +242,11 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
 
 def run_proxy(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
               device: str | torch.device | None = None, progress: Progress | None = None,
-              reference: Any = None) -> ProxyResult:
+              reference: Any = None, init_state: dict[str, torch.Tensor] | None = None) -> ProxyResult:
     """Train and score one allocation; see ``train_model``. ``report(step, val_loss)`` is called at
     every evaluation and may return True to stop the run early (ASHA-style early stopping)."""
     return train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
-                       reference=reference)[1]
+                       reference=reference, init_state=init_state)[1]
 
 
 def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, report: Report | None,

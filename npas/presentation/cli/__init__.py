@@ -16,7 +16,7 @@ from npas.errors import NpasError
 from npas.presentation.cli.args import Parser
 
 # A closed registry: command modules are named here, never loaded from strings in user files.
-COMMAND_MODULES = ("count", "train", "search", "dashboard", "validate")
+COMMAND_MODULES = ("count", "train", "search", "dashboard", "validate", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:

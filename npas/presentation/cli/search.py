@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
     p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
                    "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
+    p.add_argument("--init-from", metavar="DENSE_DIR", help="start every trial from this `npas train` model, "
+                   "converted into the candidate (npas convert), instead of a fresh init")
     p.set_defaults(func=run_search)
 
     p = sub.add_parser("resume", help="continue a study from its database after any stop")
@@ -43,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="the corpus, if not the bundled one (must match the study's fingerprint)")
     p.add_argument("--repeats", type=REPEATS, metavar="R",
                    help="seeds per trial; must equal the study's, which resume always keeps")
+    p.add_argument("--init-from", metavar="DENSE_DIR", help="where the study's starting model is now, if it "
+                   "moved (its weights must be the ones the study started from)")
     _launch_args(p)
     p.set_defaults(func=run_resume)
 
@@ -189,6 +193,16 @@ def _preflight(space, recipe: str | None, data: str | None, budget: str | None) 
     space.bind(vocab_size=corpus.vocab_size, budget=budget)
 
 
+def _preflight_init(space, args: argparse.Namespace) -> None:
+    from npas.conversion.init_from import describe_source
+    from npas.training.data import load_corpus
+    from npas.training.recipe import load_recipe
+
+    rec = load_recipe(args.recipe or space.recipe)
+    corpus = load_corpus(args.data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
+    describe_source(args.init_from, space.bind(vocab_size=corpus.vocab_size).reference_chassis, corpus)
+
+
 def _read_space_text(arg: str) -> str:
     return read_text(space_path(arg), "space file")
 
@@ -215,6 +229,8 @@ def run_search(args: argparse.Namespace) -> int:
     path = space_path(args.space)
     space = parse_space(_read_space_text(args.space), str(path))
     _preflight(space, args.recipe, args.data, args.budget)
+    if args.init_from is not None:  # the starting model must fit the space and corpus: one line, before Ray
+        _preflight_init(space, args)
     _sampler_note(space, args.sampler or "tpe")
     from npas.service.launch import check_inputs
 
@@ -225,7 +241,7 @@ def run_search(args: argparse.Namespace) -> int:
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
                    data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch,
-                   repeats=args.repeats)
+                   repeats=args.repeats, init_from=args.init_from)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -253,7 +269,7 @@ def run_resume(args: argparse.Namespace) -> int:
 
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
                    allow_space_change=args.allow_space_change, data=args.data, launch=launch,
-                   repeats=args.repeats)
+                   repeats=args.repeats, init_from=args.init_from)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)

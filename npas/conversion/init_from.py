@@ -1,0 +1,72 @@
+"""`npas search --init-from DENSE_DIR`: every trial starts from the trained model, converted.
+
+A study records which model its trials start from (`describe_source`: the directory and a fingerprint
+of its weights), because a trial's result depends on it as much as on its recipe; `resume` and
+joining drivers refuse a directory whose weights differ. In a worker, `initial_state` loads the model
+once per process (checking the fingerprint again: every node must start from the same weights) and
+converts it into each trial's allocation; the proxy recipe then trains from those weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from npas.allocation.config import ArchConfig, Chassis, reference_config
+from npas.conversion.calibration import calibration_ids
+from npas.conversion.convert import convert_model, convertible_problems
+from npas.conversion.directory import fingerprint_weights
+from npas.errors import ConfigError, DataError, StudyError
+
+
+def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> dict[str, str]:
+    """{"dir", "weights", "config_hash"} of a trained model a study's trials can start from, or the
+    reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus)."""
+    from npas.training.train import load_trained
+
+    d = Path(dense_dir).expanduser().resolve()
+    _, tokenizer, cfg = load_trained(d)
+    problems = convertible_problems(cfg, reference_config(reference))
+    if problems:
+        raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
+    if tokenizer.chars != corpus.tokenizer.chars:
+        raise DataError(f"--init-from {dense_dir} was trained on another character vocabulary than {corpus.source}; "
+                        "search on the text it was trained on (--data)")
+    return {"dir": str(d), "weights": fingerprint_weights(d), "config_hash": cfg.hash}
+
+
+def check_same_source(study_name: str, stored: dict | None, given: dict | None) -> None:
+    """Refuse to continue a study from another starting model than the one it was created with."""
+    if stored is None and given is None:
+        return
+    if stored is None:
+        raise StudyError(f"study {study_name!r} trains its trials from scratch; drop --init-from, or start a "
+                         "new study")
+    if given is None:
+        return
+    if given["weights"] != stored["weights"]:
+        raise StudyError(f"study {study_name!r} starts its trials from {stored['dir']} (weights "
+                         f"{stored['weights']}), but --init-from {given['dir']} holds weights {given['weights']}; "
+                         "pass the original model, or start a new study")
+
+
+@functools.lru_cache(maxsize=2)
+def _source(directory: str, weights: str):
+    from npas.training.train import load_trained
+
+    if fingerprint_weights(directory) != weights:
+        raise DataError(f"{directory} here holds other weights than the study started from ({weights}); give "
+                        "every node the same model")
+    return load_trained(directory)[0]
+
+
+def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64
+                  ) -> dict[str, Tensor]:
+    """The state dict of `cfg` converted from the study's starting model (MLPs narrowed on the
+    corpus's training text when one is given, see `calibration`)."""
+    cal = None if corpus is None else calibration_ids(corpus, seq_len)
+    conv = convert_model(_source(init["dir"], init["weights"]), cfg, seed=seed, calibration=cal)
+    return conv.model.state_dict()
