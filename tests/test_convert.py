@@ -206,9 +206,9 @@ def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -
             loss = float(conv.model.eval()(x, y)[1])
         assert loss < math.log(68) - 0.3, (cfg.summary(), loss)  # starts from what the dense model learned
         assert conv.model.num_params() == count(cfg).stored_params
-        seen |= {w for w in ("banks", "atoms", "lora") if any(f"{w}." in k for k in entries)}
+        seen |= {w for w in ("banks", "atoms", "lora", "experts") if any(f"{w}." in k for k in entries)}
         seen |= {"narrow" if cfg.chassis.d_model < CHASSIS.d_model else "same d"}
-    assert {"banks", "atoms", "lora", "narrow"} <= seen  # the sample exercised every mechanism
+    assert {"banks", "atoms", "lora", "experts", "narrow"} <= seen  # the sample exercised every mechanism
 
 
 def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_path: Path, capsys) -> None:

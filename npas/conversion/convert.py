@@ -25,6 +25,7 @@ from npas.conversion.align import match_units, permute_units
 from npas.conversion.atoms import fit_atoms
 from npas.conversion.banks import fit_copy_bank, fit_template_bank
 from npas.conversion.calibration import mlp_inputs
+from npas.conversion.experts import split_experts
 from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
@@ -230,6 +231,25 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                  f"({spec.n_atoms} atoms){narrowed}",
                  f"{spare} atom(s) beyond the readers' rank (zero coefficients)" if spare else None)
         prov.add(f"atoms.{spec.slot}.coef", sources, "truncated SVD coefficients")
+
+    # ---- expert pools: the dense MLP units of each pool's layers, split into its experts --------
+    if cfg.experts is not None:
+        dense = [{slot: narrow_slot(plan, slot, w.value) for slot, w in src.layers[i].items() if slot.startswith("mlp")}
+                 for i in range(cfg.chassis.n_layers)]
+        readers = split_experts(cfg, model.experts, dense)
+        e = cfg.experts
+        for p, layers in readers.items():
+            mlp = [s for i in layers for slot in src.layers[i] if slot.startswith("mlp") for s in src.layers[i][slot].sources]
+            for part in ("up", "gate", "down"):
+                if f"experts.pools.{p}.{part}" in params:
+                    prov.add(f"experts.pools.{p}.{part}", mlp, f"{e.pool_sizes[p]} experts of {e.d_expert} units split "
+                             f"from layers {layers}' MLPs by importance" + (f", scaled by E/k = {e.pool_sizes[p]}/"
+                                                                           f"{e.top_k}" if part == "down" else "")
+                             + narrowed)
+        for r in range(len(model.experts.routers)):
+            p = r if e.router == "shared" else e.pool_of_layer[r]
+            mlp = [s for i in readers[p] for s in src.layers[i]["mlp_up"].sources]
+            prov.add(f"experts.routers.{r}", mlp, "each expert's row: the normalised centroid of its up-projection rows")
 
     # ---- norms and embeddings -----------------------------------------------------------------
     for i in range(cfg.chassis.n_layers):
