@@ -236,7 +236,7 @@ def test_resume_refuses_a_different_tokenizer(tmp_path, docs):
     (["--data", "{short}", "--tokenizer", "bpe:256"], "too small for seq_len"),
     (["--budget-scope", "most"], "invalid choice"),
 ])
-def test_bad_corpus_input_is_one_line_exit_2_and_writes_nothing(tmp_path, docs, args, needle):
+def test_bad_corpus_input_is_one_line_exit_2_and_writes_nothing(tmp_path, docs, args, needle, monkeypatch, capsys):
     paths = write_formats(tmp_path, docs[:50])
     files = {"jsonl": paths["jsonl"], "empty": tmp_path / "e.jsonl", "binary": tmp_path / "b.txt",
              "latin": tmp_path / "l.txt", "short": tmp_path / "s.txt"}
@@ -246,10 +246,16 @@ def test_bad_corpus_input_is_one_line_exit_2_and_writes_nothing(tmp_path, docs, 
     files["short"].write_text("just a few words\n" * 4)
     argv = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
     db = tmp_path / "n.db"
-    proc = subprocess.run([sys.executable, "-m", "npas", "search", "taper", "--recipe", "smoke",
-                           "--storage", f"sqlite:///{db}", *argv], capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "NPAS_CACHE": str(tmp_path / "c"),
-                               "HOME": str(tmp_path)}, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr and not db.exists()
+    monkeypatch.chdir(tmp_path)
+    from npas.presentation.cli import main
+
+    try:
+        code = main(["search", "taper", "--recipe", "smoke", "--storage", f"sqlite:///{db}", *argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not db.exists()
+    runner = sys.modules.get("npas.service.runner")
+    assert runner is None or not runner.ray_start_begun()  # refused before Ray was started

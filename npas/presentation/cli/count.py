@@ -34,6 +34,7 @@ def _rows(acc: Accounting) -> list[tuple[str, str]]:
         ("  banks + coefficients", f"{acc.bank_params:,}"),
         ("  LoRA", f"{acc.lora_params:,}"),
         ("  norms", f"{acc.norm_params:,}"),
+        ("non-embedding params", f"{acc.non_embedding_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
         ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
