@@ -19,7 +19,7 @@ from npas.allocation.budget import count, embedding_params
 from npas.allocation.config import Chassis, reference_config
 from npas.allocation.space import load_space
 from npas.allocation.transformer import build_model
-from npas.errors import BudgetError, StudyError
+from npas.errors import BudgetError, DataError, StudyError
 from npas.training.corpora import SEPARATOR, bundled_text
 from npas.training.data import load_corpus, load_known_corpus, split_bounds
 from npas.training.proxy import run_proxy
@@ -111,6 +111,9 @@ def test_workers_reload_the_stored_tokenizer_from_its_json(tmp_path, docs, monke
     again = load_known_corpus(str(path), made.val_fraction, made.test_fraction, made.fingerprint,
                               made.tokenizer.to_json())
     assert again.tokenizer.fingerprint == made.tokenizer.fingerprint and torch.equal(again.train, made.train)
+    with pytest.raises(DataError, match="the tokenizer here .* differs from the study's"):
+        load_known_corpus(str(path), made.val_fraction, made.test_fraction, made.fingerprint,
+                          made.tokenizer.to_json(), tokenizer_fingerprint="0" * 16)
 
 
 def test_bits_per_byte_of_a_char_model_is_its_bits_per_char_on_ascii(tmp_path):

@@ -247,7 +247,6 @@ def trainable(config: dict, data: dict) -> None:
     from ray import tune
 
     from npas.allocation.config import ArchConfig, Chassis
-    from npas.errors import DataError
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_known_corpus
     from npas.training.proxy import run_proxy
@@ -258,11 +257,8 @@ def trainable(config: dict, data: dict) -> None:
     corpus = data.get("corpus") or load_known_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
                                                      data["fingerprint"], data.get("tokenizer_json"),
                                                      data.get("glob", DEFAULT_GLOB),
-                                                     data.get("text_field", DEFAULT_TEXT_FIELD))
-    want = data.get("tokenizer_fingerprint")
-    if want is not None and corpus.tokenizer.fingerprint != want:
-        raise DataError(f"this worker's tokenizer ({corpus.tokenizer.fingerprint}) differs from the study's "
-                        f"({want}); every node must use the tokenizer stored in the study")
+                                                     data.get("text_field", DEFAULT_TEXT_FIELD),
+                                                     data.get("tokenizer_fingerprint"))
     reference = Chassis(**data["reference"]) if data.get("reference") else None
 
     def report(step: int, val_loss: float) -> bool:

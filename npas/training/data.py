@@ -319,13 +319,14 @@ def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1,
 @functools.lru_cache(maxsize=4)
 def load_known_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str,
                       tokenizer_json: str | None = None, glob: str = DEFAULT_GLOB,
-                      text_field: str = DEFAULT_TEXT_FIELD) -> Corpus:
+                      text_field: str = DEFAULT_TEXT_FIELD, tokenizer_fingerprint: str | None = None) -> Corpus:
     """Load the corpus a study ran on, once per process (Ray workers and validate reuse it), and refuse
     one whose text differs from what the study recorded: every node must score the same text.
 
     ``tokenizer_json`` is the study's stored tokenizer: it is loaded, not retrained, so every node
     encodes with the very tokenizer the study started with (None: a character vocabulary, as studies
-    made before tokenizers were stored ran on).
+    made before tokenizers were stored ran on). ``tokenizer_fingerprint`` is the study's: a node whose
+    ``tokenizers`` library reads the JSON back as a different tokenizer is refused, not trusted.
     """
     tok = None if tokenizer_json is None else tokenizer_from_json(tokenizer_json, name="study tokenizer.json")
     corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction, tokenizer=tok,
@@ -333,4 +334,7 @@ def load_known_corpus(source: str | None, val_fraction: float, test_fraction: fl
     if corpus.fingerprint != fingerprint:
         raise DataError(f"the corpus at {source or 'bundled'} here differs from the one the study ran on "
                         f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
+    if tokenizer_fingerprint is not None and corpus.tokenizer.fingerprint != tokenizer_fingerprint:
+        raise DataError(f"the tokenizer here ({corpus.tokenizer.fingerprint}) differs from the study's "
+                        f"({tokenizer_fingerprint}); give every node the same npas and tokenizers versions")
     return corpus
