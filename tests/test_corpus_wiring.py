@@ -238,6 +238,9 @@ def test_resume_refuses_a_different_tokenizer(tmp_path, docs):
     (["--data", "{latin}"], "not UTF-8"),
     (["--data", "{short}", "--tokenizer", "bpe:256"], "too small for seq_len"),
     (["--budget-scope", "most"], "invalid choice"),
+    (["--data", "{jsonl}", "--text-field", "body", "--tokenizer", "bpe:256", "--budget", "40k"],
+     "the embeddings alone need at d_model=128 and vocab_size=256; raise the budget, lower d_model, or cap only "
+     "the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)"),
 ])
 def test_bad_corpus_input_is_one_line_exit_2_and_writes_nothing(tmp_path, docs, args, needle, monkeypatch, capsys):
     paths = write_formats(tmp_path, docs[:50])
