@@ -143,7 +143,7 @@ def test_load_text_file_directory_and_gzip(tmp_path):
     write(d, "1.txt", "hello\n" * 100)
     write(d, "ignored.md", "###")
     cd = load_corpus(d)
-    assert cd.n_chars == 1200 and "#" not in cd.tokenizer.chars and cd.source == str(d)
+    assert cd.n_chars == 1200 + 2 and "#" not in cd.tokenizer.chars and cd.source == str(d)  # files joined by "\n\n"
     assert load_corpus(cd.source).fingerprint == cd.fingerprint  # a source string reloads its corpus
     # sorted by name: 1.txt comes first, so the first chunk (train) starts with hello
     assert cd.tokenizer.decode(cd.train[:5]) == "hello"
@@ -152,21 +152,21 @@ def test_load_text_file_directory_and_gzip(tmp_path):
 
 
 def test_missing_path_error(tmp_path):
-    with pytest.raises(DataError, match=r"nope\.txt does not exist; pass a text file"):
+    with pytest.raises(DataError, match=r"nope\.txt does not exist; pass a \.txt/\.jsonl"):
         load_corpus(tmp_path / "nope.txt")
 
 
 def test_empty_file_error(tmp_path):
-    with pytest.raises(DataError, match=r"empty\.txt is empty \(0 chars"):
+    with pytest.raises(DataError, match=r"empty\.txt is empty \(1 documents, none with text\)"):
         load_corpus(write(tmp_path, "empty.txt", ""))
-    with pytest.raises(DataError, match="all whitespace"):
+    with pytest.raises(DataError, match=r"blank\.txt is empty"):
         load_corpus(write(tmp_path, "blank.txt", " \n\n \t"))
 
 
 def test_binary_file_errors(tmp_path):
     with pytest.raises(DataError, match=r"looks binary \(NUL byte at offset 3\)"):
         load_corpus(write(tmp_path, "x.bin", b"abc\x00def"))
-    with pytest.raises(DataError, match=r"not UTF-8 text \(undecodable byte at offset 3\)"):
+    with pytest.raises(DataError, match=r"not UTF-8 \(undecodable byte at offset 3, line 1\)"):
         load_corpus(write(tmp_path, "latin1.txt", "café".encode("latin-1") + b"x"))
 
 
@@ -182,7 +182,7 @@ def test_unreadable_file_error(tmp_path, monkeypatch):
 
 
 def test_empty_directory_error(tmp_path):
-    with pytest.raises(DataError, match=r"holds no \.txt files"):
+    with pytest.raises(DataError, match=r"holds no files matching '\*\*/\*\.txt'; add some or pass --data-glob"):
         load_corpus(tmp_path)
 
 

@@ -143,7 +143,7 @@ CASES: dict[str, Case | tuple[Case, Callable]] = {
     "data-utf16-bom": data_case({"c.txt": ("hello " * 5000).encode("utf-16")}, "c.txt", "c.txt"),
     "data-nul-bytes": data_case({"c.bin": b"abc\0def" * 1000}, "c.bin", "NUL byte"),
     "data-empty": data_case({"c.txt": "   \n"}, "c.txt", "empty"),
-    "data-dir-without-txt": data_case({"corp/readme.md": "hi"}, "corp", "no .txt files"),
+    "data-dir-without-txt": data_case({"corp/readme.md": "hi"}, "corp", "holds no files matching '**/*.txt'"),
     "data-missing": data_case({}, "nope.txt", "does not exist"),
     "data-too-small": data_case({"c.txt": "abc"}, "c.txt", "c.txt"),
     # ---- vocabularies (npas sample) -------------------------------------------------------------

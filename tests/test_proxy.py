@@ -104,7 +104,7 @@ def test_shared_allocations_train(corpus, cfg):
 
 def test_mismatches_refused_before_training(corpus, tmp_path):
     wide = reference_config(Chassis(vocab_size=70, context=64, d_model=32, n_layers=1, n_heads=2, d_ff=64))
-    with pytest.raises(ConfigError, match="chassis vocab_size=70 but corpus .* has 68 distinct characters"):
+    with pytest.raises(ConfigError, match="chassis vocab_size=70 but corpus .* under tokenizer char has 68 tokens"):
         run_proxy(wide, QUICK, corpus)
     with pytest.raises(ConfigError, match="seq_len=128 but the chassis context is 64"):
         run_proxy(REF, Recipe.from_dict({**QUICK.to_dict(), "seq_len": 128}), corpus)

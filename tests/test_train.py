@@ -110,7 +110,7 @@ def test_train_refuses_vocab_mismatch_and_existing_output(tmp_path, trained, cap
     rc = main(["train", str(write_cfg(tmp_path, other)), "--recipe", str(write_recipe(tmp_path)),
                "--out", str(tmp_path / "x")])
     assert rc == 2
-    assert "chassis vocab_size=70 but corpus bundled:shakespeare has 68" in capsys.readouterr().err
+    assert "chassis vocab_size=70 but corpus bundled:shakespeare under tokenizer char has 68" in capsys.readouterr().err
     rc = main(["train", str(write_cfg(tmp_path, POOLED_TIED)), "--recipe", "smoke", "--out", str(trained)])
     assert rc == 2 and "already holds a trained model; pass --force" in capsys.readouterr().err
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
@@ -125,7 +125,7 @@ def test_failed_training_writes_metrics_only(tmp_path, capsys):
     assert "training failed: non-finite loss at step" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["metrics.json"]
     assert json.loads((out / "metrics.json").read_text())["result"]["status"] == "failed"
-    with pytest.raises(DataError, match="lacks model.safetensors, vocab.json, config.yaml"):
+    with pytest.raises(DataError, match="lacks model.safetensors, tokenizer.json, config.yaml"):
         load_trained(out)
 
 
@@ -134,7 +134,7 @@ def test_load_trained_errors(tmp_path, trained):
         load_trained(tmp_path / "nowhere")
     broken = tmp_path / "broken"
     broken.mkdir()
-    for name in ("vocab.json", "config.yaml"):
+    for name in ("tokenizer.json", "config.yaml"):
         (broken / name).write_bytes((trained / name).read_bytes())
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(DataError, match="cannot load .*model.safetensors"):
@@ -143,3 +143,9 @@ def test_load_trained_errors(tmp_path, trained):
     save_model(npas.build_model(POOLED_TIED), str(broken / "model.safetensors"))
     with pytest.raises(DataError, match="do not match config.yaml"):
         load_trained(broken)
+    legacy = tmp_path / "legacy"  # a directory from an npas that wrote the character vocabulary as vocab.json
+    legacy.mkdir()
+    for name in ("model.safetensors", "config.yaml"):
+        (legacy / name).write_bytes((trained / name).read_bytes())
+    (legacy / "vocab.json").write_bytes((trained / "tokenizer.json").read_bytes())
+    assert load_trained(legacy)[1].vocab_size == load_trained(trained)[1].vocab_size

@@ -62,7 +62,8 @@ class Accounting:
     inference_bytes: int  # params + KV cache for one full context at batch 1
     train_memory_bytes: int  # fp32 weights + grads + AdamW states + generated weights + activations
     activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
-    embedding_params: int
+    embedding_params: int  # token + position embeddings (the LM head is tied to the token embedding)
+    non_embedding_params: int  # stored_params - embedding_params: what `budget_scope: non_embedding` caps
     block_params: int  # direct (unbanked) block weights
     bank_params: int  # banks, templates and mixing coefficients
     lora_params: int
@@ -303,6 +304,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         train_memory_bytes=train,
         activation_bytes=act,
         embedding_params=embedding,
+        non_embedding_params=stored - embedding,
         block_params=block_direct,
         bank_params=sum(bank_sizes),
         lora_params=lora,
@@ -313,6 +315,19 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         activated_params=embedding + d + sum(layer_mat),
         expert_params=experts,
     )
+
+
+BUDGET_SCOPES = ("all", "non_embedding")
+
+
+def embedding_params(chassis) -> int:
+    """Token and position embeddings, ``(vocab + context) * d_model``: what ``non_embedding`` leaves out."""
+    return (chassis.vocab_size + chassis.context) * chassis.d_model
+
+
+def scoped_params(cfg: ArchConfig, scope: str = "all") -> int:
+    """Stored parameters as a budget of ``scope`` counts them (``all``, or ``non_embedding``)."""
+    return stored_params(cfg) - (embedding_params(cfg.chassis) if scope == "non_embedding" else 0)
 
 
 def reference_params(cfg_or_chassis) -> int:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from npas.allocation.budget import stored_params
+from npas.allocation.budget import embedding_params, stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
 from npas.allocation.knob_table import BANK_RULES, TAPERS, TYING
 
@@ -147,15 +147,18 @@ def _next_breakpoint(base: list[float], scale: float) -> float:
 
 
 def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: Chassis, profile: list[float],
-              budget: int, mode: str = "all", max_scale: float = 4.0) -> Fit:
-    """Scale MLP widths (and in `all` mode step d_model down by n_heads) to fill the budget."""
+              budget: int, mode: str = "all", max_scale: float = 4.0, scope: str = "all") -> Fit:
+    """Scale MLP widths (and in `all` mode step d_model down by n_heads) to fill the budget.
+
+    `scope="non_embedding"` fits the parameters outside the token and position embeddings; those
+    shrink with d_model, so they are left out of every probe rather than once from the budget."""
     d, H = chassis.d_model, chassis.n_heads
 
     def at(ch: Chassis, scale: float) -> ArchConfig:
         return make(ch, _widths([ch.d_ff * p for p in profile], scale))
 
     def params(ch: Chassis, scale: float) -> int:
-        return stored_params(at(ch, scale))
+        return stored_params(at(ch, scale)) - (embedding_params(ch) if scope == "non_embedding" else 0)
 
     ch, lo = chassis, 1e-9
     if mode == "all":
@@ -170,11 +173,10 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
                          f"params > budget {budget:,}; raise the budget, or enable tying or pools")
     base = [ch.d_ff * p for p in profile]
     if params(ch, max_scale) <= budget:
-        cfg = at(ch, max_scale)
-        return Fit(cfg, free="width_scale", stored=stored_params(cfg), capped=True)
+        return Fit(at(ch, max_scale), free="width_scale", stored=params(ch, max_scale), capped=True)
     s = _largest(lambda x: params(ch, x), lo, max_scale, budget)
     cfg = at(ch, s)
-    stored = stored_params(cfg)
+    stored = params(ch, s)
     step = params(ch, _next_breakpoint(base, s)) - stored
     return Fit(cfg, free="width_scale", stored=stored, step=step)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Literal, get_args
 
+from npas.allocation.budget import BUDGET_SCOPES
 from npas.allocation.config import (
     CHASSIS_MAX,
     DEFAULT_LORA_ALPHA,
@@ -199,6 +200,9 @@ KNOBS: tuple[KnobSpec, ...] = (
 SETTINGS: tuple[KnobSpec, ...] = (
     KnobSpec("dtype", "space", "dtype", str, "float32", allowed=get_args(DType), searchable=False,
              help="dtype of stored and exported weights"),
+    KnobSpec("budget_scope", "space", "budget_scope", str, "all", allowed=BUDGET_SCOPES,
+             searchable=False, help="all: the budget caps every stored parameter; non_embedding: all but the token "
+                                    "and position embeddings (the head is tied), the count that ranks LMs"),
     KnobSpec("width_fit", "fit", "width", str, "all", allowed=get_args(WidthFit), searchable=False,
              help="mlp: only MLP widths scale to fill the budget; all: d_model narrows too"),
     KnobSpec("max_width_scale", "fit", "max_width_scale", float, 4.0, low=1.0, high=64.0, searchable=False,

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 import yaml
 
-from npas.allocation.budget import parse_budget, reference_params
+from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget, reference_params
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
 from npas.allocation.fit import (
     Fit,
@@ -46,10 +46,10 @@ from npas.errors import BudgetError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("val_loss", "val_bpc", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
+OBJECTIVES = ("val_loss", "val_bpc", "val_bpb", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
               "peak_memory_bytes", "kv_cache_bytes_per_token")
-LOSS_OBJECTIVES = ("val_loss", "val_bpc")
-TOP_KEYS = ("name", "description", "chassis", "budget", "dtype", "objectives", "recipe", "fit", "knobs")
+LOSS_OBJECTIVES = ("val_loss", "val_bpc", "val_bpb")  # val_bpb: bits per byte, comparable across tokenizers
+TOP_KEYS = ("name", "description", "chassis", "budget", "budget_scope", "dtype", "objectives", "recipe", "fit", "knobs")
 _PLAIN = {"kv_group": 1, "atom_slots": "none"}  # baselines share no K/V and use no atoms
 BASELINES: dict[str, dict[str, Any]] = {
     # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives;
@@ -107,7 +107,8 @@ class Space:
     bank_groups: tuple[tuple[int, ...], ...] | None = None
     per_position: bool = False
     description: str = ""
-    overrides: dict[str, Any] = field(default_factory=dict)  # vocab_size / budget bound at launch
+    overrides: dict[str, Any] = field(default_factory=dict)  # vocab_size / budget / budget_scope bound at launch
+    budget_scope: str = "all"  # all | non_embedding: which stored parameters the budget caps
 
     # ---- reference and budget ----------------------------------------------------------------
     @property
@@ -120,8 +121,17 @@ class Space:
 
     @cached_property
     def budget_params(self) -> int:
-        """The cap in stored parameters (relative budgets resolve against the reference model)."""
-        return parse_budget(self.budget_spec, self.reference_params)
+        """The cap in stored parameters of the budget's scope (relative budgets resolve against the
+        reference model counted the same way)."""
+        return parse_budget(self.budget_spec, self.reference_params - self._excluded(self.reference_chassis))
+
+    def _excluded(self, chassis: Chassis) -> int:
+        """Parameters the budget's scope leaves out: the embeddings under ``non_embedding``."""
+        return embedding_params(chassis) if self.budget_scope == "non_embedding" else 0
+
+    def budgeted(self, accounting: Any) -> int:
+        """The count the budget caps, from an ``Accounting``: stored or non-embedding parameters."""
+        return accounting.non_embedding_params if self.budget_scope == "non_embedding" else accounting.stored_params
 
     @property
     def hash(self) -> str:
@@ -129,9 +139,17 @@ class Space:
         key = self.text + repr(sorted(self.overrides.items()))
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    def bind(self, *, vocab_size: int | None = None, budget: str | None = None) -> Space:
-        """A copy bound to a corpus vocabulary and/or a budget given on the command line."""
+    def bind(self, *, vocab_size: int | None = None, budget: str | None = None,
+             budget_scope: str | None = None) -> Space:
+        """A copy bound to a corpus vocabulary and/or a budget and its scope given on the command line."""
         chassis, over, spec = dict(self.chassis), dict(self.overrides), self.budget_spec
+        scope = self.budget_scope
+        if budget_scope is not None:
+            if budget_scope not in BUDGET_SCOPES:
+                raise BudgetError(f"budget scope {budget_scope!r} is not one of {', '.join(BUDGET_SCOPES)}; "
+                                  "use --budget-scope non_embedding to leave the embeddings out of the budget")
+            scope = budget_scope
+            over["budget_scope"] = budget_scope
         if vocab_size is not None:
             chassis["vocab_size"] = Knob("fixed", values=(int(vocab_size),))
             over["vocab_size"] = int(vocab_size)
@@ -139,8 +157,8 @@ class Space:
             parse_budget(budget, self.reference_params)  # fail now, with the budget's own message
             spec = str(budget)
             over["budget"] = spec
-        bound = replace(self, chassis=chassis, budget_spec=spec, overrides=over)
-        if short := below_embeddings(bound.reference_chassis, spec, bound.budget_params):
+        bound = replace(self, chassis=chassis, budget_spec=spec, overrides=over, budget_scope=scope)
+        if scope == "all" and (short := below_embeddings(bound.reference_chassis, spec, bound.budget_params)):
             raise BudgetError(short)
         return bound
 
@@ -229,7 +247,7 @@ class Space:
 
         if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
-                            self.max_width_scale)
+                            self.max_width_scale, self.budget_scope)
             return Candidate(values, fit, budget)
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
         try:
@@ -237,8 +255,11 @@ class Space:
             members = bank_members(base, value(values, "bank_rule"), int(value(values, "n_banks")), groups)
         except ValueError as e:
             return Candidate(values, Fit(None, str(e)), budget)
-        fit = fit_banks(base, members, value(values, "generator"), budget, int(value(values, "templates")),
+        excluded = self._excluded(chassis)  # pools keep d_model: the scope shifts the cap by a constant
+        fit = fit_banks(base, members, value(values, "generator"), budget + excluded, int(value(values, "templates")),
                         self.max_templates)
+        if excluded and fit.config is not None:
+            fit = replace(fit, stored=fit.stored - excluded)
         return Candidate(values, fit, budget)
 
     def _experts_candidate(self, values: dict[str, Any], chassis: Chassis, make: Any, budget: int) -> Candidate:
@@ -302,7 +323,8 @@ def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
     if cap > floor:
         return None
     return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
-            f"d_model={ch.d_model}; raise the budget or lower d_model")
+            f"d_model={ch.d_model} and vocab_size={ch.vocab_size}; raise the budget, lower d_model, or cap only "
+            f"the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)")
 
 
 def parse_space(text: str, source: str = "<space>") -> Space:
@@ -376,7 +398,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
         ref_chassis = Chassis(**{k: kn.default for k, kn in chassis.items()}) if chassis_ok else None
         cap = parse_budget(budget_spec, reference_params(ref_chassis) if ref_chassis else 10**9)
-        if ref_chassis and (short := below_embeddings(ref_chassis, budget_spec, cap)):
+        if ref_chassis and settings["budget_scope"] == "all" and (
+                short := below_embeddings(ref_chassis, budget_spec, cap)):
             problems.append(f"space.budget: {short}")
     except BudgetError as e:
         problems.append(f"space.budget: {e}")
@@ -387,7 +410,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         budget_spec=budget_spec, dtype=settings["dtype"], objectives=tuple(objectives),
         recipe=str(data.get("recipe", "proxy")), knobs=knobs, width_fit=settings["width_fit"],
         max_width_scale=float(settings["max_width_scale"]), max_templates=int(settings["max_templates"]),
-        description=str(data.get("description", "")), **extras,
+        description=str(data.get("description", "")), budget_scope=settings["budget_scope"], **extras,
     )
 
 

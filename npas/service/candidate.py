@@ -55,7 +55,7 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str) -
                         (TrialAttr.ACCOUNTING, acc.to_dict()), (TrialAttr.KEY, key),
                         (TrialAttr.FILL, round(cand.fill, 6)), (TrialAttr.MAX_FIDELITY, recipe["steps"])):
         trial.set_user_attr(attr, value)
-    trial.set_constraint(Constraint.BUDGET, float(acc.stored_params - space.budget_params))
+    trial.set_constraint(Constraint.BUDGET, float(space.budgeted(acc) - space.budget_params))
     if (reason := cannot_run(cfg, recipe)) is not None:
         return Skip("infeasible", reason)
     twin = same_key(trial.study, key, trial.number)

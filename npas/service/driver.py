@@ -41,12 +41,18 @@ DEFAULT_SAMPLER, DEFAULT_SEED = "tpe", 0
 def search(space: Space, *, trials: int | None = None, study: str | None = None, storage: str | None = None,
            recipe: str | None = None, data: str | None = None, budget: str | None = None,
            sampler: str | None = None, seed: int | None = None, launch: Launch | None = None,
-           repeats: int | None = None, init_from: str | None = None) -> optuna.Study:
+           repeats: int | None = None, init_from: str | None = None, tokenizer: str | None = None,
+           data_glob: str | None = None, text_field: str | None = None, budget_scope: str | None = None,
+           corpus=None) -> optuna.Study:
     """Create a study for `space` and run it to `trials` proxy runs, or join the study named `study`.
 
     Options left as None take the study's stored value when joining, and the defaults when creating.
     `repeats` trains every trial on that many seeds and ranks it by their mean (default 1).
-    `init_from`: a `npas train` directory every trial is converted from before its proxy run."""
+    `init_from`: a `npas train` directory every trial is converted from before its proxy run.
+    `tokenizer` is char (default), bpe:N (trained on the training split) or a tokenizer.json path;
+    the tokenizer made here is stored in the study, and every later driver and worker loads it.
+    `corpus` is that corpus already loaded with these settings (the CLI's preflight has it)."""
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 
@@ -55,9 +61,12 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
     rec = load_recipe(recipe or space.recipe)
-    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
+    glob, field = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
+    if corpus is None:
+        corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
+                             tokenizer=tokenizer, glob=glob, text_field=field)
     corpus.check_fits(rec.seq_len, rec.batch_size)
-    space = space.bind(vocab_size=corpus.vocab_size, budget=budget)
+    space = space.bind(vocab_size=corpus.vocab_size, budget=budget, budget_scope=budget_scope)
     if rec.seq_len > space.reference_chassis.context:
         raise StudyError(f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > the chassis context "
                          f"{space.reference_chassis.context}; lower seq_len or raise chassis.context")
@@ -71,7 +80,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         created = optuna.create_study(study_name=name, storage=handle.storage,
                                       directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
-        given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats}
+        given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
+                 "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None}
         return _join(name, handle, space, trials, data, launch, given, init)
     record = StudyRecord(
         version=__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
@@ -82,7 +92,9 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         sampler=sampler_name, seed=DEFAULT_SEED if seed is None else seed,
         early_stop=True if launch.early_stop is None else launch.early_stop,
         target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides),
-        data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats)
+        data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats,
+        tokenizer=str(tokenizer or "char"), tokenizer_json=corpus.tokenizer.to_json(),
+        tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=glob, text_field=field)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     if init is not None:
@@ -120,7 +132,7 @@ def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, da
         raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
                          f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
     stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
-              "repeats": record.repeats}
+              "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint}
     mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in given.items()
                 if v is not None and _plain(v) != stored[k]]
     if mismatch:
@@ -164,14 +176,18 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
 
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
            allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None,
-           repeats: int | None = None, init_from: str | None = None) -> optuna.Study:
+           repeats: int | None = None, init_from: str | None = None,
+           tokenizer: str | None = None) -> optuna.Study:
     """Continue a study from the database alone: recover orphans, then run to the target total.
 
     `repeats`, when given, must equal the study's stored seeds per trial: a mean over another number
     of seeds would not rank against the trials already run. A study whose trials start from a
-    trained model reloads it from its recorded directory, or from `init_from` (same weights required)."""
+    trained model reloads it from its recorded directory, or from `init_from` (same weights required).
+    The study's stored tokenizer is loaded, not retrained; a `tokenizer` given here must produce that
+    very tokenizer (same fingerprint), or the resume is refused."""
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
+    from npas.training.tokenizers import tokenizer_from_json
 
     launch = check_inputs(trials, launch or Launch(), storage)
     check_repeats(repeats)
@@ -186,7 +202,8 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
                          f"resume without it, or pass --allow-space-change to use the new one")
     if space_text is not None and allow_space_change:
         space = parse_space(space_text, record.space_source or name)
-    space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"))
+    space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
+                       budget_scope=record.overrides.get("budget_scope"))
     if launch.early_stop is not None and launch.early_stop != record.early_stop:
         flag = "--no-early-stop" if record.early_stop is False else "early stopping (ASHA)"
         raise StudyError(f"study {name!r} runs with {flag}; continue it as it was created (drop "
@@ -195,8 +212,13 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
         raise StudyError(f"study {name!r} trains each trial on {record.repeats} seed(s) (--repeats {record.repeats}), "
                          f"not {repeats}; drop --repeats to continue it as it was created, or start a new study")
     rec = Recipe.from_dict(dict(record.recipe))
-    corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction,
-                         test_fraction=rec.test_fraction)
+    stored_tok = None if record.tokenizer_json is None else tokenizer_from_json(record.tokenizer_json, "the study's")
+    corpus = load_corpus(data or record.data_source, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
+                         tokenizer=tokenizer or stored_tok, glob=record.data_glob, text_field=record.text_field)
+    if record.tokenizer_fingerprint is not None and corpus.tokenizer.fingerprint != record.tokenizer_fingerprint:
+        raise StudyError(f"tokenizer {tokenizer} differs from the one study {name!r} was started with "
+                         f"({record.tokenizer}, fingerprint {corpus.tokenizer.fingerprint} != "
+                         f"{record.tokenizer_fingerprint}); resume without --tokenizer to use the study's")
     if corpus.fingerprint != record.data_fingerprint:
         raise StudyError(f"the data differs from the corpus study {name!r} ran on (fingerprint "
                          f"{corpus.fingerprint} != {record.data_fingerprint}); pass --data with the original corpus")
@@ -237,19 +259,27 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
 
 def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: StudyRecord, corpus, target: int,
          launch: Launch, cpus: float, init: dict | None = None) -> None:
+    from npas.training.proxy import eval_tokens_per_byte
+    from npas.training.recipe import Recipe
+
     recipe = dict(record.recipe)
+    bundled_chars = corpus.source.startswith("bundled") and corpus.tokenizer.name == "char"
     payload = {"source": None if corpus.source.startswith("bundled") else corpus.source,
                "fingerprint": corpus.fingerprint,
+               # workers load the study's tokenizer from this JSON (never retrain) and refuse another
+               "tokenizer_json": corpus.tokenizer.to_json(), "tokenizer_fingerprint": corpus.tokenizer.fingerprint,
+               "glob": corpus.glob, "text_field": corpus.text_field,
                # the chassis whose untied model the recipe's base lr is for: the fair parameterization
                # scales every candidate's per-group rates against it (training/parameterization.py)
                "reference": dataclasses.asdict(space.reference_chassis),
                "repeats": record.repeats}  # seeds per trial: the trainable loops over them
     if init is not None:
         payload["init_from"] = init  # each worker converts this model into its trial's allocation
-    if launch.ray_address is None and payload["source"] is not None:
+    if launch.ray_address is None and not bundled_chars:
         payload["corpus"] = corpus  # embedded Ray: ship the tensors through the object store
     searcher = NpasSearcher(study, space, recipe, corpus.fingerprint, target, on_progress=launch.on_progress,
-                            on_trial_done=launch.on_trial_done)
+                            on_trial_done=launch.on_trial_done,
+                            tokens_per_byte=eval_tokens_per_byte(corpus, Recipe.from_dict(recipe)))
     with faults.Heartbeat(study, searcher.live_trial_ids):
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=int(recipe["steps"]),
                               eval_every=int(recipe["eval_every"]), corpus_payload=payload, workers=launch.workers,

@@ -12,6 +12,7 @@ from npas.errors import StudyError
 from npas.service.picks import objective_names
 from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
+from npas.training.train import tokenizer_beside
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
@@ -42,6 +43,8 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
         "proxy": {k: v for k, v in (trial.user_attrs.get(TrialAttr.PROXY) or {}).items() if k != "curve"},
         "recipe": study.user_attrs.get(StudyAttr.RECIPE),
         "data_fingerprint": study.user_attrs.get(StudyAttr.FINGERPRINT),
+        "tokenizer": study.user_attrs.get(StudyAttr.TOKENIZER, "char"),
+        "tokenizer_fingerprint": study.user_attrs.get(StudyAttr.TOKENIZER_FP),
     }
 
 
@@ -52,4 +55,7 @@ def write_export(study: optuna.Study, out: str | Path, pick: str = "knee") -> di
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))
+    tok_json = study.user_attrs.get(StudyAttr.TOKENIZER_JSON)
+    if tok_json is not None:  # the study's tokenizer beside its allocation: `npas train` picks it up
+        tokenizer_beside(path).write_text(tok_json, encoding="utf-8")
     return doc

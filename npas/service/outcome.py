@@ -34,9 +34,15 @@ ANALYTIC_STAND_IN = {"peak_memory_bytes": "train_memory_bytes"}
 
 
 def objective_values(objectives: Sequence[str], accounting: Mapping[str, Any], proxy: Mapping[str, Any] | None,
-                     loss: float) -> list[float]:
-    """One value per objective, in the study's order; raises KeyError naming an objective nothing provides."""
+                     loss: float, tokens_per_byte: float | None = None) -> list[float]:
+    """One value per objective, in the study's order; raises KeyError naming an objective nothing provides.
+
+    ``tokens_per_byte`` is the validation windows' (``training.proxy.eval_tokens_per_byte``): bits per
+    byte is derived from ``loss`` with it, so an early-stopped trial gets one from its last report.
+    """
     metrics: dict[str, Any] = {**accounting, **(proxy or {}), "val_loss": loss, "val_bpc": loss / math.log(2)}
+    if tokens_per_byte is not None:
+        metrics["val_bpb"] = loss * tokens_per_byte / math.log(2)
     for objective, stand_in in ANALYTIC_STAND_IN.items():
         if metrics.get(objective) is None and stand_in in accounting:
             metrics[objective] = accounting[stand_in]

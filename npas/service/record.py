@@ -39,6 +39,11 @@ class StudyAttr(StrEnum):
     SPLIT = "data_split"  # how the text was cut into train / validation / test, with each part's fingerprint
     REPEATS = "repeats"  # training seeds per trial (`npas search --repeats R`); the objective is their mean
     INIT_FROM = "init_from"  # {"dir", "weights", "config_hash"}: the trained model trials start from
+    TOKENIZER = "tokenizer"  # the spec the study was started with: char, bpe:N or a tokenizer.json path
+    TOKENIZER_JSON = "tokenizer_json"  # the tokenizer itself, serialized: resume and workers load it, never retrain
+    TOKENIZER_FP = "tokenizer_fingerprint"  # sha256 of tokenizer_json, 16 hex chars
+    DATA_GLOB = "data_glob"  # files read from a directory corpus
+    TEXT_FIELD = "text_field"  # JSONL field / Parquet column holding the documents
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -104,6 +109,11 @@ class StudyRecord:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     data_split: Mapping[str, Any] | None = None  # None: a study from before the text-level split
     repeats: int = 1  # training seeds per trial; 1 is what every study before `--repeats` ran
+    tokenizer: str = "char"  # studies from before tokenizers were stored ran on characters
+    tokenizer_json: str | None = None  # None: rebuild the character vocabulary from the text (old studies)
+    tokenizer_fingerprint: str | None = None
+    data_glob: str = "**/*.txt"  # npas.training.corpora.DEFAULT_GLOB
+    text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -113,7 +123,10 @@ class StudyRecord:
              "data_fingerprint": StudyAttr.FINGERPRINT, "vocab_size": StudyAttr.VOCAB,
              "objectives": StudyAttr.OBJECTIVES, "sampler": StudyAttr.SAMPLER, "seed": StudyAttr.SEED,
              "early_stop": StudyAttr.EARLY_STOP, "target_trials": StudyAttr.TARGET,
-             "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS}
+             "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS,
+             "tokenizer": StudyAttr.TOKENIZER, "tokenizer_json": StudyAttr.TOKENIZER_JSON,
+             "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
+             "text_field": StudyAttr.TEXT_FIELD}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
@@ -147,6 +160,12 @@ class StudyRecord:
         values["overrides"] = dict(values.get("overrides") or {})
         values["repeats"] = int(values.get("repeats", 1))
         return cls(**values)
+
+    def corpus_args(self) -> dict[str, Any]:
+        """What reloads the study's corpus exactly (``training.data.load_known_corpus`` keywords, less
+        the recipe's split fractions): the text's source and fingerprint and the stored tokenizer."""
+        return {"source": self.data_source, "fingerprint": self.data_fingerprint,
+                "tokenizer_json": self.tokenizer_json, "glob": self.data_glob, "text_field": self.text_field}
 
     def with_target(self, target: int) -> StudyRecord:
         return replace(self, target_trials=int(target))

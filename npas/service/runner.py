@@ -256,6 +256,7 @@ def trainable(config: dict, data: dict) -> None:
 
     from npas.allocation.config import ArchConfig, Chassis
     from npas.service.outcome import combine_repeats, repeat_seeds
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_known_corpus
     from npas.training.proxy import run_proxy
     from npas.training.recipe import Recipe
@@ -263,7 +264,10 @@ def trainable(config: dict, data: dict) -> None:
     cfg = ArchConfig.from_dict(config["allocation"])
     recipe = Recipe.from_dict(config["recipe"])
     corpus = data.get("corpus") or load_known_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
-                                                     data["fingerprint"])
+                                                     data["fingerprint"], data.get("tokenizer_json"),
+                                                     data.get("glob", DEFAULT_GLOB),
+                                                     data.get("text_field", DEFAULT_TEXT_FIELD),
+                                                     data.get("tokenizer_fingerprint"))
     reference = Chassis(**data["reference"]) if data.get("reference") else None
     seeds = repeat_seeds(recipe.seed, int(data.get("repeats") or 1))
 

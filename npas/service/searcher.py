@@ -48,8 +48,10 @@ class NpasSearcher(Searcher):
 
     def __init__(self, study: optuna.Study, space: Space, recipe: dict, fingerprint: str, target: int,
                  on_progress: Callable[[Progress], None] | None = None,
-                 on_trial_done: Callable[[optuna.Study], None] | None = None) -> None:
+                 on_trial_done: Callable[[optuna.Study], None] | None = None,
+                 tokens_per_byte: float | None = None) -> None:
         super().__init__(metric="val_loss", mode="min")
+        self.tokens_per_byte = tokens_per_byte  # of the validation windows: turns any loss into bits per byte
         self.study, self.space, self.recipe, self.fingerprint = study, space, recipe, fingerprint
         self.target = target
         self.objectives = list(space.objectives)
@@ -231,7 +233,8 @@ class NpasSearcher(Searcher):
             self._accounting.pop(trial.number, None)
             self._tell_duplicate(trial, twin, f"ran concurrently with trial {twin}, whose result is kept")
             return
-        values = objective_values(self.objectives, self._accounting.get(trial.number, {}), proxy, loss)
+        values = objective_values(self.objectives, self._accounting.get(trial.number, {}), proxy, loss,
+                                  self.tokens_per_byte)
         full = steps >= max_steps
         trial.set_user_attr(TrialAttr.FIDELITY, steps)
         trial.set_user_attr(TrialAttr.STATUS, "ok" if full else "stopped")

@@ -61,17 +61,20 @@ class Interrupted(StudyError):
 
 def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
                    val_fraction: float, test_fraction: float, score_recipe: dict,
-                   reference: dict | None = None) -> float:
+                   reference: dict | None = None, tokenizer_json: str | None = None, glob: str | None = None,
+                   text_field: str | None = None) -> float:
     """The real retraining: train under ``recipe`` (fresh seed) and return the test-split loss.
 
     The corpus is split as the study's search split it (its recipe's ``val_fraction`` and
     ``test_fraction``), so the held-out text is the text the search never read, whatever the long
     recipe says; ``reference`` is the study's reference chassis, as in the search's proxy runs."""
     from npas.allocation.config import Chassis
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_known_corpus
     from npas.training.proxy import evaluate, pick_device, train_model
 
-    corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint)
+    corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint, tokenizer_json,
+                               glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD)
     model, result = train_model(cfg, recipe, corpus, reference=Chassis(**reference) if reference else None)
     if result.status != "ok":
         raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")
@@ -160,8 +163,11 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
         record = studies.read_record(source)
         searched = Recipe.from_dict(dict(record.recipe))
         space = parse_space(record.space_text, record.space_source).bind(
-            vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"))
+            vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
+            budget_scope=record.overrides.get("budget_scope"))
         retrain = functools.partial(train_and_test, source=record.data_source, fingerprint=plan.fingerprint,
+                                    tokenizer_json=record.tokenizer_json, glob=record.data_glob,
+                                    text_field=record.text_field,
                                     val_fraction=searched.val_fraction, test_fraction=searched.test_fraction,
                                     score_recipe=recipe.to_dict(),
                                     reference=dataclasses.asdict(space.reference_chassis))

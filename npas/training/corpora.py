@@ -18,17 +18,21 @@ corpus can be unusable has its own one-line ``DataError`` naming the file, the p
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
+import importlib.resources
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from npas.errors import DataError
-from npas.training.data import BUNDLED_NAME, bundled_text, fingerprint_text
 
 log = logging.getLogger(__name__)
 
+BUNDLED_NAME = "shakespeare"
+_BUNDLED_RESOURCE = "builtin/shakespeare.txt.gz"
 SEPARATOR = "\n\n"  # between documents: a paragraph break, which every tokenizer already knows
 DEFAULT_GLOB = "**/*.txt"
 DEFAULT_TEXT_FIELD = "text"
@@ -79,6 +83,17 @@ def check_source(path: str | Path, glob: str = DEFAULT_GLOB, text_field: str = D
         raise DataError(f"corpus file {p} is .json; npas reads JSON Lines (one object per line): "
                         "convert it and name it .jsonl")
     return p
+
+
+def fingerprint_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def bundled_text() -> str:
+    """The bundled Shakespeare corpus, decoded once per process (many tests and trials load it)."""
+    blob = (importlib.resources.files("npas") / _BUNDLED_RESOURCE).read_bytes()
+    return gzip.decompress(blob).decode("utf-8")
 
 
 # ------------------------------------------------------------------------------------------ bytes

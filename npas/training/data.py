@@ -1,138 +1,60 @@
-"""Character-level corpora: load text, build a vocabulary from it, split it, and sample batches.
+"""Corpora as token streams: read text, split it, tokenize each split, and sample batches.
 
-A character tokenizer keeps the proxy honest and dependency-free: the vocabulary is a property of
-the data (so it travels beside every exported model as ``vocab.json``), and the bundled corpus --
-Shakespeare's plays -- needs no download. The text is split into train / validation / test as
-whole contiguous chunks, never scattered characters, so a model is scored on passages it has not
-seen rather than on holes inside passages it has; the test part is kept from the search entirely.
+The text is split into train / validation / test as whole contiguous chunks of *characters*, never
+scattered tokens, before any tokenizer reads it: the parts are the same passages whatever tokenizer
+is used, a model is scored on passages it has not seen rather than on holes inside passages it has,
+and the test part is kept from the search entirely. A learned tokenizer (``bpe:N``) is trained on
+the training part alone; a character vocabulary is taken from the whole text, since an alphabet is
+not a learned statistic and a held-out character missing from it could not be scored at all.
+Reading the formats lives in ``corpora``, tokenizers in ``tokenizers``, the token cache in
+``token_cache``; this module joins them into the ``Corpus`` the proxy trains on.
 """
 
 from __future__ import annotations
 
 import functools
-import gzip
-import hashlib
-import importlib.resources
-import json
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from npas.errors import DataError
+from npas.training.corpora import (
+    BUNDLED_NAME,
+    DEFAULT_GLOB,
+    DEFAULT_TEXT_FIELD,
+    bundled_text,
+    fingerprint_text,
+    read_corpus,
+)
+from npas.training.metrics import scored_bytes
+from npas.training.tokenized import tokenize_splits
+from npas.training.tokenizers import (
+    CharLevel,
+    CharTokenizer,
+    Tokenizer,
+    TokenizerSpec,
+    parse_tokenizer_spec,
+    token_dtype,
+    tokenizer_from_json,
+)
+
+__all__ = ["BUNDLED_NAME", "SPLITS", "CharTokenizer", "Corpus", "Split", "bundled_text", "build_corpus",
+           "fingerprint_text", "load_corpus", "load_known_corpus", "token_dtype"]
 
 log = logging.getLogger(__name__)
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
 
-BUNDLED_NAME = "shakespeare"
-_BUNDLED_RESOURCE = "builtin/shakespeare.txt.gz"
 MAX_CHUNK_CHARS = 8192  # split chunk length on large corpora: several paragraphs of a scene
 MIN_CHUNKS = 20  # small corpora are cut into this many chunks so held-out parts still get whole passages
 DEFAULT_TEST_FRACTION = 0.1  # share of the text kept for the final test; a search never reads it
-TOKENIZER_VERSION = 1
-
-
-# --------------------------------------------------------------------------------------- tokenizer
-@dataclass(frozen=True)
-class CharTokenizer:
-    """One token per distinct character, ids in sorted code-point order.
-
-    Sorting makes the vocabulary a pure function of the character set, so two corpora with the
-    same characters get identical ids and a model stays usable with its saved ``vocab.json``.
-    """
-
-    chars: tuple[str, ...]
-    _stoi: dict[str, int] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.chars:
-            raise DataError("a tokenizer needs at least one character, got an empty vocabulary; "
-                            "build it from non-empty text")
-        if any(len(c) != 1 for c in self.chars):
-            bad = [c for c in self.chars if len(c) != 1][:5]
-            raise DataError(f"a character vocabulary holds single characters, got {bad!r}; "
-                            "rebuild it with CharTokenizer.from_text")
-        if list(self.chars) != sorted(set(self.chars)):
-            raise DataError("a character vocabulary must be sorted and free of duplicates; "
-                            "rebuild it with CharTokenizer.from_text")
-        object.__setattr__(self, "_stoi", {c: i for i, c in enumerate(self.chars)})
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(tuple(sorted(set(text))))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def unknown(self, text: str) -> list[str]:
-        """Characters of ``text`` outside the vocabulary, sorted, so errors can name them all."""
-        return sorted(set(text) - self._stoi.keys())
-
-    def encode(self, text: str) -> list[int]:
-        missing = self.unknown(text)
-        if missing:
-            shown = ", ".join(repr(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
-            raise DataError(f"text holds {len(missing)} character(s) not in the {self.vocab_size}-character "
-                            f"vocabulary: {shown}; remove them or train on data that contains them")
-        return [self._stoi[c] for c in text]
-
-    def encode_tensor(self, text: str) -> torch.Tensor:
-        """Encode a long text in bulk (code points -> ids by binary search); about 50x faster than
-        ``encode`` on the 3.5M-character bundled corpus."""
-        missing = self.unknown(text)
-        if missing:
-            self.encode("".join(missing))  # raises the same message as encode
-        if not text:
-            return torch.empty(0, dtype=token_dtype(self.vocab_size))
-        points = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32)
-        table = torch.tensor([ord(c) for c in self.chars], dtype=torch.int32)
-        return torch.searchsorted(table, points).to(token_dtype(self.vocab_size))
-
-    def decode(self, ids: list[int] | torch.Tensor) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.reshape(-1).tolist()
-        try:
-            return "".join(self.chars[i] for i in ids)
-        except IndexError:
-            bad = sorted({i for i in ids if not 0 <= i < self.vocab_size})[:10]
-            raise DataError(f"token ids {bad} are outside the vocabulary of {self.vocab_size}; "
-                            "decode with the tokenizer the model was trained with") from None
-
-    def to_dict(self) -> dict:
-        return {"type": "char", "version": TOKENIZER_VERSION, "chars": list(self.chars)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> CharTokenizer:
-        if not isinstance(d, dict) or d.get("type") != "char" or not isinstance(d.get("chars"), list):
-            raise DataError("a vocabulary file must be a JSON object with type 'char' and a 'chars' list, "
-                            f"got keys {sorted(d) if isinstance(d, dict) else type(d).__name__}; "
-                            "write it with CharTokenizer.to_json")
-        if d.get("version", TOKENIZER_VERSION) > TOKENIZER_VERSION:
-            raise DataError(f"vocabulary version {d['version']} is newer than this npas understands "
-                            f"({TOKENIZER_VERSION}); upgrade npas")
-        return cls(tuple(d["chars"]))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> CharTokenizer:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"vocabulary file is not valid JSON ({err}); re-export the model") from None
-        return cls.from_dict(d)
-
-
-def token_dtype(vocab_size: int) -> torch.dtype:
-    """Smallest integer dtype for the ids: the bundled corpus fits uint8 (3.5 MB instead of 28 MB)."""
-    return torch.uint8 if vocab_size <= 256 else torch.int32
 
 
 # ------------------------------------------------------------------------------------------ split
@@ -197,7 +119,7 @@ def chars_needed(seq_len: int, val_fraction: float, test_fraction: float = DEFAU
 
 
 # ------------------------------------------------------------------------------------------ corpus
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False)  # eq=False: identity, as the cached bundled corpus is shared
 class Corpus:
     """A tokenized corpus split into train, validation and test streams (treat the tensors as
     read-only: the bundled corpus is cached and shared within a process).
@@ -209,14 +131,35 @@ class Corpus:
     train: torch.Tensor  # (N_train,) uint8 or int32 token ids
     val: torch.Tensor  # (N_val,) held-out contiguous chunks, concatenated in text order
     test: torch.Tensor  # (N_test,) other held-out chunks; never read by a search
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer  # CharLevel, or a Hugging Face tokenizer trained on the train split / loaded
     fingerprint: str  # sha256 of the UTF-8 text, 16 hex chars: keys studies to the data they ran on
-    source: str  # "bundled:shakespeare" or the path that was loaded; load_corpus(source) reloads it
+    source: str  # "bundled:shakespeare" or the path that was loaded; load_corpus(source, ...) reloads it
     val_fraction: float
     n_chars: int
     test_fraction: float = DEFAULT_TEST_FRACTION
     chunk_chars: int = 0  # split chunk length in characters (chunk_length(n_chars))
     part_fingerprints: dict[str, str] = field(default_factory=dict)  # split -> sha256 of its text
+    glob: str = DEFAULT_GLOB  # which files of a directory corpus were read
+    text_field: str = DEFAULT_TEXT_FIELD  # the JSONL field / Parquet column holding each document
+    split_bytes: dict[str, int] = field(default_factory=dict)  # split -> UTF-8 bytes of its text
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return self.tokenizer.fingerprint
+
+    @functools.cached_property
+    def byte_lengths(self) -> np.ndarray:
+        """(vocab_size,) UTF-8 bytes each id spells: bits per byte of any scored window is a lookup."""
+        return self.tokenizer.token_byte_lengths()
+
+    def scored_bytes(self, targets: torch.Tensor) -> int:
+        """UTF-8 bytes of the text the target ids spell: the denominator of bits per byte."""
+        return scored_bytes(targets.reshape(-1).cpu().numpy(), self.byte_lengths)
+
+    def bytes_per_token(self, split: Split) -> float:
+        """Mean UTF-8 bytes per token over a whole split (converts a training loss to bits per byte)."""
+        n = len(self.split(split))
+        return self.split_bytes.get(split, n) / max(1, n)
 
     @property
     def vocab_size(self) -> int:
@@ -278,16 +221,14 @@ class Corpus:
         """JSON-safe summary recorded beside metrics and studies, including how the text was split
         (so a study can prove later which text its search never saw)."""
         return {"source": self.source, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size,
+                "tokenizer": self.tokenizer.name, "tokenizer_fingerprint": self.tokenizer.fingerprint,
+                "glob": self.glob, "text_field": self.text_field,
                 "n_chars": self.n_chars, "train_tokens": len(self.train), "val_tokens": len(self.val),
                 "test_tokens": len(self.test), "val_fraction": self.val_fraction,
                 "test_fraction": self.test_fraction,
                 "split": {"unit": "characters", "chunk_chars": self.chunk_chars,
                           "rule": "whole chunks, held-out chunks evenly spread, test chunks evenly among them",
                           "fingerprints": dict(self.part_fingerprints)}}
-
-
-def fingerprint_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -299,36 +240,54 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
                         f"(val_fraction {val_fraction}); use e.g. 0.1")
 
 
+def _as_tensor(ids: np.ndarray) -> torch.Tensor:
+    """Token ids as a tensor the proxy can index: a uint8 stream is shared with its (read-only)
+    memory map, wider ones become int32 (torch cannot gather from uint16/uint32)."""
+    if ids.dtype == np.uint8:
+        with warnings.catch_warnings():  # the map is read-only and so is every Corpus tensor
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(ids) if len(ids) else torch.empty(0, dtype=torch.uint8)
+    return torch.from_numpy(np.asarray(ids, dtype=np.int32))
+
+
+TokenizerArg = str | TokenizerSpec | Tokenizer | None
+
+
 def build_corpus(text: str, source: str, val_fraction: float = 0.1,
-                 test_fraction: float = DEFAULT_TEST_FRACTION) -> Corpus:
+                 test_fraction: float = DEFAULT_TEST_FRACTION, tokenizer: TokenizerArg = None,
+                 cache_dir: str | Path | None = None, glob: str = DEFAULT_GLOB,
+                 text_field: str = DEFAULT_TEXT_FIELD) -> Corpus:
     """Split ``text`` into train / validation / test chunks, then tokenize each part.
 
-    The split is made on the text itself, before tokenizing, so the parts are the same passages
-    whatever tokenizer reads them. The character vocabulary is the one thing taken from the whole
-    text: it must cover the held-out characters too, or the test split could not be scored.
+    ``tokenizer`` is a spec (``"char"``, default; ``"bpe:N"``, trained on the train part only; a
+    tokenizer.json path) or a built tokenizer, e.g. one reloaded from a study's stored JSON, which is
+    used as is and never retrained. Learned tokenizers go through the memory-mapped token cache;
+    a character vocabulary encodes in memory (a vectorized lookup, faster than reading a file).
     """
     check_fractions(val_fraction, test_fraction)
     if not text:
         raise DataError(f"corpus {source} is empty; point --data at a file with text in it")
-    tokenizer = CharTokenizer.from_text(text)
+    spec = parse_tokenizer_spec(tokenizer or "char") if tokenizer is None or isinstance(tokenizer, str) else tokenizer
     bounds = split_bounds(len(text), val_fraction, test_fraction)
     parts = {s: "".join(text[a:b] for a, b in bounds[s]) for s in SPLITS}
-    ids = {s: tokenizer.encode_tensor(parts[s]) for s in SPLITS}
-    corpus = Corpus(train=ids["train"], val=ids["val"], test=ids["test"], tokenizer=tokenizer,
+    if isinstance(spec, TokenizerSpec) and spec.kind == "char":
+        spec = CharLevel.from_text(text)  # the alphabet of every split, so held-out text can be scored
+    if isinstance(spec, CharLevel):
+        tok: Tokenizer = spec
+        ids = {s: spec.char.encode_tensor(parts[s]) for s in SPLITS}
+    else:
+        splits = tokenize_splits(parts, spec, cache_dir=cache_dir)
+        tok = splits.tokenizer
+        ids = {s: _as_tensor(splits.ids(s)) for s in SPLITS}
+    corpus = Corpus(train=ids["train"], val=ids["val"], test=ids["test"], tokenizer=tok,
                     fingerprint=fingerprint_text(text), source=source, val_fraction=val_fraction,
                     n_chars=len(text), test_fraction=test_fraction, chunk_chars=chunk_length(len(text)),
-                    part_fingerprints={s: fingerprint_text(parts[s]) for s in SPLITS})
-    log.debug("corpus %s: %d chars, vocab %d, %d train / %d val / %d test tokens (chunks of %d)", source,
-              len(text), tokenizer.vocab_size, len(corpus.train), len(corpus.val), len(corpus.test),
+                    part_fingerprints={s: fingerprint_text(parts[s]) for s in SPLITS}, glob=glob,
+                    text_field=text_field, split_bytes={s: len(parts[s].encode("utf-8")) for s in SPLITS})
+    log.debug("corpus %s: %d chars, %s vocab %d, %d train / %d val / %d test tokens (chunks of %d)", source,
+              len(text), tok.name, tok.vocab_size, len(corpus.train), len(corpus.val), len(corpus.test),
               corpus.chunk_chars)
     return corpus
-
-
-@functools.lru_cache(maxsize=1)
-def bundled_text() -> str:
-    """The bundled Shakespeare corpus, decoded once per process (many tests and trials load it)."""
-    blob = (importlib.resources.files("npas") / _BUNDLED_RESOURCE).read_bytes()
-    return gzip.decompress(blob).decode("utf-8")
 
 
 @functools.lru_cache(maxsize=4)
@@ -336,63 +295,46 @@ def _bundled_corpus(val_fraction: float, test_fraction: float) -> Corpus:
     return build_corpus(bundled_text(), f"bundled:{BUNDLED_NAME}", val_fraction, test_fraction)
 
 
-def _read_text(path: Path) -> str:
-    """Read one file as UTF-8 text, naming the reason it cannot be used."""
-    try:
-        blob = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"cannot read corpus file {path}: {err.strerror or err}; "
-                        "check its permissions or point --data elsewhere") from None
-    if path.suffix == ".gz":
-        try:
-            blob = gzip.decompress(blob)
-        except (OSError, EOFError) as err:
-            raise DataError(f"corpus file {path} is not a valid gzip archive ({err}); "
-                            "decompress it yourself or fix the file") from None
-    nul = blob.find(b"\x00")
-    if nul >= 0:
-        raise DataError(f"corpus file {path} looks binary (NUL byte at offset {nul}); "
-                        "point --data at a UTF-8 text file")
-    try:
-        return blob.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"corpus file {path} is not UTF-8 text (undecodable byte at offset {err.start}); "
-                        "convert it with e.g. `iconv -t utf-8` or point --data at a text file") from None
+def is_bundled(path: str | Path | None) -> bool:
+    return path is None or str(path) in (BUNDLED_NAME, f"bundled:{BUNDLED_NAME}")
 
 
 def load_corpus(path: str | Path | None = None, val_fraction: float = 0.1,
-                test_fraction: float = DEFAULT_TEST_FRACTION) -> Corpus:
-    """Load the bundled corpus (``None`` or ``"bundled:shakespeare"``), one text file (``.txt``, or
-    gzipped ``.gz``), or every ``*.txt`` file of a directory, sorted by name and concatenated.
-    ``load_corpus(corpus.source)`` reloads the same corpus, which is how Ray workers get theirs."""
-    if path is None or str(path) in (BUNDLED_NAME, f"bundled:{BUNDLED_NAME}"):
+                test_fraction: float = DEFAULT_TEST_FRACTION, tokenizer: TokenizerArg = None, *,
+                glob: str = DEFAULT_GLOB, text_field: str = DEFAULT_TEXT_FIELD,
+                cache_dir: str | Path | None = None) -> Corpus:
+    """Load the bundled corpus (``None`` or ``"bundled:shakespeare"``) or a user's: a text file
+    (``.txt``, gzipped ``.gz``), JSON Lines (``.jsonl``, ``.jsonl.gz``) or Parquet with documents in
+    ``text_field``, or a directory of files matching ``glob`` (see ``npas.training.corpora``), and
+    tokenize it with ``tokenizer`` (default: characters). ``load_corpus(corpus.source, ...)`` with
+    the same options reloads the same corpus, which is how Ray workers get theirs."""
+    char = tokenizer is None or (isinstance(tokenizer, str) and tokenizer.strip() == "char")
+    if is_bundled(path) and char:
         return _bundled_corpus(float(val_fraction), float(test_fraction))
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"corpus path {p} does not exist; pass a text file, a directory of .txt files, "
-                        "or omit --data for the bundled Shakespeare corpus")
-    if p.is_dir():
-        files = sorted(f for f in p.glob("*.txt"))
-        if not files:
-            raise DataError(f"corpus directory {p} holds no .txt files; add some or pass a file")
-        text = "".join(_read_text(f) for f in files)
-        log.info("corpus %s: %d .txt files", p, len(files))
-        source = str(p)
-    else:
-        text = _read_text(p)
-        source = str(p)
-    if not text.strip():
-        raise DataError(f"corpus {source} is empty ({len(text)} chars, all whitespace or none); "
-                        "point --data at a file with text in it")
-    return build_corpus(text, source, val_fraction, test_fraction)
+    read = read_corpus(f"bundled:{BUNDLED_NAME}" if path is None else path, glob, text_field)
+    return build_corpus(read.text, read.source, val_fraction, test_fraction, tokenizer=tokenizer,
+                        cache_dir=cache_dir, glob=glob, text_field=text_field)
 
 
 @functools.lru_cache(maxsize=4)
-def load_known_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str) -> Corpus:
+def load_known_corpus(source: str | None, val_fraction: float, test_fraction: float, fingerprint: str,
+                      tokenizer_json: str | None = None, glob: str = DEFAULT_GLOB,
+                      text_field: str = DEFAULT_TEXT_FIELD, tokenizer_fingerprint: str | None = None) -> Corpus:
     """Load the corpus a study ran on, once per process (Ray workers and validate reuse it), and refuse
-    one whose text differs from what the study recorded: every node must score the same text."""
-    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction)
+    one whose text differs from what the study recorded: every node must score the same text.
+
+    ``tokenizer_json`` is the study's stored tokenizer: it is loaded, not retrained, so every node
+    encodes with the very tokenizer the study started with (None: a character vocabulary, as studies
+    made before tokenizers were stored ran on). ``tokenizer_fingerprint`` is the study's: a node whose
+    ``tokenizers`` library reads the JSON back as a different tokenizer is refused, not trusted.
+    """
+    tok = None if tokenizer_json is None else tokenizer_from_json(tokenizer_json, name="study tokenizer.json")
+    corpus = load_corpus(source, val_fraction=val_fraction, test_fraction=test_fraction, tokenizer=tok,
+                         glob=glob, text_field=text_field)
     if corpus.fingerprint != fingerprint:
         raise DataError(f"the corpus at {source or 'bundled'} here differs from the one the study ran on "
                         f"(fingerprint {corpus.fingerprint} != {fingerprint}); give every node the same file")
+    if tokenizer_fingerprint is not None and corpus.tokenizer.fingerprint != tokenizer_fingerprint:
+        raise DataError(f"the tokenizer here ({corpus.tokenizer.fingerprint}) differs from the study's "
+                        f"({tokenizer_fingerprint}); give every node the same npas and tokenizers versions")
     return corpus

@@ -38,7 +38,9 @@ OFFSET_BLOCK = 1024  # batch offsets are drawn this many steps at a time
 
 @dataclass(frozen=True)
 class ProxyResult:
-    """Metrics of one proxy run. Losses are in nats per character; bpc = nats / ln 2."""
+    """Metrics of one proxy run. Losses are in nats per token; ``val_bpc`` = nats / ln 2 (bits per
+    token, which is per character under a character tokenizer); ``*_bpb`` are bits per UTF-8 byte of
+    the scored text, the unit that compares models across tokenizers."""
 
     status: Status
     val_loss: float | None  # final validation loss; None when the run failed
@@ -57,6 +59,8 @@ class ProxyResult:
     failure_reason: str | None = None
     device: str = "cpu"
     config_hash: str = ""
+    val_bpb: float | None = None  # bits per byte of the validation text (None in results from older npas)
+    train_bpb: float | None = None  # train_loss over the train split's mean bytes per token
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None, the curve a list of [step, loss] pairs."""
@@ -145,6 +149,18 @@ def eval_batches(corpus: Corpus, recipe: Recipe, split: Split = "val") -> tuple[
     return x.view(n, B, T), y.view(n, B, T)
 
 
+def eval_tokens_per_byte(corpus: Corpus, recipe: Recipe, split: Split = "val") -> float:
+    """Scored tokens per UTF-8 byte of the fixed evaluation windows: a mean loss in nats times this,
+    over ln 2, is bits per byte. The windows depend on the corpus and recipe alone, so the driver
+    converts an early-stopped trial's last reported loss with the same factor as the worker."""
+    y = eval_batches(corpus, recipe, split)[1]
+    return y.numel() / max(1, corpus.scored_bytes(y))
+
+
+def to_bpb(loss_nats_per_token: float | None, tokens_per_byte: float) -> float | None:
+    return None if loss_nats_per_token is None else loss_nats_per_token * tokens_per_byte / math.log(2)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: tuple[torch.Tensor, torch.Tensor], device: torch.device,
              recipe: Recipe) -> float:
@@ -169,9 +185,9 @@ def check_compatible(cfg: Any, recipe: Recipe, corpus: Corpus) -> None:
         raise ConfigError(f"recipe {recipe.name!r} has seq_len={recipe.seq_len} but the chassis context is "
                           f"{c.context}; lower seq_len in the recipe or raise chassis.context")
     if c.vocab_size != corpus.vocab_size:
-        raise ConfigError(f"chassis vocab_size={c.vocab_size} but corpus {corpus.source} has "
-                          f"{corpus.vocab_size} distinct characters; set chassis.vocab_size: "
-                          f"{corpus.vocab_size} or train on the data the allocation was searched on")
+        raise ConfigError(f"chassis vocab_size={c.vocab_size} but corpus {corpus.source} under tokenizer "
+                          f"{corpus.tokenizer.name} has {corpus.vocab_size} tokens; set chassis.vocab_size: "
+                          f"{corpus.vocab_size} or train on the data and tokenizer the allocation was searched on")
     corpus.check_fits(recipe.seq_len, recipe.batch_size)
 
 
@@ -234,6 +250,8 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         rss_delta_bytes=max(0, _peak_rss_bytes() - rss0), flops_per_token=acc.flops_per_token,
         tokens_per_s=run.step * recipe.tokens_per_step / train_s, wall_s=wall, curve=tuple(run.curve),
         failure_reason=run.reason, device=str(dev), config_hash=getattr(cfg, "hash", ""),
+        val_bpb=to_bpb(val, eval_tokens_per_byte(corpus, recipe)),
+        train_bpb=to_bpb(run.train_loss, 1.0 / corpus.bytes_per_token("train")),
     )
     log.info("proxy %s %s: %s val_loss=%s steps=%d %.0f tok/s %.1fs", result.config_hash, recipe.name,
              result.status, "-" if val is None else f"{val:.4f}", run.step, result.tokens_per_s, wall)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npas.training.data import fingerprint_text
+from npas.training.corpora import fingerprint_text
 from npas.training.tokenizers import Tokenizer, id_dtype
 
 log = logging.getLogger(__name__)

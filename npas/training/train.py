@@ -3,7 +3,8 @@
 A trained-model directory is self-describing, so it can be reloaded anywhere without the search
 that produced it:
   model.safetensors  weights (safetensors: no pickle, shared tensors stored once)
-  vocab.json         the character vocabulary (CharTokenizer.to_json)
+  tokenizer.json     the tokenizer the model reads (Hugging Face tokenizer.json, or npas's character
+                     vocabulary); directories from older npas hold vocab.json instead, still loadable
   config.yaml        the allocation (ArchConfig.to_yaml), which rebuilds the exact module
   metrics.json       the ProxyResult, the recipe and the data fingerprint it was trained with
 ``metrics.json`` is written last, so its presence marks a complete directory.
@@ -24,17 +25,19 @@ from torch import nn
 
 from npas.errors import DataError
 from npas.files import read_text
-from npas.training.data import CharTokenizer, Corpus
+from npas.training.data import Corpus
 from npas.training.proxy import Progress, ProxyResult, Report, train_model
 from npas.training.recipe import Recipe
+from npas.training.tokenizers import Tokenizer, tokenizer_from_json
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
-VOCAB_FILE = "vocab.json"
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILE = "vocab.json"  # what older npas wrote for its character vocabulary; read when tokenizer.json is absent
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.json"
-OUTPUT_FILES = (MODEL_FILE, VOCAB_FILE, CONFIG_FILE, METRICS_FILE)
+OUTPUT_FILES = (MODEL_FILE, TOKENIZER_FILE, CONFIG_FILE, METRICS_FILE)
 
 
 def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Path,
@@ -51,14 +54,14 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
-        for name in (MODEL_FILE, VOCAB_FILE, CONFIG_FILE):  # never leave stale weights beside new metrics
+        for name in (MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE, CONFIG_FILE):  # never leave stale weights beside new metrics
             (out / name).unlink(missing_ok=True)
     write_metrics(out, result, recipe, corpus)
     return result
 
 
-def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: str | Path) -> None:
-    """Weights (in ``cfg.dtype``, each tensor once: see ``export_state``), vocabulary and allocation;
+def save_trained(model: nn.Module, cfg: Any, tokenizer: Tokenizer, out_dir: str | Path) -> None:
+    """Weights (in ``cfg.dtype``, each tensor once: see ``export_state``), tokenizer and allocation;
     the rebuilt module re-ties shared Parameters."""
     from npas.allocation.transformer import export_state
 
@@ -66,8 +69,20 @@ def save_trained(model: nn.Module, cfg: Any, tokenizer: CharTokenizer, out_dir: 
     out.mkdir(parents=True, exist_ok=True)
     model = model.to("cpu")
     save_file(export_state(model), str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": str(cfg.hash)})
-    (out / VOCAB_FILE).write_text(tokenizer.to_json() + "\n", encoding="utf-8")
+    (out / TOKENIZER_FILE).write_text(tokenizer.to_json(), encoding="utf-8")  # byte-exact: its sha256 is its fingerprint
     (out / CONFIG_FILE).write_text(cfg.to_yaml(), encoding="utf-8")
+
+
+def tokenizer_beside(config_path: str | Path) -> Path:
+    """Where ``npas export`` puts the study's tokenizer next to an allocation: best.yaml -> best.tokenizer.json."""
+    return Path(config_path).with_suffix(".tokenizer.json")
+
+
+def exported_tokenizer(config_path: str | Path) -> str | None:
+    """The tokenizer.json exported beside ``config_path``, if any: ``npas train`` uses it by default so
+    a model trains on the tokens it was searched on."""
+    p = tokenizer_beside(config_path)
+    return str(p) if p.is_file() else None
 
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus) -> dict:
@@ -90,7 +105,7 @@ def read_metrics(model_dir: str | Path) -> dict:
         raise DataError(f"{path} is not valid JSON ({err}); train again") from None
 
 
-def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, CharTokenizer, Any]:
+def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer, Any]:
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
     from npas.allocation.config import ArchConfig
     from npas.allocation.transformer import build_model, load_weights
@@ -98,15 +113,16 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     d = Path(model_dir)
     if not d.is_dir():
         raise DataError(f"trained-model directory {d} does not exist; pass the --out of `npas train`")
-    missing = [name for name in (MODEL_FILE, VOCAB_FILE, CONFIG_FILE) if not (d / name).is_file()]
+    tok_file = TOKENIZER_FILE if (d / TOKENIZER_FILE).is_file() or not (d / VOCAB_FILE).is_file() else VOCAB_FILE
+    missing = [name for name in (MODEL_FILE, tok_file, CONFIG_FILE) if not (d / name).is_file()]
     if missing:
         raise DataError(f"{d} lacks {', '.join(missing)}; pass a directory written by `npas train` "
                         "(a failed run leaves only metrics.json)")
     text = read_text(d / CONFIG_FILE, "allocation file")
     cfg = ArchConfig.from_yaml(text)
-    tokenizer = CharTokenizer.from_json(read_text(d / VOCAB_FILE, "vocabulary", DataError))
+    tokenizer = tokenizer_from_json(read_text(d / tok_file, "tokenizer", DataError), name=str(d / tok_file))
     if tokenizer.vocab_size != cfg.chassis.vocab_size:
-        raise DataError(f"{d}: vocab.json has {tokenizer.vocab_size} characters but config.yaml's chassis "
+        raise DataError(f"{d}: {tok_file} has {tokenizer.vocab_size} tokens but config.yaml's chassis "
                         f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")
     model = build_model(cfg)
     try:
@@ -120,12 +136,13 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
 
 
 @torch.no_grad()
-def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str, tokens: int = 200,
+def sample(model: nn.Module, tokenizer: Tokenizer, prompt: str, tokens: int = 200,
            temperature: float = 1.0, seed: int = 0) -> str:
-    """Continue ``prompt`` by ``tokens`` characters; temperature 0 is greedy. Returns the continuation.
+    """Continue ``prompt`` by ``tokens`` tokens; temperature 0 is greedy. Returns the continuation,
+    decoded with the model's own tokenizer.
 
-    Characters outside the vocabulary raise a DataError that names them, rather than being dropped,
-    so a user learns the model cannot see them.
+    Characters outside a character vocabulary raise a DataError that names them, rather than being
+    dropped, so a user learns the model cannot see them (byte-level BPE encodes any text).
     """
     if tokens < 0:
         raise DataError(f"--tokens must be >= 0, got {tokens}")
@@ -133,7 +150,10 @@ def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str, tokens: int 
         raise DataError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     ids = tokenizer.encode(prompt)
     if not ids:  # an empty prompt starts from a line break, the most neutral character
-        ids = [tokenizer.encode("\n")[0] if "\n" in tokenizer.chars else 0]
+        try:
+            ids = tokenizer.encode("\n")[:1] or [0]
+        except DataError:  # a character vocabulary without a line break
+            ids = [0]
     device = next(model.parameters()).device
     context = model.cfg.chassis.context if hasattr(model, "cfg") else len(ids) + tokens
     gen = torch.Generator(device=device).manual_seed(seed)

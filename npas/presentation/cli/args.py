@@ -79,3 +79,32 @@ WORKERS = int_in(1, 4096, 2)
 SEED = int_in(0, SEED_MAX, 0)
 POSITIVE = int_in(1, COUNT_MAX, 32)
 REPEATS = int_in(1, MAX_REPEATS, 3)
+
+
+def tokenizer_arg(text: str) -> str:
+    """``char``, ``bpe:N`` or a tokenizer.json path, checked now (a file is loaded) so a bad spec costs
+    one line before any corpus is read; the spec travels on as the text the user typed."""
+    from npas.errors import DataError
+    from npas.training.tokenizers import parse_tokenizer_spec
+
+    try:
+        parse_tokenizer_spec(text)
+    except DataError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
+
+
+tokenizer_arg.__name__ = "tokenizer"
+
+
+def add_data_args(p: argparse.ArgumentParser, default_note: str = "bundled Shakespeare") -> None:
+    """The corpus flags shared by `search` and `train`: where the text is, how to read it, how to tokenize it."""
+    p.add_argument("--data", help="corpus: a .txt file, a directory (see --data-glob), .jsonl / .jsonl.gz or "
+                   f".parquet with documents in --text-field (default: {default_note})")
+    p.add_argument("--data-glob", type=text_arg("--data-glob"), default=None,
+                   help="files of a --data directory to read, recursively (default: **/*.txt)")
+    p.add_argument("--text-field", type=text_arg("--text-field"), default=None,
+                   help="the JSONL field or Parquet column holding each document (default: text)")
+    p.add_argument("--tokenizer", type=tokenizer_arg, default=None,
+                   help="char (default), bpe:N (byte-level BPE with N tokens, trained on the training split) "
+                        "or the path of a tokenizer.json")

@@ -36,6 +36,7 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("  experts + routers", f"{acc.expert_params:,}{_experts_note(cfg)}"),
         ("  LoRA", f"{acc.lora_params:,}"),
         ("  norms", f"{acc.norm_params:,}"),
+        ("non-embedding params", f"{acc.non_embedding_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
         ("activated params / token", f"{acc.activated_params:,}"

@@ -11,7 +11,17 @@ from pathlib import Path
 from npas.builtin import shipped, space_path
 from npas.errors import NpasError, SpaceError
 from npas.files import read_text
-from npas.presentation.cli.args import REPEATS, SEED, SEED_MAX, TRIALS, WORKERS, fraction_of_devices, text_arg
+from npas.presentation.cli.args import (
+    REPEATS,
+    SEED,
+    SEED_MAX,
+    TRIALS,
+    WORKERS,
+    add_data_args,
+    fraction_of_devices,
+    text_arg,
+    tokenizer_arg,
+)
 from npas.service.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
@@ -27,7 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _launch_args(p)
     p.add_argument("--recipe", help="proxy recipe: a YAML path or a name, ./trials/NAME.yaml or shipped "
                    f"({', '.join(shipped('recipes'))}) (default: the space's)")
-    p.add_argument("--data", help="a text file or a directory of .txt files (default: bundled Shakespeare)")
+    add_data_args(p)
+    p.add_argument("--budget-scope", choices=("all", "non_embedding"), default=None,
+                   help="what the budget caps: all stored parameters, or all but the token and position "
+                        "embeddings (default: the space's budget_scope, else all)")
     p.add_argument("--sampler", choices=SAMPLERS,
                    help="tpe (default for a new study; joining: the study's), nsga2, gp (Gaussian process) or random")
     p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
@@ -47,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seeds per trial; must equal the study's, which resume always keeps")
     p.add_argument("--init-from", metavar="DENSE_DIR", help="where the study's starting model is now, if it "
                    "moved (its weights must be the ones the study started from)")
+    p.add_argument("--tokenizer", type=tokenizer_arg, default=None,
+                   help="checked against the study's stored tokenizer (default: use the study's)")
     _launch_args(p)
     p.set_defaults(func=run_resume)
 
@@ -175,31 +190,34 @@ def _start_ray(args: argparse.Namespace) -> None:
     start_ray_early(args.ray_address)
 
 
-def _preflight(space, recipe: str | None, data: str | None, budget: str | None) -> None:
-    """The checks of user input that need neither the database nor Ray (the recipe, the corpus, the
-    budget and their fit to the space), run before Ray starts in the background, so a mistake costs
-    one line and leaves nothing behind. The driver repeats them for its Python API callers; the
-    bundled corpus is cached, so the second load is free."""
-    from npas.training.data import load_corpus
+def _preflight(space, args: argparse.Namespace):
+    """The checks of user input that need neither the database nor Ray (the recipe, the corpus, its
+    tokenizer, the budget and their fit to the space), run before Ray starts in the background, so a
+    mistake costs one line and leaves nothing behind. Returns the corpus, which the driver reuses (a
+    BPE tokenizer is trained once)."""
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
+    from npas.training.data import is_bundled, load_corpus
     from npas.training.recipe import load_recipe
 
-    rec = load_recipe(recipe or space.recipe)
-    corpus = load_corpus(data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
+    rec = load_recipe(args.recipe or space.recipe)
+    data = args.data or rec.data
+    glob, field = args.data_glob or DEFAULT_GLOB, args.text_field or DEFAULT_TEXT_FIELD
+    if not is_bundled(data):
+        check_source(data, glob, field)  # the cheap checks first: path, glob, field
+    corpus = load_corpus(data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
+                         tokenizer=args.tokenizer, glob=glob, text_field=field)
     context = space.reference_chassis.context
     if rec.seq_len > context:  # first: it is cheap, and bounds the corpus check below
         raise SpaceError(space.source, [f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > chassis.context "
                                         f"{context}; lower seq_len or raise chassis.context"])
     corpus.check_fits(rec.seq_len, rec.batch_size)
-    space.bind(vocab_size=corpus.vocab_size, budget=budget)
+    space.bind(vocab_size=corpus.vocab_size, budget=args.budget, budget_scope=args.budget_scope)
+    return corpus
 
 
-def _preflight_init(space, args: argparse.Namespace) -> None:
+def _preflight_init(space, args: argparse.Namespace, corpus) -> None:
     from npas.conversion.init_from import describe_source
-    from npas.training.data import load_corpus
-    from npas.training.recipe import load_recipe
 
-    rec = load_recipe(args.recipe or space.recipe)
-    corpus = load_corpus(args.data or rec.data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction)
     describe_source(args.init_from, space.bind(vocab_size=corpus.vocab_size).reference_chassis, corpus)
 
 
@@ -228,9 +246,9 @@ def run_search(args: argparse.Namespace) -> int:
 
     path = space_path(args.space)
     space = parse_space(_read_space_text(args.space), str(path))
-    _preflight(space, args.recipe, args.data, args.budget)
+    corpus = _preflight(space, args)
     if args.init_from is not None:  # the starting model must fit the space and corpus: one line, before Ray
-        _preflight_init(space, args)
+        _preflight_init(space, args, corpus)
     _sampler_note(space, args.sampler or "tpe")
     from npas.service.launch import check_inputs
 
@@ -241,7 +259,9 @@ def run_search(args: argparse.Namespace) -> int:
 
     study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
                    data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch,
-                   repeats=args.repeats, init_from=args.init_from)
+                   repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer,
+                   data_glob=args.data_glob, text_field=args.text_field, budget_scope=args.budget_scope,
+                   corpus=corpus)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -261,15 +281,15 @@ def run_resume(args: argparse.Namespace) -> int:
         text = _read_space_text(args.space)
         parse_space(text, str(space_path(args.space)))
     if args.data is not None:
-        from npas.training.data import load_corpus
+        from npas.training.corpora import check_source
 
-        load_corpus(args.data)
+        check_source(args.data)  # it exists; the driver reads it with the study's glob and text field
     _start_ray(args)
     from npas.service.driver import resume
 
     study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
                    allow_space_change=args.allow_space_change, data=args.data, launch=launch,
-                   repeats=args.repeats, init_from=args.init_from)
+                   repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)

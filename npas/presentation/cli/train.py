@@ -12,19 +12,19 @@ from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
 from npas.files import read_text
-from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, int_in
+from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, add_data_args, int_in
 from npas.service.runner import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an exported allocation and save it (safetensors + vocab)")
+    p = sub.add_parser("train", help="train an exported allocation and save it (safetensors + tokenizer.json)")
     p.add_argument("config", help="allocation YAML, e.g. from `npas export NAME --out best.yaml`")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
                    help=f"recipe name in trials/ or a YAML path (default: {DEFAULT_RECIPE})")
-    p.add_argument("--data", default=None, help="text file or directory of .txt files (default: the "
-                   "recipe's data, else bundled Shakespeare)")
+    add_data_args(p, default_note="the recipe's data, else bundled Shakespeare; --tokenizer defaults to "
+                  "the tokenizer.json `npas export` wrote beside CONFIG, else char")
     p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>)")
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("model_dir", help="the --out directory of `npas train`")
     s.add_argument("--prompt", default="\n", help="text to continue (characters must be in the vocabulary)")
     s.add_argument("--tokens", type=int_in(0, COUNT_MAX, 300), default=300,
-                   help="characters to generate (default: 300)")
+                   help="tokens to generate (default: 300)")
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied")
     s.add_argument("--seed", type=SEED, default=0, help="sampling seed, for reproducible output")
     s.add_argument("--device", default="cpu", help="device to sample on (default: cpu)")
@@ -58,8 +58,13 @@ def run_train(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     if args.steps is not None:
         recipe = recipe.with_steps(args.steps)
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
+    from npas.training.train import exported_tokenizer
+
+    tokenizer = args.tokenizer or exported_tokenizer(path)
     corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction,
-                         test_fraction=recipe.test_fraction)
+                         test_fraction=recipe.test_fraction, tokenizer=tokenizer,
+                         glob=args.data_glob or DEFAULT_GLOB, text_field=args.text_field or DEFAULT_TEXT_FIELD)
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
@@ -88,9 +93,9 @@ def run_train(args: argparse.Namespace) -> int:
         bar.close()
     if result.status == "failed":
         raise TrialError(f"training failed: {result.failure_reason}; metrics in {out / 'metrics.json'}")
-    print(f"{result.status}: val_loss {result.val_loss:.4f} nats ({result.val_bpc:.3f} bits/char), "
+    print(f"{result.status}: val_loss {result.val_loss:.4f} nats/token ({result.val_bpb:.3f} bits/byte), "
           f"{result.steps_done} steps, {result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s")
-    print(f"wrote {out}/ (model.safetensors, vocab.json, config.yaml, metrics.json); try "
+    print(f"wrote {out}/ (model.safetensors, tokenizer.json, config.yaml, metrics.json); try "
           f"`npas sample {out} --prompt 'ROMEO:'`")
     return 0
 

@@ -32,6 +32,7 @@ FRONT, SEARCHED, STOPPED, OVER, BASELINE = "#d62728", "#4c72b0", "#9aa7b8", "#8c
 _AXES = {
     "val_loss": ("validation loss", "nats/token", 1.0),
     "val_bpc": ("validation loss", "bits/char", 1.0),
+    "val_bpb": ("validation loss", "bits/byte", 1.0),
     "train_memory_bytes": ("training memory", "MiB", MIB),
     "peak_memory_bytes": ("peak memory", "MiB", MIB),
     "param_bytes": ("parameter memory", "MiB", MIB),
