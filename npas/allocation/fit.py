@@ -239,26 +239,31 @@ def expert_pools(n_layers: int, window: int, per_layer: int, fraction: float,
 
 
 def fit_experts(make: Callable[[Chassis, int], ArchConfig], chassis: Chassis, budget: int, mode: str = "all",
-                max_scale: float = 4.0) -> Fit:
+                max_scale: float = 4.0, scope: str = "all") -> Fit:
     """Solve the expert width d_expert. Stored params are affine in it (every pool's experts widen
     together, routers do not), so the widest width within budget is one division, capped at
-    max_scale x d_ff. In `all` mode d_model narrows by n_heads only when not even width 1 fits."""
+    max_scale x d_ff. In `all` mode d_model narrows by n_heads only when not even width 1 fits.
+    `scope="non_embedding"` fits the parameters outside the token and position embeddings."""
     d, H = chassis.d_model, chassis.n_heads
+
+    def counted(cfg: ArchConfig) -> int:
+        return stored_params(cfg) - (embedding_params(cfg.chassis) if scope == "non_embedding" else 0)
+
     shapes = [chassis]
     if mode == "all":
         shapes += [replace(chassis, d_model=dm, d_ff=max(1, round(chassis.d_ff * dm / d))) for dm in range(d - H, 0, -H)]
     for ch in shapes:
-        one = stored_params(make(ch, 1))
+        one = counted(make(ch, 1))
         if one <= budget:
             break
     else:
         return Fit(None, f"experts of width 1 need {one:,} params > budget {budget:,} even at d_model={ch.d_model}; "
                          f"raise the budget, lower experts.per_layer or experts.pool_fraction")
-    step = stored_params(make(ch, 2)) - one  # params of one more unit of width in every expert
+    step = counted(make(ch, 2)) - one  # params of one more unit of width in every expert
     cap = max(1, int(max_scale * ch.d_ff))
     width = min(cap, 1 + (budget - one) // step)
     cfg = make(ch, width)
-    return Fit(cfg, free="d_expert", stored=stored_params(cfg), step=step, capped=width == cap)
+    return Fit(cfg, free="d_expert", stored=counted(cfg), step=step, capped=width == cap)
 
 
 def _proportional(total: int, caps: list[int]) -> list[int]:

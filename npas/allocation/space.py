@@ -282,7 +282,8 @@ class Space:
                               float(value(values, "expert_balance")))
             return make(ch, (1,) * L, pool)  # experts take no MLP LoRA: make drops it
 
-        fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale)
+        fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale,
+                          self.budget_scope)
         return Candidate(values, fit, budget)
 
     def baselines(self) -> dict[str, dict[str, Any]]:

@@ -94,11 +94,9 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides),
         data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats,
         tokenizer=str(tokenizer or "char"), tokenizer_json=corpus.tokenizer.to_json(),
-        tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=glob, text_field=field)
+        tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=glob, text_field=field, init_from=init)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
-    if init is not None:
-        created.set_user_attr(StudyAttr.INIT_FROM, init)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
     mark_ready(created)  # last: a driver joining by name waits for this
     _run(created, handle, space, record, corpus, record.target_trials, launch, cpus, init)
@@ -140,7 +138,7 @@ def _join(name: str, handle: StorageHandle, space: Space, trials: int | None, da
                          f"option to use the study's, or pick another --study name")
     from npas.conversion.init_from import check_same_source
 
-    check_same_source(name, existing.user_attrs.get(StudyAttr.INIT_FROM), init)
+    check_same_source(name, record.init_from, init)
     return resume(name, trials=trials, storage=handle.url, data=data, launch=launch,
                   init_from=init["dir"] if init else None)
 
@@ -230,7 +228,7 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     if record.data_split is None:
         log.warning("study %s predates the text-level train/validation/test split: new trials are ranked on "
                     "other validation text than its old ones", name)
-    stored_init = existing.user_attrs.get(StudyAttr.INIT_FROM)
+    stored_init = record.init_from
     init = None
     if stored_init is not None or init_from is not None:
         from npas.conversion.init_from import check_same_source

@@ -114,6 +114,7 @@ class StudyRecord:
     tokenizer_fingerprint: str | None = None
     data_glob: str = "**/*.txt"  # npas.training.corpora.DEFAULT_GLOB
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
+    init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -126,7 +127,7 @@ class StudyRecord:
              "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS,
              "tokenizer": StudyAttr.TOKENIZER, "tokenizer_json": StudyAttr.TOKENIZER_JSON,
              "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
-             "text_field": StudyAttr.TEXT_FIELD}
+             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
