@@ -29,11 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _exit_without_ray_shutdown(code: int) -> None:
-    """Exit now if this command began starting Ray in the background (`npas search/resume`).
+    """Exit now if this command began starting Ray in the background (`npas search/resume`), after
+    a finished run or a user error.
 
-    Whatever the study holds is already committed when the error is raised (most such errors come
-    before any trial ran), so nothing depends on Ray, and its graceful shutdown at exit would add
-    ~5 s to a one-line error. The embedded daemons are fate-shared with this process and die with
+    Whatever the study holds is already committed by then (a finished run's trials, or, for an
+    error, whatever came before it: most come before any trial ran), so nothing depends on Ray, and
+    its graceful shutdown at exit would add seconds to a one-line error and to every search
+    (bench/orchestration.py). The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
     runner = sys.modules.get("npas.service.runner")  # not imported: this command never started Ray
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except NpasError as e:
         print(f"npas {args.command}: error: {e}", file=sys.stderr)
         if argv is None and e.exit_code == 2:  # the `npas` process itself, on an error (not an interrupt)
@@ -59,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"npas {args.command}: interrupted", file=sys.stderr)
         return 130
+    if argv is None and code == 0:  # the `npas` process itself, after a finished run
+        _exit_without_ray_shutdown(code)
+    return code
 
 
 if __name__ == "__main__":
