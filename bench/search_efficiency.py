@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.trials or (12 if args.quick else 40)
     seeds = list(range(args.seeds or (3 if args.quick else 16)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")  # npas beats heartbeats itself
 
     from npas.allocation.space import load_space
     from npas.training.recipe import load_recipe

@@ -68,6 +68,7 @@ class NpasSearcher(Searcher):
         self._errors: dict[str, str] = {}
         self._retries: dict[str, int] = {}
         self._skipped = 0
+        self._fresh = False  # the tally was refreshed after this driver's last tell
         self._lock = threading.Lock()
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
@@ -121,8 +122,9 @@ class NpasSearcher(Searcher):
         while True:
             if self.error is not None:
                 return Searcher.FINISHED
-            if self.tally.seen == 0:  # otherwise refreshed after the last ask or tell, a moment ago
+            if not self._fresh:  # refreshed as the last trial was told, a moment ago: nothing changed here since
                 self.tally.refresh()
+            self._fresh = False
             if self.tally.counted >= self.target:  # a cheap early stop; the check after the ask is the exact one
                 return Searcher.FINISHED
             with random_when_stuck(self.study, self._skipped, seed=self.tally.seen):
@@ -259,6 +261,7 @@ class NpasSearcher(Searcher):
     def _emit(self, refresh_front: bool = False) -> None:
         if refresh_front:  # after a trial finished; a skipped ask changes neither the front nor the count
             self.tally.refresh()
+            self._fresh = True
             self.progress.front_size = self.tally.front_size
         self.progress.study_counted = self.tally.counted
         if self.on_progress is not None:
