@@ -258,14 +258,15 @@ def pg_reachable() -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200 trials, 2 drivers x 20")
-    ap.add_argument("--trials", type=int, default=None, help="counted trials per run (default 2000, quick 200)")
+    ap.add_argument("--trials", type=int, default=None,
+                    help="counted trials per run (default 2000, quick 200; 0 runs only the drivers)")
     ap.add_argument("--window", type=int, default=50, help="trials in the early and the late window")
     ap.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
     ap.add_argument("--samplers", default="random,tpe", help="comma-separated, from npas's samplers")
     ap.add_argument("--drivers", type=int, default=None, help="drivers sharing one PostgreSQL study (4, quick 2)")
     ap.add_argument("--per-driver", type=int, default=None, help="target per driver (500, quick 20); 0 skips")
     args = ap.parse_args(argv)
-    n = args.trials or (200 if args.quick else 2000)
+    n = args.trials if args.trials is not None else (200 if args.quick else 2000)  # 0: only the drivers run
     w = min(args.window, n // 2)
     n_drivers = args.drivers or (2 if args.quick else 4)
     per_driver = args.per_driver if args.per_driver is not None else (20 if args.quick else 500)
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(nothing trained, no Ray); bookkeeping = suggest + on_trial_complete wall minus time in the sampler")
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="npas-scale-") as tmp:
-        for db in dbs:
+        for db in dbs if n > 0 else []:
             for sampler_name in args.samplers.split(","):
                 verdicts.append(scale_run(db, sampler_name.strip(), n, w, space, tmp))
     if "postgresql" in dbs and per_driver > 0:

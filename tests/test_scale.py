@@ -8,6 +8,7 @@ cannot fit the budget.
 from __future__ import annotations
 
 import json
+import warnings
 
 import optuna
 import pytest
@@ -38,7 +39,9 @@ def drive(sampler: str, target: int, tmp_path, budget: str = "0.2x") -> tuple[op
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
                                 sampler=make_sampler(sampler, 0, 2))
-    study.set_metric_names(OBJECTIVES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(OBJECTIVES)
     study.set_user_attr(StudyAttr.OBJECTIVES, OBJECTIVES)
     study.set_user_attr(StudyAttr.RECIPE, recipe)
     enqueue_baselines(study, space, TrialAttr.BASELINE)
@@ -94,13 +97,24 @@ def test_infeasible_asks_never_reach_the_front_a_pick_or_validate(tpe_study):
     assert sources and infeasible.isdisjoint(sources)
 
 
-def test_a_pick_by_number_refuses_an_infeasible_ask(tmp_path):
-    # an infeasible candidate refused for the recipe (not for the budget) carries an allocation: it
-    # must still not be picked
-    study, _ = drive("tpe", 12, tmp_path)
-    t = next(t for t in study.trials if status(t) == "infeasible")
+def test_a_pick_by_number_refuses_an_infeasible_ask_that_carries_an_allocation(tpe_study, tmp_path):
+    """A candidate refused for the recipe (seq_len > its context) is infeasible after it was fitted and
+    counted, so it carries an allocation; told COMPLETE, it must still not be picked."""
+    source, _ = tpe_study
+    ok = next(t for t in source.trials if was_evaluated(t))
+    refused = optuna.trial.create_trial(
+        params=ok.params, distributions=ok.distributions, values=[0.0, 0.0],  # better than anything: a trap
+        user_attrs={**ok.user_attrs, TrialAttr.STATUS: "infeasible", TrialAttr.REASON: "seq_len > context"},
+        system_attrs={"constraints:" + Constraint.FIT: 1.0, "constraints:" + Constraint.BUDGET: -1.0})
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/copy.db", directions=["minimize"] * 2)
+    study.set_user_attr(StudyAttr.OBJECTIVES, OBJECTIVES)
+    study.add_trials([*source.trials, refused])
+    number = len(source.trials)
+    assert study.trials[number].constraints[Constraint.FIT] == 1.0
     with pytest.raises(StudyError, match="not complete"):
-        pick(study, f"trial={t.number}")
+        pick(study, f"trial={number}")
+    assert number not in {t.number for t in front_trials(study)}
+    assert pick(study, "min-loss").number != number
 
 
 def test_dashboard_counts_only_evaluated_trials_as_complete(tpe_study):
