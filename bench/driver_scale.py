@@ -55,7 +55,7 @@ from npas.service.record import TrialAttr  # noqa: E402
 from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
 from npas.service.searcher import NpasSearcher  # noqa: E402
 from npas.service.storage import open_storage  # noqa: E402
-from npas.service.study import counts_toward_target, status  # noqa: E402
+from npas.service.study import counts_toward_target, status, was_evaluated  # noqa: E402
 
 TARGET = 1.20
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
@@ -224,7 +224,7 @@ def drivers_run(n_drivers: int, per_driver: int, space: Space) -> bool:
     lost = [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)
             or (t.state == TrialState.FAIL and TrialAttr.STATUS not in t.user_attrs)]
     counted = [t for t in trials if counts_toward_target(t)]
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    complete = [t for t in trials if was_evaluated(t)]
     keys = collections.Counter(t.user_attrs.get(TrialAttr.KEY) for t in counted)
     dup_counted = sum(c - 1 for c in keys.values() if c > 1)
     concurrent = sum(1 for t in trials if status(t) == "duplicate"

@@ -150,7 +150,7 @@ class NpasSearcher(Searcher):
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
         """The worker's config, or None once the trial was told why it must not run."""
-        prepared = prepare(trial, self.space, self.recipe, self.fingerprint, twin_of=self.tally.twin)
+        prepared = prepare(trial, self.space, self.recipe, self.fingerprint, twin_of=self._twin)
         if isinstance(prepared, Skip):
             if prepared.status == "duplicate":
                 self._tell_duplicate(trial, prepared.same_as, prepared.reason)
@@ -164,6 +164,12 @@ class NpasSearcher(Searcher):
         self._skipped = 0
         self._accounting[trial.number] = prepared.accounting
         return prepared.config
+
+    def _twin(self, key: str, number: int) -> int | None:
+        """A trial with the same key that ran or runs, read just before this one would start: other
+        drivers' keys appear as their candidates are fitted, after this trial's ask."""
+        self.tally.refresh()
+        return self.tally.twin(key, number)
 
     def _tell_duplicate(self, trial: optuna.Trial, twin: int, reason: str) -> None:
         self.progress.duplicates += 1
