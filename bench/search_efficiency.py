@@ -1,9 +1,9 @@
 """Search efficiency: hypervolume after N trials of the default sampler (TPE) vs random search at N and 3N.
 
-    python bench/search_efficiency.py                  # N=40, 8 seeds, search_spaces/full.yaml (~30 s)
-    python bench/search_efficiency.py --quick          # N=12, 3 seeds: a smoke run (~3 s)
+    python bench/search_efficiency.py                  # N=40, 16 seeds, bench/spaces/full_frozen.yaml
+    python bench/search_efficiency.py --quick          # N=12, 3 seeds: a smoke run
     python bench/search_efficiency.py --real           # also a tiny real-training search per sampler (Ray, ~2 min)
-    python bench/search_efficiency.py --skip-as pruned # tell infeasible/duplicate asks PRUNED instead of FAIL
+    python bench/search_efficiency.py --infeasible-as fail  # before: infeasible asks told FAIL (TPE ignores them)
 
 No model is trained by default. Each candidate is scored by a cheap, deterministic SYNTHETIC objective
 computed from its fitted allocation, so the bench measures the samplers, not the proxy's noise:
@@ -18,8 +18,12 @@ computed from its fitted allocation, so the bench measures the samplers, not the
   objective 2: train_memory_bytes, exact, from npas.count with the `proxy` recipe's batch and seq_len
       (the value a real search records for that objective).
 Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
-space's baselines are enqueued first, infeasible candidates and duplicates of an evaluated allocation
-are told FAIL and do not count, each counted trial gets the budget and fidelity constraints. Samplers
+space's baselines are enqueued first; infeasible candidates are told COMPLETE with a violated `fit`
+constraint when the sampler learns from constraints (TPE: `npas.service.samplers.learns_from_infeasible`),
+FAIL otherwise (`--infeasible-as fail` forces FAIL, the behaviour before); duplicates of an evaluated
+allocation are told FAIL; neither counts; each counted trial gets the budget and fidelity constraints.
+The space is a frozen copy of search_spaces/full.yaml (bench/spaces/full_frozen.yaml), so the baseline
+does not move when the shipped space grows. The fraction of asks that were infeasible is printed per sampler. Samplers
 come from `npas.service.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
 Hypervolume: Optuna's exact hypervolume (through `npas.service.optuna_adapter`) (what npas/dashboard/info.py
@@ -38,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +57,10 @@ from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.service.record import TrialAttr  # noqa: E402
 from npas.service.samplers import enqueue_baselines, make_sampler  # noqa: E402
 from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
-from npas.service.study import is_full_fidelity, status  # noqa: E402
+from npas.service.study import is_full_fidelity, status, was_evaluated  # noqa: E402
 
 TARGET = 1.00
-SPACE = ROOT / "search_spaces" / "full.yaml"
+SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
 
 
 # ---- the synthetic objective --------------------------------------------------------------------
@@ -89,13 +94,14 @@ def surrogate_loss(cfg: ArchConfig) -> float:
 
 # ---- one search, in-process -------------------------------------------------------------------
 def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
-               skip_as: str = "fail") -> tuple[list[list[float]], dict]:
+               infeasible_as: str = "learn") -> tuple[list[list[float]], dict]:
     """Drive npas's own NpasSearcher through Ray Tune's Searcher protocol (suggest, then
     on_trial_complete) with the surrogate in place of training, until n trials count. Baselines,
     infeasible/duplicate handling, constraints and the random ask after repeated skips are all the
     searcher's own. Returns the counted trials' values in order and the skip counts.
 
-    `skip_as` is kept for the command line; the searcher tells skipped asks FAIL."""
+    `infeasible_as`: "learn" lets the searcher decide (COMPLETE + violated constraint for TPE), "fail"
+    tells every infeasible ask FAIL."""
     import json
     import tempfile
 
@@ -110,7 +116,8 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
                                 sampler=make_sampler(sampler, seed, 2))
     enqueue_baselines(study, space, TrialAttr.BASELINE)  # as the driver does: with their knob values as params
     recipe = {"batch_size": batch, "seq_len": seq, "steps": 1}
-    searcher = NpasSearcher(study, space, recipe, "synthetic", n)
+    searcher = NpasSearcher(study, space, recipe, "synthetic", n,
+                            learn_infeasible=False if infeasible_as == "fail" else None)
     values: list[list[float]] = []
     i = 0
     while True:
@@ -123,10 +130,10 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
                                              "proxy": json.dumps(proxy)})
         i += 1
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.COMPLETE:
+        if was_evaluated(t):
             values.append(list(t.values))
     stats = {"infeasible": searcher.progress.infeasible, "duplicate": searcher.progress.duplicates,
-             "exhausted": searcher.error is not None}
+             "asks": len(study.get_trials(deepcopy=False)), "exhausted": searcher.error is not None}
     return values, stats
 
 
@@ -214,12 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", action="store_true", help="also run a tiny real-training search per sampler")
     ap.add_argument("--real-trials", type=int, default=16,
                     help="trials per sampler in --real (tpe samples at random for its first 8)")
-    ap.add_argument("--skip-as", choices=("fail", "pruned"), default="fail",
-                    help="how infeasible/duplicate asks are told: fail (what npas/searcher.py does) or pruned")
+    ap.add_argument("--infeasible-as", choices=("learn", "fail"), default="learn",
+                    help="learn: what npas's searcher does (TPE learns from infeasible asks); fail: the old FAIL")
     args = ap.parse_args(argv)
     n = args.trials or (12 if args.quick else 40)
-    seeds = list(range(args.seeds or (3 if args.quick else 8)))
+    seeds = list(range(args.seeds or (3 if args.quick else 16)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")  # npas beats heartbeats itself
 
     from npas.allocation.space import load_space
     from npas.training.recipe import load_recipe
@@ -238,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[tuple[str, int], dict] = {}
     for seed in seeds:
         runs["tpe", seed], stats["tpe", seed] = run_search(space, "tpe", seed, n, rec.batch_size, rec.seq_len,
-                                                             args.skip_as)
+                                                             args.infeasible_as)
         runs["random", seed], stats["random", seed] = run_search(space, "random", seed, 3 * n, rec.batch_size,
-                                                                 rec.seq_len, args.skip_as)
+                                                                 rec.seq_len, args.infeasible_as)
     elapsed = time.perf_counter() - t0
     hv = SharedHV([p for ps in runs.values() for p in ps])
     tpe_n = [hv(runs["tpe", s][:n]) for s in seeds]
@@ -262,11 +270,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(runs['tpe', s]):>12}{'!' if st['exhausted'] else ' '}"
               f"{st['infeasible']:>6}/{st['duplicate']:<5}"
               f"{len(runs['random', s]):>12}{'!' if sr['exhausted'] else ' '}{sr['infeasible']:>6}/{sr['duplicate']:<5}")
-    how = "FAIL, as npas/searcher.py does" if args.skip_as == "fail" else "PRUNED (--skip-as pruned)"
+    how = ("FAIL (--infeasible-as fail)" if args.infeasible_as == "fail"
+           else "as npas's searcher tells them: infeasible COMPLETE with a violated constraint for tpe, FAIL for "
+                "random; duplicates FAIL")
     print(f"(infeas/dup: asks told {how}; they do not count. '!': the run stopped early after "
           f"{MAX_SKIPPED_IN_A_ROW} such asks in a row, as `npas search` would, with fewer than its target trials)")
     for label, xs in ((f"tpe@{n}", tpe_n), (f"random@{n}", rnd_n), (f"random@{3 * n}", rnd_3n)):
         print(f"{label + ':':<12} HV {mean_std(xs)}")
+    for arm in ("tpe", "random"):
+        infeasible = sum(stats[arm, s]["infeasible"] for s in seeds)
+        asks = sum(stats[arm, s]["asks"] for s in seeds)
+        print(f"infeasible asks: {arm} {infeasible}/{asks} = {infeasible / max(asks, 1):.1%} of all asks "
+              f"(infeasible told as: {'FAIL' if args.infeasible_as == 'fail' or arm == 'random' else 'COMPLETE + fit constraint'})")
     ratio = statistics.mean(tpe_n) / statistics.mean(rnd_3n)
     paired = statistics.median(a / b for a, b in zip(tpe_n, rnd_3n, strict=True))
     wins = sum(a >= b for a, b in zip(tpe_n, rnd_3n, strict=True))

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, needs
+from .test_search import PG_URL, pg_reachable
 
 NUM = r"[\d.]+"
 
@@ -53,3 +54,38 @@ def test_search_efficiency_quick_verdict_matches_its_hypervolumes():
     ratio, target, verdict = float(m[1]), float(m[2]), m[3]
     assert abs(hv["tpe@12"] / hv["random@36"] - ratio) < 0.002  # the printed ratio is of the printed means
     assert verdict == ("PASS" if ratio >= target else "MISS")
+
+
+def run_bench(bench: str, *args: str, timeout: int) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_driver_scale_prints_bookkeeping_and_sampler_times_and_its_ratio_line():
+    """A short run on SQLite (the --quick windows on fewer trials); timing is not asserted."""
+    out = run_bench("driver_scale.py", "--quick", "--db", "sqlite", "--samplers", "random", "--trials", "40",
+                    "--window", "10", "--per-driver", "0", timeout=300)
+    assert "SYNTHETIC" in out
+    assert_lines(out, [
+        r"^sqlite random: 40 counted trials, \d+ asks \(\d+ infeasible\)",
+        rf"^ +trials 1-10: bookkeeping +{NUM} ms CPU \( *{NUM} ms wall\) per ask; sampler +{NUM} ms CPU",
+        rf"^ +trials 31-40: bookkeeping +{NUM} ms CPU",
+    ])
+    m = re.search(rf"^ratio: sqlite random bookkeeping late/early = ({NUM})x .*\(target <= ({NUM})x\) (PASS|MISS)$",
+                  out, re.M)
+    assert m, out
+    assert m[3] == ("PASS" if float(m[1]) <= float(m[2]) else "MISS")
+
+
+@needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")
+def test_driver_scale_drivers_sharing_one_postgresql_study_lose_nothing():
+    out = run_bench("driver_scale.py", "--db", "postgresql", "--trials", "0", "--drivers", "2", "--per-driver", "8",
+                    timeout=300)
+    assert_lines(out, [
+        r"^2 drivers x 8 trials on one PostgreSQL study",
+        r"^  lost 0, counted 16 / target 16, complete 16, duplicate allocations counted 0; "
+        r"duplicates that ran concurrently \d+",
+        r"^drivers: lost 0, exactly the target, 0 counted duplicates PASS$",
+    ])

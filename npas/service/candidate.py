@@ -9,6 +9,7 @@ attempt (so Ray never retries them), and duplicates of a trial that already ran 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,8 +38,12 @@ class Skip:
     same_as: int | None = None  # for a duplicate: the trial whose result stands
 
 
-def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str) -> Runnable | Skip:
-    """Sample, fit, account and record one candidate on the trial's user attributes."""
+def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
+            twin_of: Callable[[str, int], int | None] | None = None) -> Runnable | Skip:
+    """Sample, fit, account and record one candidate on the trial's user attributes.
+
+    `twin_of(key, number)` finds another trial with the same key (the driver passes its incremental
+    `StudyTally.twin`); without it the study's trials are read."""
     baseline = trial.user_attrs.get(TrialAttr.BASELINE)
     try:
         cand = space.sample(trial, fixed=baseline_fixed(trial, space, TrialAttr.BASELINE))
@@ -58,7 +63,7 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str) -
     trial.set_constraint(Constraint.BUDGET, float(space.budgeted(acc) - space.budget_params))
     if (reason := cannot_run(cfg, recipe)) is not None:
         return Skip("infeasible", reason)
-    twin = same_key(trial.study, key, trial.number)
+    twin = twin_of(key, trial.number) if twin_of is not None else same_key(trial.study, key, trial.number)
     if twin is not None:
         return Skip("duplicate", f"same allocation, recipe and data as trial {twin}", same_as=twin)
     return Runnable({"allocation": cfg.to_dict(), "recipe": recipe, "number": trial.number, "baseline": baseline},

@@ -13,7 +13,7 @@ import math
 import re
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
@@ -106,7 +106,7 @@ def _by_number(study: optuna.Study, how: str) -> FrozenTrial:
     n = int(how.split("=", 1)[1])
     for t in study.get_trials(deepcopy=False):
         if t.number == n:
-            if t.state != TrialState.COMPLETE or TrialAttr.ALLOC not in t.user_attrs:
+            if not studies.was_evaluated(t) or TrialAttr.ALLOC not in t.user_attrs:
                 raise StudyError(f"trial {n} of study {study.study_name!r} is {studies.status(t)}, not complete")
             return t
     raise StudyError(f"study {study.study_name!r} has no trial {n}")

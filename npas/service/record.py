@@ -79,6 +79,7 @@ class Constraint(StrEnum):
 
     BUDGET = "budget"  # stored params minus the budget
     FIDELITY = "fidelity"  # the fraction of steps an early-stopped trial did not train
+    FIT = "fit"  # 1.0 on an infeasible ask told COMPLETE so the sampler learns (nothing fits the budget)
 
 
 @dataclass(frozen=True)

@@ -57,23 +57,36 @@ def make_sampler(name: str, seed: int | None, n_objectives: int) -> optuna.sampl
 
 
 @contextlib.contextmanager
-def random_when_stuck(study: optuna.Study, skipped_in_a_row: int) -> Iterator[None]:
+def random_when_stuck(study: optuna.Study, skipped_in_a_row: int, seed: int) -> Iterator[None]:
     """The study's sampler; after a few skipped candidates in a row, a seeded random one.
 
     Optuna's model-based samplers ignore FAIL trials, so on a small or mostly infeasible space
     they propose the same skipped candidate again and again. A random ask breaks the loop
     without telling the sampler anything false about the skipped ones. The swap spans the ask
-    and the suggestions, since a trial consults `study.sampler` at each suggest call.
+    and the suggestions, since a trial consults `study.sampler` at each suggest call. `seed` varies
+    per ask (the driver passes the study's trial count, which it already knows) so the random asks
+    differ, without reading the study here.
     """
     if skipped_in_a_row < RANDOM_AFTER_SKIPS:
         yield
         return
     model = study.sampler
-    study.sampler = optuna.samplers.RandomSampler(seed=len(study.get_trials(deepcopy=False)))
+    study.sampler = optuna.samplers.RandomSampler(seed=seed)
     try:
         yield
     finally:
         study.sampler = model
+
+
+def learns_from_infeasible(sampler: optuna.samplers.BaseSampler) -> bool:
+    """Whether infeasible asks are told COMPLETE with a violated constraint rather than FAIL.
+
+    TPE splits trials into feasible and infeasible by their constraints and never reads an infeasible
+    trial's values, so it learns where candidates do not fit (bench/search_efficiency.py measures it).
+    GP fits its objective model on every COMPLETE trial's values and NSGA-II's crowding distance reads
+    them, so those (and random, which learns nothing) keep FAIL.
+    """
+    return isinstance(sampler, optuna.samplers.TPESampler)
 
 
 def allows(knob: Knob, value: Any) -> bool:

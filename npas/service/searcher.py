@@ -35,8 +35,8 @@ from npas.service.candidate import Skip, prepare  # noqa: E402
 from npas.service.outcome import fidelity_constraint, objective_values, seed_attrs  # noqa: E402
 from npas.service.progress import Progress  # noqa: E402
 from npas.service.record import Constraint, TrialAttr  # noqa: E402
-from npas.service.samplers import random_when_stuck  # noqa: E402
-from npas.service.study import counts_toward_target, same_key  # noqa: E402
+from npas.service.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
+from npas.service.tally import StudyTally  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,16 @@ class NpasSearcher(Searcher):
     def __init__(self, study: optuna.Study, space: Space, recipe: dict, fingerprint: str, target: int,
                  on_progress: Callable[[Progress], None] | None = None,
                  on_trial_done: Callable[[optuna.Study], None] | None = None,
-                 tokens_per_byte: float | None = None) -> None:
+                 tokens_per_byte: float | None = None, learn_infeasible: bool | None = None) -> None:
         super().__init__(metric="val_loss", mode="min")
         self.tokens_per_byte = tokens_per_byte  # of the validation windows: turns any loss into bits per byte
         self.study, self.space, self.recipe, self.fingerprint = study, space, recipe, fingerprint
         self.target = target
         self.objectives = list(space.objectives)
         self.progress = Progress(target=target)
+        self.tally = StudyTally(study)  # study-wide counts, keys and front, read incrementally
+        # tell infeasible asks COMPLETE with a violated `fit` constraint (TPE learns from them) or FAIL
+        self.learn_infeasible = learns_from_infeasible(study.sampler) if learn_infeasible is None else learn_infeasible
         self.on_progress = on_progress
         self.on_trial_done = on_trial_done
         self.error: str | None = None  # set when the search must stop (space exhausted)
@@ -66,6 +69,7 @@ class NpasSearcher(Searcher):
         self._errors: dict[str, str] = {}
         self._retries: dict[str, int] = {}
         self._skipped = 0
+        self._fresh = False  # the tally was refreshed after this driver's last tell
         self._lock = threading.Lock()
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
@@ -108,11 +112,6 @@ class NpasSearcher(Searcher):
         self._live = {}
         self._lock = threading.Lock()
 
-    # ---- counting toward the study-wide target -------------------------------------------------
-    def _counted(self, before: int | None = None) -> int:
-        trials = self.study.get_trials(deepcopy=False)
-        return sum(counts_toward_target(t) for t in trials if before is None or t.number < before)
-
     # ---- Searcher protocol ---------------------------------------------------------------------
     def suggest(self, trial_id: str) -> dict | None:
         config = self._suggest(trial_id)
@@ -122,13 +121,19 @@ class NpasSearcher(Searcher):
 
     def _suggest(self, trial_id: str) -> dict | None:
         while True:
-            if self.error is not None or self._counted() >= self.target:
+            if self.error is not None:
                 return Searcher.FINISHED
-            with random_when_stuck(self.study, self._skipped):
+            if not self._fresh:  # refreshed as the last trial was told, a moment ago: nothing changed here since
+                self.tally.refresh()
+            self._fresh = False
+            if self.tally.counted >= self.target:  # a cheap early stop; the check after the ask is the exact one
+                return Searcher.FINISHED
+            with random_when_stuck(self.study, self._skipped, seed=self.tally.seen):
                 trial = self.study.ask()
                 # claim it at once: a driver killed from here on leaves a trial that resume can attribute
                 faults.claim(self.study, trial)
-                if self._counted(before=trial.number) >= self.target:  # another driver got there first
+                self.tally.refresh()
+                if self.tally.counted_before(trial.number) >= self.target:  # another driver got there first
                     self._tell_skip(trial, "surplus", "the study reached its target while this trial was asked")
                     return Searcher.FINISHED
                 config = self._prepare(trial)
@@ -146,7 +151,7 @@ class NpasSearcher(Searcher):
 
     def _prepare(self, trial: optuna.Trial) -> dict | None:
         """The worker's config, or None once the trial was told why it must not run."""
-        prepared = prepare(trial, self.space, self.recipe, self.fingerprint)
+        prepared = prepare(trial, self.space, self.recipe, self.fingerprint, twin_of=self._twin)
         if isinstance(prepared, Skip):
             if prepared.status == "duplicate":
                 self._tell_duplicate(trial, prepared.same_as, prepared.reason)
@@ -161,6 +166,12 @@ class NpasSearcher(Searcher):
         self._accounting[trial.number] = prepared.accounting
         return prepared.config
 
+    def _twin(self, key: str, number: int) -> int | None:
+        """A trial with the same key that ran or runs, read just before this one would start: other
+        drivers' keys appear as their candidates are fitted, after this trial's ask."""
+        self.tally.refresh()
+        return self.tally.twin(key, number)
+
     def _tell_duplicate(self, trial: optuna.Trial, twin: int, reason: str) -> None:
         self.progress.duplicates += 1
         trial.set_user_attr(TrialAttr.SAME_AS, twin)
@@ -169,7 +180,17 @@ class NpasSearcher(Searcher):
     def _tell_skip(self, trial: optuna.Trial, status: str, reason: str) -> None:
         trial.set_user_attr(TrialAttr.STATUS, status)
         trial.set_user_attr(TrialAttr.REASON, reason)
-        self.study.tell(trial, state=TrialState.FAIL)
+        if status == "infeasible" and self.learn_infeasible:
+            # Optuna's samplers ignore FAIL trials, so TPE kept proposing from infeasible corners. A COMPLETE
+            # trial with a violated constraint is what TPE models as infeasible; its values are the worst
+            # possible and never read: it is not evaluated (`study.was_evaluated`), so it never counts toward
+            # the target, never reaches the front (Optuna's best_trials drop violated constraints) or a pick.
+            trial.set_constraint(Constraint.FIT, 1.0)
+            worst = [math.inf if d == optuna.study.StudyDirection.MINIMIZE else -math.inf
+                     for d in self.study.directions]
+            self.study.tell(trial, worst)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
         self._emit()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -228,7 +249,8 @@ class NpasSearcher(Searcher):
             if proxy.get("curve"):  # the worker's own record includes the last evaluation
                 trial.set_user_attr(TrialAttr.CURVE, proxy["curve"])
             steps = int(proxy.get("steps_done", steps))
-        twin = same_key(self.study, trial.user_attrs.get(TrialAttr.KEY), trial.number, states=(TrialState.COMPLETE,))
+        self.tally.refresh()
+        twin = self.tally.twin(trial.user_attrs.get(TrialAttr.KEY), trial.number, running=False)
         if twin is not None:  # another driver ran the same candidate concurrently: keep one result
             self._accounting.pop(trial.number, None)
             self._tell_duplicate(trial, twin, f"ran concurrently with trial {twin}, whose result is kept")
@@ -248,9 +270,11 @@ class NpasSearcher(Searcher):
             self.progress.stopped += 1
 
     def _emit(self, refresh_front: bool = False) -> None:
-        if refresh_front:
-            self.progress.front_size = len(self.study.best_trials)
-        self.progress.study_counted = self._counted()
+        if refresh_front:  # after a trial finished; a skipped ask changes neither the front nor the count
+            self.tally.refresh()
+            self._fresh = True
+            self.progress.front_size = self.tally.front_size
+        self.progress.study_counted = self.tally.counted
         if self.on_progress is not None:
             self.on_progress(self.progress)
 

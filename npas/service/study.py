@@ -85,19 +85,32 @@ def status(t: FrozenTrial) -> str:
     return str(t.user_attrs.get(TrialAttr.STATUS, "ok" if t.state == TrialState.COMPLETE else "failed"))
 
 
+NOT_EVALUATED = ("infeasible",)  # statuses of COMPLETE trials whose values are placeholders, not results
+
+
+def was_evaluated(t: FrozenTrial) -> bool:
+    """COMPLETE with objective values a proxy run produced.
+
+    An infeasible ask is told COMPLETE with a violated `fit` constraint when the sampler learns from
+    constraints (TPE): its values are placeholders. It never counts toward the target, reaches the
+    front, a pick, validate's sample or a dashboard's count of completed trials."""
+    return t.state == TrialState.COMPLETE and t.user_attrs.get(TrialAttr.STATUS) not in NOT_EVALUATED
+
+
 def is_full_fidelity(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and t.constraints.get(Constraint.FIDELITY, 0.0) <= 0.0
+    return was_evaluated(t) and t.constraints.get(Constraint.FIDELITY, 0.0) <= 0.0
 
 
 def counts_toward_target(t: FrozenTrial) -> bool:
-    """Trials that ran (or run) a proxy: complete, running, or failed in the worker."""
-    return t.state in (TrialState.COMPLETE, TrialState.RUNNING) or (
+    """Trials that ran (or run) a proxy: evaluated, running, or failed in the worker."""
+    return was_evaluated(t) or t.state == TrialState.RUNNING or (
         t.state == TrialState.FAIL and status(t) == "failed")
 
 
 def front_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """The Pareto front: complete, within budget, full fidelity (Optuna applies the constraints)."""
-    return sorted(study.best_trials, key=lambda t: t.values[0])
+    """The Pareto front: complete, within budget, full fidelity (Optuna applies the constraints, which
+    also drop infeasible asks told COMPLETE; the filter keeps them out should a constraint be missing)."""
+    return sorted((t for t in study.best_trials if was_evaluated(t)), key=lambda t: t.values[0])
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from npas.allocation.knob_table import knob_label
 from npas.errors import NpasError
 from npas.service.optuna_adapter import hypervolume
 from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.study import front_trials, is_full_fidelity, status
+from npas.service.study import front_trials, is_full_fidelity, status, was_evaluated
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def within_budget(t: FrozenTrial) -> bool:
 
 def feasible(t: FrozenTrial) -> bool:
     """Complete, full fidelity and within budget: what Optuna's constrained front is drawn from."""
-    return t.state == TrialState.COMPLETE and all(v <= 0.0 for v in t.constraints.values())
+    return was_evaluated(t) and all(v <= 0.0 for v in t.constraints.values())
 
 
 # ---- the header ----------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def summary_info(study: optuna.Study) -> SummaryInfo:
         if t.state == TrialState.FAIL:
             why = str(t.user_attrs.get(TrialAttr.REASON) or "no reason recorded").splitlines()[0][:160]
             reasons[why] = reasons.get(why, 0) + 1
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    complete = [t for t in trials if was_evaluated(t)]  # not infeasible asks told COMPLETE for the sampler
     return SummaryInfo(
         study_name=study.study_name, space_name=str(ua.get(StudyAttr.SPACE_NAME, "?")), objectives=metric_names(study),
         budget_params=ua.get(StudyAttr.BUDGET), budget_spec=ua.get(StudyAttr.BUDGET_SPEC), reference_params=ua.get(StudyAttr.REFERENCE),
@@ -154,7 +154,7 @@ def pareto_info(study: optuna.Study) -> ParetoInfo:
     on_front = set(front)
     points, no_values = [], {}
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.COMPLETE and t.values is not None:
+        if was_evaluated(t) and t.values is not None:
             points.append(ParetoPoint(
                 number=t.number, values=tuple(float(v) for v in t.values), label=label(t),
                 baseline=str(t.user_attrs.get(TrialAttr.BASELINE) or ""), on_front=t.number in on_front,
