@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -296,3 +297,6 @@ def test_end_to_end_real_training_on_a_real_study(tmp_path, capsys):
     # fresh seeds: the same allocation on two seeds gives two different test losses
     row = next(r for r in cert["allocations"] if r["complete"])
     assert row["test_losses"][0] != row["test_losses"][1]
+    # every test loss also in bits per byte: a char model on the (ASCII) bundled text has bpb = nats / ln 2
+    assert cert["bits_per_byte_per_nat"] == pytest.approx(1 / math.log(2), rel=1e-9)
+    assert row["test_mean_bpb"] == pytest.approx(row["test_mean"] / math.log(2))

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import os
 import signal
 import socket
@@ -82,6 +83,9 @@ def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, finge
     return evaluate(model, score_batches(corpus, score), pick_device(), score)
 
 
+_REAL_RETRAIN = train_and_test  # bits per byte come from the corpus this function trains on
+
+
 # ---- the linked study ------------------------------------------------------------------------
 def linked_name(name: str) -> str:
     return name + LINKED_SUFFIX
@@ -127,8 +131,10 @@ def completed_keys(linked: optuna.Study) -> set[str]:
 
 # ---- running ---------------------------------------------------------------------------------
 def validate(name: str, opts: Options | None = None, *, storage: str | None = None,
-             retrain: Retrain | None = None) -> dict:
-    """Run (or finish) the validation of study ``name`` and return its fidelity certificate."""
+             retrain: Retrain | None = None, bits_per_nat: float | None = None) -> dict:
+    """Run (or finish) the validation of study ``name`` and return its fidelity certificate.
+    ``bits_per_nat`` converts its test losses to bits per byte; the real retraining computes it
+    from the study's corpus and tokenizer (a custom ``retrain`` may pass it, else it stays None)."""
     from npas.service.certificate import CERTIFICATE_ATTR, build_certificate
     from npas.training.recipe import load_recipe
 
@@ -175,8 +181,27 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
     cert = build_certificate(source, linked, plan)
+    if bits_per_nat is None and isinstance(retrain, functools.partial) and retrain.func is _REAL_RETRAIN:
+        bits_per_nat = _bits_per_nat(retrain.keywords, recipe)  # the study's own corpus and tokenizer
+    cert["bits_per_byte_per_nat"] = bits_per_nat
+    if bits_per_nat is not None:  # every test loss also in bits per byte, comparable across tokenizers
+        for row in cert["allocations"]:
+            row["test_mean_bpb"] = None if row.get("test_mean") is None else row["test_mean"] * bits_per_nat
     source.set_user_attr(CERTIFICATE_ATTR, cert)
     return cert
+
+
+def _bits_per_nat(kw: dict, score: Recipe) -> float:
+    """Bits per byte of one nat per token on the test windows this certificate scores: the scored
+    tokens per UTF-8 byte of those windows over ln 2 (a char model on ASCII text: 1 / ln 2)."""
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
+    from npas.training.data import load_known_corpus
+    from npas.training.proxy import eval_tokens_per_byte
+
+    corpus = load_known_corpus(kw["source"], kw["val_fraction"], kw["test_fraction"], kw["fingerprint"],
+                               kw.get("tokenizer_json"), kw.get("glob") or DEFAULT_GLOB,
+                               kw.get("text_field") or DEFAULT_TEXT_FIELD)
+    return eval_tokens_per_byte(corpus, score, "test") / math.log(2)
 
 
 def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opts: Options, done: int,

@@ -106,6 +106,12 @@ def format_table(c: dict) -> str:
         roles = ",".join(r["roles"]) + (f" ({r['label']})" if r["label"] else "")
         out.append(f"{trial:>5}  {roles[:34]:<34} {_num(r['proxy_loss'], '{:.4f}'):>7} "
                    f"{_num(r['test_mean'], '{:.4f}'):>9} {_num(r['test_std'], '{:.4f}'):>7}  {r['summary']}")
+    if c.get("bits_per_byte_per_nat"):
+        bpb = c["bits_per_byte_per_nat"]
+        pick = next((r for r in c["allocations"] if r["trial"] == c["pick"]["trial"]), None)
+        shown = "" if pick is None or pick.get("test_mean") is None else \
+            f"; picked trial {pick['trial']}: {pick['test_mean'] * bpb:.4f} bits per byte"
+        out.append(f"bits per byte = test loss (nats) x {bpb:.4f} on these test windows{shown}")
     out.append("")
     for label, key in (("all validated trials", "all"), ("front points", "front")):
         g = c[key]
