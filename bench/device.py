@@ -238,6 +238,25 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
     return 0
 
 
+# ------------------------------------------------------------------------------------------ cache versions
+def add_code_version_arg(p: argparse.ArgumentParser) -> None:
+    """A bench's ``--code-version``: report the cache of an earlier code version (device runs outlive
+    the code they ran: any later edit of a versioned file moves the current version)."""
+    p.add_argument("--code-version", default=None,
+                   help="with --report: the cached runs of this code version (a run's version is in its file name)")
+
+
+def version_to_read(p: argparse.ArgumentParser, a: argparse.Namespace, current: str) -> str:
+    """The version whose cache this invocation reads: ``--code-version`` when given (report only),
+    else the current code's."""
+    if not a.code_version or a.code_version == current:
+        return current
+    if not a.report:
+        p.error("--code-version only reads a cache: add --report (runs always train at the current code)")
+    print(f"reporting runs of code version {a.code_version} (the code now is {current})", flush=True)
+    return a.code_version
+
+
 # ------------------------------------------------------------------------------------------ collect
 def collect(folder: Path) -> int:
     tar = folder / "results.tar.gz"

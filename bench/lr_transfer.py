@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
+from bench.device import add_code_version_arg, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -328,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="print the table from cached runs only")
     p.add_argument("--seeds", type=int, default=None, help="seeds per grid point (default 2; 1 quick)")
     p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    p.add_argument("--code-version", default=None,
-                   help="with --report: the cached runs of this code version (a run's version is in its file name)")
+    add_code_version_arg(p)
     p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/lr_transfer)")
     a = p.parse_args(argv)
     if a.quick:
@@ -338,12 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         setup = full_setup(a.seeds or len(SEEDS), a.out or RESULTS, max(1, a.workers))
     configs = arms(setup.reference, setup.lora_ranks)
-    version = code_version(setup)
-    if a.code_version and a.code_version != version:
-        if not a.report:
-            p.error("--code-version only reads a cache: add --report (runs always train at the current code)")
-        print(f"reporting runs of code version {a.code_version} (the code now is {version})", flush=True)
-        version = a.code_version
+    version = version_to_read(p, a, code_version(setup))
     c, r = setup.reference, setup.recipe
     print(f"[lr_transfer] reference: untied d_model={c.d_model} n_layers={c.n_layers} d_ff={c.d_ff} "
           f"({npas.count(reference_config(c)).stored_params:,} params) | {r.steps} steps x {r.tokens_per_step} "

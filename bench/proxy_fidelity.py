@@ -51,6 +51,7 @@ import optuna  # noqa: E402
 from scipy.stats import kendalltau  # noqa: E402
 
 import npas  # noqa: E402
+from bench.device import add_code_version_arg, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
@@ -491,8 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
     p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this many minutes")
     p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    p.add_argument("--code-version", default=None,
-                   help="with --report: the cached runs of this code version (a run's version is in its file name)")
+    add_code_version_arg(p)
     p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/proxy_fidelity)")
     a = p.parse_args(argv)
     if a.candidates is not None and a.candidates < 3:
@@ -503,12 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-minutes must be >= 0")
     setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers)
     space, cands = load_candidates(setup)
-    version = code_version(setup)
-    if a.code_version and a.code_version != version:
-        if not a.report:
-            p.error("--code-version only reads a cache: add --report (runs always train at the current code)")
-        print(f"reporting runs of code version {a.code_version} (the code now is {version})", flush=True)
-        version = a.code_version
+    version = version_to_read(p, a, code_version(setup))
     print(f"[proxy_fidelity] space {SPACE.relative_to(ROOT)} (frozen copy of full.yaml), {len(cands)} candidates "
           f"({sum(c.name in space.baselines() for c in cands)} baselines) | proxy {setup.proxy.name}: "
           f"{setup.proxy.steps} steps x {setup.proxy.tokens_per_step} tokens, seed {setup.proxy.seed} | long: "
