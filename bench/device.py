@@ -27,6 +27,7 @@ Groups (each bench module exposes ``device_specs() -> list[dict]``):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -38,6 +39,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -239,6 +241,17 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
 
 
 # ------------------------------------------------------------------------------------------ cache versions
+def files_version(files: Sequence[str], settings: Any = None) -> str:
+    """A cache's code version: the hash of the files that decide a run's numbers (path and content)
+    and of the settings every run shares, so an edit to either starts a fresh cache."""
+    h = hashlib.sha256()
+    for rel in files:
+        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
+    if settings is not None:
+        h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()[:10]
+
+
 def add_code_version_arg(p: argparse.ArgumentParser) -> None:
     """A bench's ``--code-version``: report the cache of an earlier code version (device runs outlive
     the code they ran: any later edit of a versioned file moves the current version)."""

@@ -26,7 +26,6 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -43,7 +42,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, version_to_read  # noqa: E402
+from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -115,11 +114,7 @@ def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
 
 # ------------------------------------------------------------------------------------------ runs
 def code_version(setup: Setup) -> str:
-    h = hashlib.sha256()
-    for rel in VERSIONED:
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
-    h.update(json.dumps([setup.recipe.to_dict(), setup.reference.__dict__], sort_keys=True).encode())
-    return h.hexdigest()[:10]
+    return files_version(VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__])
 
 
 def recipe_for(setup: Setup, job: Job) -> Recipe:

@@ -29,7 +29,6 @@ the candidates.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -51,7 +50,7 @@ import optuna  # noqa: E402
 from scipy.stats import kendalltau  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, version_to_read  # noqa: E402
+from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
@@ -151,12 +150,8 @@ def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
 
 
 def code_version(setup: Setup) -> str:
-    h = hashlib.sha256()
-    for rel in VERSIONED:
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
-    base = {k: v for k, v in setup.proxy.to_dict().items() if k not in ("seed", "parameterization")}
-    h.update(json.dumps(base, sort_keys=True).encode())
-    return h.hexdigest()[:10]
+    return files_version(VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
+                                     if k not in ("seed", "parameterization")})
 
 
 # ------------------------------------------------------------------------------------------ runs

@@ -257,11 +257,7 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
 
 
 def code_version() -> str:
-    h = hashlib.sha256()
-    for rel in VERSIONED:
-        path = ROOT / rel
-        h.update(rel.encode() + b"\0" + (path.read_bytes() if path.exists() else b""))
-    return h.hexdigest()[:10]
+    return _device_module().files_version(VERSIONED)
 
 
 def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:

@@ -26,7 +26,6 @@ it excludes 0 the other way, otherwise "unresolved at this scale". The CPU-scale
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import statistics
@@ -59,11 +58,7 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    h = hashlib.sha256()
-    for rel in VERSIONED:
-        h.update((ROOT / rel).read_bytes())
-    h.update(json.dumps([RECIPE.to_dict(), CHASSIS.__dict__], sort_keys=True).encode())
-    return h.hexdigest()[:10]
+    return common._device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
 
 
 def runs() -> list[dict[str, Any]]:
