@@ -88,14 +88,11 @@ def device_specs() -> list[dict]:
 
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of paired differences."""
-    from scipy.stats import t
+    """Mean and 95% t-interval of paired differences (npas.service.fidelity's, as `npas validate` uses)."""
+    from npas.service.fidelity import mean_interval
 
-    m = statistics.fmean(d)
-    if len(d) < 2:
-        return m, math.nan, math.nan
-    h = t.ppf(0.975, len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-    return m, m - h, m + h
+    iv = mean_interval(d)
+    return (iv.value,) + tuple(math.nan if x is None else x for x in (iv.low, iv.high))
 
 
 def verdict(lo: float, hi: float, direction: int) -> str:
