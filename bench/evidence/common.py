@@ -89,6 +89,7 @@ class Setup:
     t0: float = field(default_factory=time.perf_counter)
     cache: Path | None = None  # per-run records (full mode); None: train everything afresh (quick)
     plan_only: bool = False
+    only: tuple[str, ...] = ()  # --arms: train just these arms (a partial, cached step of a long report)
 
     def recipe_for(self, seed: int, **changes: Any) -> Recipe:
         return Recipe.from_dict({**self.recipe.to_dict(), "seed": seed, **changes})
@@ -115,6 +116,9 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="training processes in parallel (1 thread each)")
     p.add_argument("--out", type=Path, default=None, help="folder for the JSON (default: results/ or a temp dir)")
     p.add_argument("--fig-dir", type=Path, default=None, help="folder for the PNG (default: docs/figures or --out)")
+    p.add_argument("--arms", default="",
+                   help="comma-separated arm names: train (or plan) only these and print their paired table against "
+                        "the first one, writing no report; a later run without --arms reads them from the cache")
     return p
 
 
@@ -135,7 +139,8 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     figs.mkdir(parents=True, exist_ok=True)
     s = Setup(name=name, quick=quick, chassis=QUICK_CHASSIS if quick else FULL_CHASSIS, recipe=recipe,
               seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs,
-              cache=None if quick else RUNS_DIR, plan_only=bool(getattr(args, "plan", False)))
+              cache=None if quick else RUNS_DIR, plan_only=bool(getattr(args, "plan", False)),
+              only=tuple(a.strip() for a in (getattr(args, "arms", "") or "").split(",") if a.strip()))
     print(s.describe(), flush=True)
     return s
 
@@ -324,7 +329,15 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
 
 def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
     """The experiment's runs (every arm x every seed) and, in full mode, each arm's learning-rate check
-    (x0.5, x1, x2 of the base rate on seed 99, never a reported seed), whose table is printed here."""
+    (x0.5, x1, x2 of the base rate on seed 99, never a reported seed), whose table is printed here.
+
+    With ``--arms`` only those arms train; their table is printed and the script exits without a report
+    (one with missing arms would be wrong), so a long report can be built up a few arms per session."""
+    if setup.only:
+        unknown = [a for a in setup.only if a not in configs]
+        if unknown:
+            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
+        configs = {a: configs[a] for a in setup.only}
     jobs = make_jobs(configs, setup, recipe)
     base = recipe or setup.recipe
     checks = []
@@ -339,7 +352,22 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
     lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and not setup.quick]
     if lr_rows:
         print(lr_check_table(lr_rows, list(configs), base.lr))
+    if setup.only:
+        _print_partial(main, list(configs))
+        raise SystemExit(0)
     return main
+
+
+def _print_partial(results: list[dict[str, Any]], names: list[str]) -> None:
+    """The --arms table: each arm against the first named one, paired over the seeds both ran."""
+    ref = names[0]
+    rows = []
+    for row in summarize(results, names, ref):
+        iv = paired_interval(results, row["name"], ref) if row["name"] != ref else None
+        rows.append([row["name"], row["n"], f"{row['mean']:.4f}", f"{row['std']:.4f}",
+                     "-" if iv is None or iv.low is None else f"{iv.value:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"])
+    print(f"partial (--arms; no report written): val loss by arm, paired Δ vs {ref} with 95% t-interval")
+    print(format_table(["arm", "seeds", "mean", "std", "Δ vs " + ref], rows), flush=True)
 
 
 def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: float) -> str:
