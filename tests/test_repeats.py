@@ -92,6 +92,28 @@ def test_front_shows_mean_plus_minus_std(repeated, capsys):
     assert all(row.split(",")[4] == "2" for row in rows)
 
 
+def test_dashboard_front_carries_each_trials_seed_std_as_error_bars(repeated):
+    from npas.presentation.dashboard.info import pareto_info
+    from npas.presentation.dashboard.render import render_pareto
+
+    st, _ = repeated
+    st = optuna.load_study(study_name="rep", storage=repeated[1])
+    info = pareto_info(st)
+    by_number = {p.number: p for p in info.points}
+    for t in st.trials:
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert by_number[t.number].loss_std == pytest.approx(t.user_attrs[TrialAttr.LOSS_STD])
+            assert by_number[t.number].n_seeds == 2
+    fig = render_pareto(info)
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1
+    segments = bars[0].lines[2][0].get_segments()  # one vertical segment per trial: mean ± std
+    spans = sorted(round(float(seg[1][1] - seg[0][1]), 6) for seg in segments)
+    assert spans == sorted(round(2 * p.loss_std, 6) for p in info.points if p.loss_std is not None)
+    assert any("± std over each trial's 2 seeds" in t.get_text() for t in ax.get_legend().get_texts())
+
+
 def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsys):
     st, url = repeated
     seen: dict = {}

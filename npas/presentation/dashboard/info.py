@@ -102,6 +102,8 @@ class ParetoPoint:
     on_front: bool
     full_fidelity: bool  # False: stopped early by ASHA, values at a lower fidelity
     within_budget: bool
+    loss_std: float | None = None  # std of the per-seed losses of a --repeats trial; None with one seed
+    n_seeds: int = 1
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,19 @@ def pareto_info(study: optuna.Study) -> ParetoInfo:
             points.append(ParetoPoint(
                 number=t.number, values=tuple(float(v) for v in t.values), label=label(t),
                 baseline=str(t.user_attrs.get(TrialAttr.BASELINE) or ""), on_front=t.number in on_front,
-                full_fidelity=is_full_fidelity(t), within_budget=within_budget(t)))
+                full_fidelity=is_full_fidelity(t), within_budget=within_budget(t),
+                loss_std=_float_or_none(t.user_attrs.get(TrialAttr.LOSS_STD)),
+                n_seeds=len(t.user_attrs.get(TrialAttr.SEED_LOSSES) or ()) or 1))
         else:
             no_values[status(t)] = no_values.get(status(t), 0) + 1
     ua = study.user_attrs
     return ParetoInfo(names=names, points=points, front=front, no_values=no_values,
                       budget_params=ua.get(StudyAttr.BUDGET), budget_spec=ua.get(StudyAttr.BUDGET_SPEC),
                       reference=reference_mark(study, names))
+
+
+def _float_or_none(x: object) -> float | None:
+    return None if x is None else float(x)
 
 
 # ---- hypervolume ---------------------------------------------------------------------------

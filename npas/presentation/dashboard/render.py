@@ -128,6 +128,13 @@ def render_pareto(info: ParetoInfo) -> Figure | None:
         unit = xlabel.rsplit("(", 1)[-1].rstrip(")") if "(" in xlabel else ""
         handles.append(Line2D([], [], color="0.35", ls="--",
                               label=f"reference model (1×, {info.reference.params:,} params): {rx:,.2f} {unit}"))
+    noisy = [p for p in info.points if p.loss_std is not None and (p.full_fidelity or p.on_front)]
+    if noisy:  # --repeats: the noise a user must see before trusting a front point's rank
+        ax.errorbar([xy(p)[0] for p in noisy], [xy(p)[1] for p in noisy], yerr=[p.loss_std / ydiv for p in noisy],
+                    fmt="none", ecolor="0.25", elinewidth=1, capsize=3, zorder=3.5)
+        seeds = sorted({p.n_seeds for p in noisy})
+        handles.append(Line2D([], [], color="0.25", marker="|", ms=10,
+                              label=f"± std over each trial's {'/'.join(map(str, seeds))} seeds (--repeats)"))
     missing = sum(info.no_values.values())
     if missing:
         detail = ", ".join(f"{n} {s}" for s, n in sorted(info.no_values.items(), key=lambda kv: -kv[1]))
