@@ -143,3 +143,30 @@ def test_expert_pool_quick_arms_match_activated_flops_claim_line_form_only(tmp_p
     assert re.search(r"^claim global pool matches or beats per-layer MoE at equal activated FLOPs: "
                      r"(NOT )?REPRODUCED$", out, re.M)
     assert (tmp_path / "expert_pool_quick.json").is_file()
+
+
+@pytest.mark.parametrize("script", ["search_vs_hand.py", "early_stop.py"])
+def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(script, tmp_path):
+    results = ROOT / "bench" / "evidence" / "results"
+    before = sorted(p.name for p in results.iterdir())
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / script), "--plan", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = re.search(r"^plan: .* = ([\d.]+)M tokens.*-> ~([\d.]+) CPU-hours", proc.stdout, re.M)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, proc.stdout
+    assert not list(tmp_path.iterdir()) and sorted(p.name for p in results.iterdir()) == before
+    assert "study" not in proc.stdout.split("plan:", 1)[1]  # no search was started
+
+
+def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--steps", "4",
+                           "--arms", "untied,cycle U=2 r=16", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[2/2]" in proc.stderr and "[3/" not in proc.stderr  # two arms x one seed, nothing else trained
+    table = proc.stdout.split("partial (--arms; no report written)", 1)[1]
+    assert re.search(r"^untied\s+1\s+\d\.\d{4}", table, re.M) and re.search(r"^cycle U=2 r=16\s+1\s+\d\.\d{4}", table, re.M)
+    assert not list(tmp_path.glob("*.json"))
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--arms", "nope",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown arm(s) ['nope']" in bad.stderr

@@ -34,6 +34,17 @@ def main() -> None:
     space = common.search_space(setup, args.file_chassis)
     print(f"space {space.source}: budget {space.budget_spec} = {space.budget_params:,} params; {trials} trials "
           f"per search", flush=True)
+    recipe = common.search_recipe(setup)
+    arms = 1 if args.reuse_asha else 2
+    tokens = arms * trials * recipe.steps * recipe.tokens_per_step
+    import npas
+
+    cpu_h = 3 * npas.count(npas.reference_config(space.reference_chassis)).flops_per_token * tokens / common.CPU_FLOPS / 3600
+    print(f"plan: {arms} search(es) x {trials} trials x {recipe.steps} steps x {recipe.tokens_per_step} tokens = "
+          f"{tokens / 1e6:.1f}M tokens at most (ASHA stops some) -> ~{cpu_h:.2f} CPU-hours at the reference's FLOPs",
+          flush=True)
+    if setup.plan_only:
+        raise SystemExit(0)  # a plan trains nothing and writes nothing
     infos = {}
     if args.reuse_asha:
         prev = json.loads(args.reuse_asha.read_text())["search"]
