@@ -32,8 +32,10 @@ from npas.allocation.config import (
 )
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
-Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit"]
-BankRule = Literal["by_type", "by_type_and_shape", "all", "explicit"]
+# learned: groups clustered from trained weights (npas.allocation.fit.groups_from_similarity); the
+# similarity comes with the study (--init-from, or one pretraining of the reference), not the space file
+Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit", "learned"]
+BankRule = Literal["by_type", "by_type_and_shape", "all", "explicit", "learned"]
 LoraTargets = Literal["attn", "mlp", "both"]
 WidthFit = Literal["mlp", "all"]
 ExpertScope = Literal["global", "window"]  # one pool for every layer, or one per window of adjacent layers
@@ -43,7 +45,7 @@ TYING: tuple[str, ...] = get_args(Tying)
 BANK_RULES: tuple[str, ...] = get_args(BankRule)
 GENERATORS: tuple[str, ...] = get_args(Generator)
 LORA_TARGETS: tuple[str, ...] = get_args(LoraTargets)
-TYING_WITH_U = ("sequential", "cycle", "middle_loop")  # the modes that take a unique-block count U
+TYING_WITH_U = ("sequential", "cycle", "middle_loop", "learned")  # the modes that take a unique-block count U
 # which attention projections atoms generate: "none" or letters of q, k, v, o in that order ("qk", "qkvo")
 ATOM_SLOTS: tuple[str, ...] = ("none", *("".join(c) for n in range(1, 5) for c in combinations("qkvo", n)))
 
@@ -131,8 +133,8 @@ KNOBS: tuple[KnobSpec, ...] = (
              help="first/last MLP width; cosine 3.0 runs 1.5x -> 0.5x of d_ff"),
     KnobSpec("tying", "tying", "mode", str, "none", allowed=TYING, help="which layers share one block"),
     KnobSpec("unique_blocks", "tying", "unique_blocks", int, _default_unique, low=1, high="n_layers",
-             applies=lambda v: v.get("tying") in TYING_WITH_U, when="tying.mode is sequential, cycle or middle_loop",
-             help="U unique blocks"),
+             applies=lambda v: v.get("tying") in TYING_WITH_U, when="tying.mode is sequential, cycle, middle_loop or learned",
+             help="U unique blocks (learned: U clusters of similar layers)"),
     KnobSpec("lora_rank", "relaxation", "rank", int, 0, low=0, high=1024, applies=_tied,
              when="tying.mode is not none", per_layer=True,
              help="LoRA rank at tied positions; 0 = pure tying"),
@@ -144,7 +146,7 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("bank_rule", "pools", "rule", str, "by_type", allowed=BANK_RULES, applies=lambda v: bool(v.get("pools")),
              when="pools.enabled", help="which slots share a bank"),
     KnobSpec("n_banks", "pools", "banks", int, 1, low=1, high=1024, applies=lambda v: bool(v.get("pools")),
-             when="pools.enabled", help="banks per group (contiguous blocks)"),
+             when="pools.enabled", help="banks per group (contiguous blocks; learned: clusters of similar blocks)"),
     KnobSpec("generator", "pools", "generator", str, "template_mix", allowed=GENERATORS,
              applies=lambda v: bool(v.get("pools")), when="pools.enabled", help="how a bank makes its members"),
     KnobSpec("templates", "pools", "templates", int, 2, low=1, high=4096,

@@ -22,6 +22,7 @@ from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
 from npas.allocation.fit import (
     Fit,
+    Similarity,
     bank_members,
     expert_pools,
     fit_banks,
@@ -38,6 +39,7 @@ from npas.allocation.knob_table import (
     REQUIRED,
     SECTION_KEYS,
     SETTINGS,
+    TYING_WITH_U,
     KnobSpec,
     value,
 )
@@ -109,6 +111,27 @@ class Space:
     description: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)  # vocab_size / budget / budget_scope bound at launch
     budget_scope: str = "all"  # all | non_embedding: which stored parameters the budget caps
+    # (L, L) similarity of the reference's trained layers, for the learned tying / bank modes. Not in the
+    # file and not in `hash`: the study supplies it (npas.service.learned) and records it itself.
+    similarity: Similarity | None = None
+
+    @property
+    def learns_groups(self) -> bool:
+        """Some candidate may use `tying.mode: learned` or `pools.rule: learned`, so it needs `similarity`."""
+        tying, rule, pools = (self.knobs.get(k) for k in ("tying", "bank_rule", "pools"))
+        return bool((tying and "learned" in tying.options())
+                    or (rule and "learned" in rule.options() and pools and True in pools.options()))
+
+    def with_similarity(self, sim: Similarity | list[list[float]] | None) -> Space:
+        """A copy carrying the layer similarity the learned modes cluster by (one row per reference layer)."""
+        if sim is None:
+            return replace(self, similarity=None)
+        L = self.reference_chassis.n_layers
+        rows = tuple(tuple(float(x) for x in row) for row in sim)
+        if len(rows) != L or any(len(r) != L for r in rows):
+            raise SpaceError(self.source, [f"the layer similarity is {len(rows)} rows, not {L} x {L} (the reference's "
+                                           f"depth); learn it from a model of this chassis"])
+        return replace(self, similarity=rows)
 
     # ---- reference and budget ----------------------------------------------------------------
     @property
@@ -217,8 +240,8 @@ class Space:
             profile = taper_profile(value(values, "taper"), L, float(value(values, "taper_ratio")))
             groups = [list(g) for g in self.tying_groups] if self.tying_groups else None
             tying = value(values, "tying")
-            unique = int(value(values, "unique_blocks")) if tying in ("sequential", "cycle", "middle_loop") else 1
-            blocks = tying_map(tying, L, unique, groups)
+            unique = int(value(values, "unique_blocks")) if tying in TYING_WITH_U else 1
+            blocks = tying_map(tying, L, unique, groups, self.similarity)
         except ValueError as e:
             return Candidate(values, Fit(None, str(e)), budget)
         shared = [blocks.count(b) > 1 for b in blocks]
@@ -252,7 +275,8 @@ class Space:
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
         try:
             groups = [list(g) for g in self.bank_groups] if self.bank_groups else None
-            members = bank_members(base, value(values, "bank_rule"), int(value(values, "n_banks")), groups)
+            members = bank_members(base, value(values, "bank_rule"), int(value(values, "n_banks")), groups,
+                                   self.similarity)
         except ValueError as e:
             return Candidate(values, Fit(None, str(e)), budget)
         excluded = self._excluded(chassis)  # pools keep d_model: the scope shifts the cap by a constant
@@ -444,6 +468,11 @@ def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tup
     if not isinstance(per_position, bool):
         problems.append(f"knobs.relaxation.per_position: {per_position!r} is not true/false")
     extras["per_position"] = bool(per_position)
+    depths = chassis["n_layers"].options() if "n_layers" in chassis else []
+    for key, path in (("tying", "knobs.tying.mode"), ("bank_rule", "knobs.pools.rule")):
+        if key in knobs and "learned" in knobs[key].options() and len(depths) > 1:
+            problems.append(f"{path}: learned groups cluster the layers of one trained model, but chassis.n_layers "
+                            f"is searched over {depths}; give n_layers one value")
     for sec, dest, need in (("tying", "tying_groups", "explicit"), ("pools", "bank_groups", "explicit")):
         groups = sections[sec].get("groups")
         chosen = knobs.get("tying" if sec == "tying" else "bank_rule")

@@ -8,18 +8,21 @@ attention read writes back) and W_down W_up (the MLP's linear part), each (d, d)
 clustered by the cosine similarity of those descriptions (average linkage). The number of groups is
 the caller's knob; groups need not be contiguous.
 
-This is the building block for `tying.mode: learned` / `pools.rule: learned`; the space and the
-driver that would feed it a model are not wired yet.
+`tying.mode: learned` and `pools.rule: learned` cluster with this similarity: `npas search` computes
+it once per study (`similarity_of` on the --init-from model, or on the reference it pretrains once,
+see `npas.service.learned`), stores the matrix in the study record, and the space carries it
+(`Space.with_similarity`) so a candidate stays a pure function of the space and its knob values. The
+clustering itself (`npas.allocation.fit.groups_from_similarity`) needs no torch.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
 from torch import Tensor
 
-from npas.allocation.config import canonical_blocks
+from npas.allocation.fit import Similarity, groups_from_similarity
 from npas.conversion.source import read_source
 
 
@@ -40,14 +43,11 @@ def layer_similarity(model: torch.nn.Module) -> Tensor:
 
 def learned_groups(model: torch.nn.Module, n_groups: int) -> tuple[int, ...]:
     """Layer -> group (numbered in order of first use) with `n_groups` groups of similar layers."""
-    sim = layer_similarity(model)
-    L = sim.shape[0]
-    if not 1 <= n_groups <= L:
-        raise ValueError(f"n_groups must be 1..{L}, got {n_groups}")
-    if n_groups == L:
-        return tuple(range(L))
-    dist = (1.0 - sim).clamp_min(0.0).numpy()
-    dist = (dist + dist.T) / 2
-    dist[range(L), range(L)] = 0.0
-    labels = fcluster(linkage(squareform(dist, checks=False), method="average"), n_groups, criterion="maxclust")
-    return canonical_blocks([int(x) for x in labels])
+    return groups_from_similarity(layer_similarity(model).tolist(), n_groups)
+
+
+def similarity_of(directory: str | Path) -> Similarity:
+    """The layer similarity of a `npas train` directory, as the plain floats a study records."""
+    from npas.training.train import load_trained
+
+    return tuple(tuple(float(x) for x in row) for row in layer_similarity(load_trained(directory)[0]).tolist())

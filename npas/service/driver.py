@@ -6,7 +6,8 @@ later driver: a joiner (`search --study NAME` on an existing study) or a resume 
 stored recipe, sampler, seed and early stopping or is refused with the reason; the trial target is
 study-wide and changes only when `trials` is given, which is logged. Ray is started (and a cluster's
 address and authentication proven) before anything is written, so a driver that cannot run leaves
-the database as it found it.
+the database as it found it. A space with learned sharing groups gets its layer similarity once, from
+the creating driver (`npas.service.learned`), and every later driver reads it from the record.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
                  "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None}
         return _join(name, handle, space, trials, data, launch, given, init)
+    learned = _learn_groups(created, handle, space, init, rec, corpus) if space.learns_groups else None
+    if learned is not None:
+        space = space.with_similarity(learned["similarity"])
     record = StudyRecord(
         version=__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
         space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
@@ -94,7 +98,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
         target_trials=DEFAULT_TRIALS if trials is None else trials, overrides=dict(space.overrides),
         data_split=corpus.describe()["split"], repeats=1 if repeats is None else repeats,
         tokenizer=str(tokenizer or "char"), tokenizer_json=corpus.tokenizer.to_json(),
-        tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=glob, text_field=field, init_from=init)
+        tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=glob, text_field=field, init_from=init,
+        learned=learned)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
@@ -110,6 +115,23 @@ def _init_source(init_from: str | None, space: Space, corpus) -> dict | None:
     from npas.conversion.init_from import describe_source
 
     return describe_source(init_from, space.reference_chassis, corpus)
+
+
+def _learn_groups(study: optuna.Study, handle: StorageHandle, space: Space, init: dict | None, rec,
+                  corpus) -> dict:
+    """The creator's one look at trained weights for the learned groups (npas.service.learned).
+
+    Runs after the study name is claimed, so a joiner never pretrains too: it waits on the
+    pretraining marker. A failure deletes the half-made study, leaving the database as it was."""
+    from npas.service.learned import PRETRAINING_ATTR, learn_source, source_dir
+
+    try:
+        if init is None:
+            study.set_user_attr(PRETRAINING_ATTR, True)
+        return learn_source(space, init, rec, corpus, source_dir(study.study_name, handle.sqlite_path))
+    except BaseException:
+        optuna.delete_study(study_name=study.study_name, storage=handle.storage)
+        raise
 
 
 def _prove_ray(launch: Launch, threads: int | None) -> float:
@@ -157,14 +179,18 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
 
     Optuna writes study attributes one at a time, so two drivers started together on one
     PostgreSQL study can see it half-written; the joiner polls for the ready marker rather than
-    misreading a partial record as a different space.
+    misreading a partial record as a different space. A creator that pretrains the model of its
+    learned groups marks it, and joiners then wait up to `PRETRAIN_WAIT_S` instead.
     """
+    from npas.service.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR
+
     if name not in {s.study_name for s in handle.storage.get_all_studies()}:
         load(name, handle)  # raises the StudyError that lists the studies there
     study = optuna.load_study(study_name=name, storage=handle.storage)
-    deadline = time.monotonic() + SETUP_WAIT_S
+    start = time.monotonic()
     while not is_set_up(study):
-        if time.monotonic() > deadline:
+        limit = PRETRAIN_WAIT_S if study.user_attrs.get(PRETRAINING_ATTR) else SETUP_WAIT_S
+        if time.monotonic() - start > limit:
             raise StudyError(f"study {name!r} in {handle.redacted} was never fully set up (the driver that "
                              f"created it stopped during set-up); pick another --study name, or delete it with "
                              f"`optuna delete-study --study-name {name} --storage URL`")
@@ -202,6 +228,9 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
         space = parse_space(space_text, record.space_source or name)
     space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
                        budget_scope=record.overrides.get("budget_scope"))
+    from npas.service.learned import attach
+
+    space = attach(space, record.learned, name)  # the recorded similarity: the same groups as at creation
     if launch.early_stop is not None and launch.early_stop != record.early_stop:
         flag = "--no-early-stop" if record.early_stop is False else "early stopping (ASHA)"
         raise StudyError(f"study {name!r} runs with {flag}; continue it as it was created (drop "

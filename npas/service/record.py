@@ -44,6 +44,9 @@ class StudyAttr(StrEnum):
     TOKENIZER_FP = "tokenizer_fingerprint"  # sha256 of tokenizer_json, 16 hex chars
     DATA_GLOB = "data_glob"  # files read from a directory corpus
     TEXT_FIELD = "text_field"  # JSONL field / Parquet column holding the documents
+    # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
+    # (npas.service.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
+    LEARNED = "learned_source"
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -116,6 +119,7 @@ class StudyRecord:
     data_glob: str = "**/*.txt"  # npas.training.corpora.DEFAULT_GLOB
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
     init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
+    learned: dict | None = None  # learned groups' source and layer similarity; None: the space learns no groups
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -128,7 +132,7 @@ class StudyRecord:
              "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS,
              "tokenizer": StudyAttr.TOKENIZER, "tokenizer_json": StudyAttr.TOKENIZER_JSON,
              "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
-             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM}
+             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is

@@ -46,6 +46,11 @@ class StorageHandle:
     def scrub(self, text: str) -> str:
         return scrub(text, self.url)
 
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The database file of a SQLite URL (files a study keeps beside it go next to it), else None."""
+        return _sqlite_file(parse_url(self.url)) if self.is_sqlite else None
+
 
 _CACHE: dict[tuple[str, bool], StorageHandle] = {}
 

@@ -1,0 +1,74 @@
+"""Where a study's learned sharing groups come from: one trained model's layer similarity, once.
+
+`tying.mode: learned` and `pools.rule: learned` cluster layers by how alike their trained weights are
+(`npas.conversion.groups`). The creating driver decides the model once per study:
+
+* with `--init-from DIR`, the model the trials start from;
+* otherwise it pretrains the dense reference once, under the study's own recipe (a proxy run: the
+  groups need weights that have begun to specialise, not a converged model), into
+  `<database dir>/<study>.learned-source/` for SQLite (`./<study>.learned-source/` for a server
+  database), in `npas train`'s format so `npas sample` or `--init-from` can read it.
+
+The record keeps the model's directory and weights fingerprint and the (L, L) similarity itself, so
+resume, joiners (which wait while the creator pretrains, see `PRETRAINING_ATTR`) and every later
+reader rebuild identical candidates from the database alone, without the model or a second run. Ray
+workers need nothing: they receive each trial's fitted allocation, not knob values.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from npas.allocation.config import reference_config
+from npas.allocation.space import Space
+from npas.errors import StudyError
+
+log = logging.getLogger(__name__)
+
+PRETRAINING_ATTR = "npas_pretraining"  # set by the creator while it pretrains: joiners wait PRETRAIN_WAIT_S
+PRETRAIN_WAIT_S = 3600.0
+
+
+def source_dir(study: str, sqlite_path: Path | None) -> Path:
+    """Where the creator's pretrained model goes: beside the SQLite file, else the working directory."""
+    return (sqlite_path.parent if sqlite_path is not None else Path.cwd()) / f"{study}.learned-source"
+
+
+def learn_source(space: Space, init: dict | None, recipe: Any, corpus: Any, out: Path) -> dict:
+    """The record of the model the study's groups are learned from, with its layer similarity.
+
+    From the --init-from model when there is one (`init`: its `describe_source` record), else from one
+    proxy-length training of the space's reference written to `out`."""
+    from npas.conversion.directory import fingerprint_weights
+    from npas.conversion.groups import similarity_of
+
+    if init is not None:
+        directory, weights, origin = init["dir"], init["weights"], "init_from"
+    else:
+        from npas.training.train import train_allocation
+
+        if out.exists():  # a failed earlier creation's leftovers: this study's run replaces them
+            shutil.rmtree(out)
+        log.info("learned groups: pretraining the reference once (%d steps of recipe %s) into %s",
+                 recipe.steps, recipe.name, out)
+        result = train_allocation(reference_config(space.reference_chassis, space.dtype), recipe, corpus, out)
+        if result.status != "ok":
+            raise StudyError(f"pretraining the reference for learned groups failed ({result.status}: "
+                             f"{result.failure_reason}); pass --init-from DIR with a trained model instead")
+        directory, weights, origin = str(out.resolve()), fingerprint_weights(out), "pretrained"
+    sim = similarity_of(directory)
+    space.with_similarity(sim)  # its shape is checked against the space here, before anything is recorded
+    return {"origin": origin, "dir": directory, "weights": weights, "similarity": [list(r) for r in sim]}
+
+
+def attach(space: Space, learned: dict | None, study: str) -> Space:
+    """The space with the study's recorded similarity, or the reason a learned mode cannot run."""
+    if learned is not None:
+        return space.with_similarity(learned["similarity"])
+    if space.learns_groups:
+        raise StudyError(f"study {study!r} recorded no learned groups (it was created with a space that learns "
+                         f"none); a learned tying or bank rule needs a new study")
+    return space
