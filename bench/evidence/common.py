@@ -463,6 +463,19 @@ def claim_verdict(interval, kind: str, margin: float = PARITY_MARGIN) -> tuple[b
     return False, f"the interval covers {at}"
 
 
+def verdict_of(interval, kind: str, margin: float = PARITY_MARGIN) -> str:
+    """The report's verdict words for a claim: "reproduced", "contradicted", or "unresolved at this
+    scale" with the interval's width (the second edition's rule, from `claim_verdict`)."""
+    ok, why = claim_verdict(interval, kind, margin)
+    if ok:
+        return "reproduced"
+    if why.startswith("contradicted"):
+        return "contradicted"
+    if interval.low is None or interval.high is None:
+        return "unresolved (too few seeds)"
+    return f"unresolved at this scale (interval width {interval.high - interval.low:.3f})"
+
+
 def fmt_interval(interval) -> str:
     """`+0.0123 [-0.0040, +0.0286]`, or the mean alone without an interval."""
     if interval.value is None:

@@ -37,9 +37,9 @@ RANKS = (0, 4, 16, 64)
 REF = "untied"
 
 
-def arms(ch) -> tuple[dict[str, ArchConfig], dict[str, dict], list[int]]:
+def arms(ch, uniques: list[int] | None = None) -> tuple[dict[str, ArchConfig], dict[str, dict], list[int]]:
     L = ch.n_layers
-    uniques = sorted({max(1, L // 2), max(1, L // 4)}, reverse=True)
+    uniques = uniques or sorted({max(1, L // 2), max(1, L // 4)}, reverse=True)
     ref = reference_config(ch)
     configs: dict[str, ArchConfig] = {REF: ref}
     acc = {REF: common.accounting_row(REF, ref, ref)}
@@ -60,10 +60,24 @@ def arms(ch) -> tuple[dict[str, ArchConfig], dict[str, dict], list[int]]:
     return configs, acc, uniques
 
 
+# (arm, reference, kind, words): the claims tested per unique-block count U, as paired differences
+def claims(U: int) -> list[tuple[str, str, str, str]]:
+    r0 = f"cycle U={U} r=0"
+    out = [(f"cycle U={U} r={r}", r0, "better", f"relaxation (LoRA r={r}, alpha/r) improves on pure tying")
+           for r in RANKS[1:]]
+    out.append((r0, f"shallow L={U}", "better",
+                f"our test: cycle U={U} (depth L, tied) beats an untied model of depth {U} at equal stored params"))
+    return out
+
+
 def main() -> None:
-    args = common.arg_parser(__doc__).parse_args()
+    p = common.arg_parser(__doc__)
+    p.add_argument("--unique-blocks", default="",
+                   help="comma-separated U values to run (default: L/2 and L/4); the report covers only these")
+    args = p.parse_args()
     setup = common.setup_from(args, "relaxed")
-    configs, acc, uniques = arms(setup.chassis)
+    chosen = sorted({int(u) for u in args.unique_blocks.split(",") if u.strip()}, reverse=True) or None
+    configs, acc, uniques = arms(setup.chassis, chosen)
     common.print_accounting(list(acc.values()))
     tokens = setup.recipe.tokens_per_step
     for name, a in acc.items():
@@ -94,8 +108,18 @@ def main() -> None:
               f"r=0 is {gap0:+.4f} vs untied; best r={best_r} recovers {recovered:.0%} of that gap; "
               f"loss falls monotonically with r: {checks[U]['monotone_in_r']}; "
               f"cycle r=0 beats shallow L={U} at equal params: {checks[U]['beats_shallow_r0']}")
+    print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
+          "(negative = the arm is better)")
+    verdicts = []
+    for U in uniques:
+        for arm, ref, kind, words in claims(U):
+            iv = common.paired_interval(results, arm, ref)
+            verdicts.append({"arm": arm, "reference": ref, "claim": words, "delta": iv.value, "low": iv.low,
+                             "high": iv.high, "n": iv.n, "verdict": common.verdict_of(iv, kind)})
+            print(f"claim {words}: {arm} - {ref} {common.fmt_interval(iv)} over {iv.n} seed(s): "
+                  f"{verdicts[-1]['verdict']}")
     common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ranks": RANKS,
-                             "unique_blocks": uniques, "checks": checks})
+                             "unique_blocks": uniques, "checks": checks, "claims": verdicts})
     plot(setup, summary, acc, uniques)
     common.finish(setup)
 

@@ -37,7 +37,6 @@ from typing import Any
 
 import common
 
-from npas.service.fidelity import Interval
 from npas.training.recipe import Recipe
 
 STUDY = "evidence-search-vs-hand-v2"
@@ -175,9 +174,7 @@ def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
             if b["hash"] == r["hash"]:
                 continue
             iv = paired_delta(r["test_losses"], b["test_losses"])
-            ok, why = common.claim_verdict(iv, "better")
-            verdict = "reproduced" if ok else ("contradicted" if why.startswith("contradicted") else
-                                               f"unresolved (width {_width(iv)})")
+            verdict = common.verdict_of(iv, "better")
             name = b["label"] or ",".join(b["roles"])
             out.append({"search_point": who, "trial": r["trial"], "summary": r["summary"], "against": name,
                         "delta": dataclasses.asdict(iv), "verdict": verdict,
@@ -189,10 +186,6 @@ def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
     print(common.format_table(["search point", "against", "Δ test loss [95% CI]", "stored xref", "FLOPs xref",
                                "verdict (claim: search better)"], table))
     return out
-
-
-def _width(iv: Interval) -> str:
-    return "-" if iv.low is None else f"{iv.high - iv.low:.4f}"
 
 
 def print_trials(rows: list[dict]) -> None:
