@@ -38,12 +38,18 @@ def arm_knobs(L: int) -> dict[str, dict]:
 
 
 def main() -> None:
-    args = common.arg_parser(__doc__).parse_args()
+    p = common.arg_parser(__doc__)
+    p.add_argument("--budgets", default=",".join(BUDGETS),
+                   help=f"comma-separated budgets to run, of {', '.join(BUDGETS)}; the report covers only these")
+    args = p.parse_args()
+    budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
+    if not budgets or any(b not in BUDGETS for b in budgets):
+        p.error(f"--budgets {args.budgets!r}: choose from {', '.join(BUDGETS)}")
     setup = common.setup_from(args, "low_budget")
     ch = setup.chassis
     ref = common.fit(ch, "1x", width_fit="mlp").config
     configs, acc, arms = {}, {}, arm_knobs(ch.n_layers)
-    for budget in BUDGETS:
+    for budget in budgets:
         for arm, knobs in arms.items():
             cand = common.fit_pools(ch, budget) if arm == "pools_tmix" else common.fit(ch, budget, **knobs)
             name = f"{budget} {arm}"
@@ -63,7 +69,7 @@ def main() -> None:
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} at the same budget (negative = better)")
     summaries, verdict = {}, {}
-    for budget in BUDGETS:
+    for budget in budgets:
         names = [f"{budget} {arm}" for arm in arms]
         summ = common.summarize(results, names, f"{budget} {REF}")
         summaries[budget] = summ
@@ -72,26 +78,38 @@ def main() -> None:
         best = min(summ, key=lambda r: r["mean"])["name"].split(" ", 1)[1]
         verdict[budget] = best
         print(f"best at {budget}: {best}")
+    print("\nclaims (Shapeshifter: learned template mixing beats hand-crafted sharing at low budgets): paired Δ = "
+          "loss(pools_tmix) - loss(arm), mean [95% t-interval] over shared seeds (negative = pools better)")
+    claims = []
+    for budget in budgets:
+        for arm in (a for a in arms if a != "pools_tmix"):
+            iv = common.paired_interval(results, f"{budget} pools_tmix", f"{budget} {arm}")
+            claims.append({"budget": budget, "against": arm, "delta": iv.value, "low": iv.low, "high": iv.high,
+                           "n": iv.n, "verdict": common.verdict_of(iv, "better")})
+            print(f"claim {budget} pools_tmix beats {arm}: {common.fmt_interval(iv)} over {iv.n} seed(s): "
+                  f"{claims[-1]['verdict']}")
     wins = sum(v == "pools_tmix" for v in verdict.values())
-    print(f"\npools_tmix best at {wins}/{len(BUDGETS)} budgets; best arm per budget: {verdict}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summaries, "best": verdict})
-    plot(setup, summaries, acc, list(arms))
+    print(f"\npools_tmix best at {wins}/{len(budgets)} budgets; best arm per budget: {verdict}")
+    common.save_json(setup, {"accounting": acc, "results": results, "summary": summaries, "best": verdict,
+                             "claims": claims})
+    plot(setup, summaries, acc, list(arms), budgets)
     common.finish(setup)
 
 
-def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, dict], arms: list[str]) -> None:
+def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, dict], arms: list[str],
+         budgets: tuple[str, ...]) -> None:
     plt = common.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    xs = list(range(len(BUDGETS)))
+    xs = list(range(len(budgets)))
     for k, arm in enumerate(arms):
-        rows = [next(r for r in summaries[bud] if r["name"] == f"{bud} {arm}") for bud in BUDGETS]
+        rows = [next(r for r in summaries[bud] if r["name"] == f"{bud} {arm}") for bud in budgets]
         a.errorbar([x + 0.05 * (k - 1.5) for x in xs], [r["mean"] for r in rows],
                    yerr=[0 if r["std"] != r["std"] else r["std"] for r in rows], marker="o", capsize=3, label=arm)
         b.plot([acc[r["name"]]["flops_ratio"] for r in rows], [r["mean"] for r in rows], marker="o", label=arm)
         for r in rows:
             b.annotate(r["name"].split(" ")[0], (acc[r["name"]]["flops_ratio"], r["mean"]), fontsize=6,
                        xytext=(3, 3), textcoords="offset points")
-    a.set_xticks(xs, list(BUDGETS))
+    a.set_xticks(xs, list(budgets))
     a.set_xlabel("stored-parameter budget (x reference)")
     a.set_ylabel("val loss (nats/char)")
     a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
