@@ -24,6 +24,7 @@ from npas.service.exporter import export, write_export
 from npas.service.launch import Launch
 from npas.service.picks import pick
 from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.storage import reachable
 from npas.service.study import counts_toward_target, front_trials, status
 
 from .conftest import ROOT, needs
@@ -32,20 +33,11 @@ TINY = ROOT / "tests" / "data" / "tiny.yaml"
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 PG_URL = os.environ.get("NPAS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
-
-def pg_reachable() -> bool:
-    try:
-        import sqlalchemy
-
-        with sqlalchemy.create_engine(PG_URL).connect():
-            return True
-    except Exception:
-        return False
-
+NEEDS_PG = needs(reachable(PG_URL), f"no PostgreSQL server at {PG_URL}")  # probed once, at collection
 
 STORAGES = [
     pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")),
+    pytest.param("postgresql", id="postgresql", marks=NEEDS_PG),
 ]
 
 
