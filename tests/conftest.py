@@ -82,3 +82,20 @@ def check_export_round_trip(cfg: ArchConfig, tmp_path: Path) -> None:
     x = torch.randint(0, cfg.chassis.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(loaded(x)[0], model(x)[0])
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """From now on the driver launches nothing: its run_trials records the keywords it was called with
+    into the returned dict and marks the searcher finished. For tests of what search/resume pass on to
+    the trials (stored settings a resume must keep) without running any."""
+    from npas.service import driver
+
+    seen: dict = {}
+
+    def run_trials(searcher, **kw):
+        seen.update(kw)
+        searcher.finished = True
+        return True
+
+    monkeypatch.setattr(driver, "run_trials", run_trials)
+    return seen
