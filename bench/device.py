@@ -67,6 +67,18 @@ def load_module(rel: str) -> Any:
     return mod
 
 
+def make_spec(dest: Path, config: Any, recipe: Any, reference: Any, *, test: bool, priority: int, meta: dict,
+              est_s: float | None = None) -> dict:
+    """One run as the spec `run_spec` trains: allocation, recipe, reference chassis, whether to score the
+    test split, and its record's place (``dest``, the bench's own cache file, relative to the checkout),
+    so every bench's ``device_specs`` writes the same fields. ``est_s`` (seconds on the GPU, for the
+    deadline) defaults to a per-step cost growing with depth."""
+    if est_s is None:
+        est_s = recipe.steps * (0.002 + 0.0006 * config.chassis.n_layers)
+    return {"dest": str(dest.relative_to(ROOT)), "config": config.to_json(), "recipe": recipe.to_dict(),
+            "reference": dict(reference.__dict__), "test": test, "priority": priority, "est_s": est_s, "meta": meta}
+
+
 def export(groups: list[str], out: Path) -> list[dict]:
     specs: list[dict] = []
     for g in groups:

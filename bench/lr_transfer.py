@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
+from bench.device import add_code_version_arg, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -305,15 +305,13 @@ def device_specs() -> list[dict]:
     setup = full_setup(out=RESULTS_GPU)
     configs = arms(setup.reference, setup.lora_ranks)
     version = code_version(setup)
-    ref = dict(setup.reference.__dict__)
     specs = []
     for i, j in enumerate(jobs_of(setup, configs)):
-        cfg, recipe = configs[j.arm], recipe_for(setup, j)
-        specs.append({"dest": str((setup.out / f"{j.key(cfg, version)}.json").relative_to(ROOT)),
-                      "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": ref, "test": False,
-                      "priority": i, "est_s": recipe.steps * (0.002 + 0.0006 * cfg.chassis.n_layers),
-                      "meta": {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
-                               "code_version": version}})
+        cfg = configs[j.arm]
+        specs.append(make_spec(setup.out / f"{j.key(cfg, version)}.json", cfg, recipe_for(setup, j), setup.reference,
+                               test=False, priority=i,
+                               meta={"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                                     "code_version": version}))
     return specs
 
 

@@ -50,7 +50,7 @@ import optuna  # noqa: E402
 from scipy.stats import kendalltau  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
+from bench.device import add_code_version_arg, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
@@ -468,13 +468,10 @@ def device_specs() -> list[dict]:
     version = code_version(setup)
     specs = []
     for i, j in enumerate(jobs_of(setup, cands)):
-        r = j.recipe(setup)
-        specs.append({"dest": str((setup.out / f"{j.key(setup, version)}.json").relative_to(ROOT)),
-                      "config": j.cand.config.to_json(), "recipe": r.to_dict(),
-                      "reference": dict(REFERENCE[0].__dict__), "test": True, "priority": i,
-                      "est_s": r.steps * (0.002 + 0.0006 * j.cand.config.chassis.n_layers),
-                      "meta": {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                               "parameterization": j.parameterization, "code_version": version}})
+        specs.append(make_spec(setup.out / f"{j.key(setup, version)}.json", j.cand.config, j.recipe(setup),
+                               REFERENCE[0], test=True, priority=i,
+                               meta={"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
+                                     "seed": j.seed, "parameterization": j.parameterization, "code_version": version}))
     return specs
 
 
