@@ -25,7 +25,6 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing as mp
@@ -42,7 +41,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, files_version, make_spec, version_to_read  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -316,14 +315,8 @@ def device_specs() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny chassis, 3-point grid, 1 seed: seconds")
-    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
-    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p = bench_parser(__doc__.split("\n\n")[0], "tiny chassis, 3-point grid, 1 seed: seconds", RESULTS)
     p.add_argument("--seeds", type=int, default=None, help="seeds per grid point (default 2; 1 quick)")
-    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    add_code_version_arg(p)
-    p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/lr_transfer)")
     a = p.parse_args(argv)
     if a.quick:
         setup = Setup(QUICK_REFERENCE, QUICK_RECIPE, QUICK_GRID, tuple(range(a.seeds or 1)), QUICK_LORA_RANKS,
