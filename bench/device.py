@@ -67,6 +67,18 @@ def load_module(rel: str) -> Any:
     return mod
 
 
+def make_spec(dest: Path, config: Any, recipe: Any, reference: Any, *, test: bool, priority: int, meta: dict,
+              est_s: float | None = None) -> dict:
+    """One run as the spec `run_spec` trains: allocation, recipe, reference chassis, whether to score the
+    test split, and its record's place (``dest``, the bench's own cache file, relative to the checkout),
+    so every bench's ``device_specs`` writes the same fields. ``est_s`` (seconds on the GPU, for the
+    deadline) defaults to a per-step cost growing with depth."""
+    if est_s is None:
+        est_s = recipe.steps * (0.002 + 0.0006 * config.chassis.n_layers)
+    return {"dest": str(dest.relative_to(ROOT)), "config": config.to_json(), "recipe": recipe.to_dict(),
+            "reference": dict(reference.__dict__), "test": test, "priority": priority, "est_s": est_s, "meta": meta}
+
+
 def export(groups: list[str], out: Path) -> list[dict]:
     specs: list[dict] = []
     for g in groups:
@@ -252,11 +264,19 @@ def files_version(files: Sequence[str], settings: Any = None) -> str:
     return h.hexdigest()[:10]
 
 
-def add_code_version_arg(p: argparse.ArgumentParser) -> None:
-    """A bench's ``--code-version``: report the cache of an earlier code version (device runs outlive
-    the code they ran: any later edit of a versioned file moves the current version)."""
+def bench_parser(description: str, quick_help: str, results: Path) -> argparse.ArgumentParser:
+    """The options every cached training bench (lr_transfer, proxy_fidelity) shares; the bench adds its
+    own. ``--code-version`` reports the cache of an earlier code version (device runs outlive the code
+    they ran: any later edit of a versioned file moves the current version)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
+    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
     p.add_argument("--code-version", default=None,
                    help="with --report: the cached runs of this code version (a run's version is in its file name)")
+    p.add_argument("--out", type=Path, default=None, help=f"cache folder (default {results.relative_to(ROOT)})")
+    return p
 
 
 def version_to_read(p: argparse.ArgumentParser, a: argparse.Namespace, current: str) -> str:

@@ -54,7 +54,7 @@ from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.service.record import TrialAttr  # noqa: E402
 from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
 from npas.service.searcher import NpasSearcher  # noqa: E402
-from npas.service.storage import open_storage  # noqa: E402
+from npas.service.storage import open_storage, reachable  # noqa: E402
 from npas.service.study import counts_toward_target, status, was_evaluated  # noqa: E402
 
 TARGET = 1.20
@@ -245,16 +245,6 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage")
 
 
-def pg_reachable() -> bool:
-    try:
-        import sqlalchemy
-
-        with sqlalchemy.create_engine(PG_URL).connect():
-            return True
-    except Exception:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200 trials, 2 drivers x 20")
@@ -274,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     space = load_space(SPACE)
     dbs = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
-    if "postgresql" in dbs and not pg_reachable():
+    if "postgresql" in dbs and not reachable(PG_URL):
         print(f"no PostgreSQL server at {PG_URL}: PostgreSQL runs skipped")
         dbs.remove("postgresql")
     print(f"npas bench: driver scale, {n} trials per run, space {SPACE.relative_to(ROOT)}, SYNTHETIC results "

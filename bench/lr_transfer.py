@@ -25,7 +25,6 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing as mp
@@ -42,7 +41,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -305,27 +304,19 @@ def device_specs() -> list[dict]:
     setup = full_setup(out=RESULTS_GPU)
     configs = arms(setup.reference, setup.lora_ranks)
     version = code_version(setup)
-    ref = dict(setup.reference.__dict__)
     specs = []
     for i, j in enumerate(jobs_of(setup, configs)):
-        cfg, recipe = configs[j.arm], recipe_for(setup, j)
-        specs.append({"dest": str((setup.out / f"{j.key(cfg, version)}.json").relative_to(ROOT)),
-                      "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": ref, "test": False,
-                      "priority": i, "est_s": recipe.steps * (0.002 + 0.0006 * cfg.chassis.n_layers),
-                      "meta": {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
-                               "code_version": version}})
+        cfg = configs[j.arm]
+        specs.append(make_spec(setup.out / f"{j.key(cfg, version)}.json", cfg, recipe_for(setup, j), setup.reference,
+                               test=False, priority=i,
+                               meta={"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                                     "code_version": version}))
     return specs
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny chassis, 3-point grid, 1 seed: seconds")
-    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
-    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p = bench_parser(__doc__.split("\n\n")[0], "tiny chassis, 3-point grid, 1 seed: seconds", RESULTS)
     p.add_argument("--seeds", type=int, default=None, help="seeds per grid point (default 2; 1 quick)")
-    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    add_code_version_arg(p)
-    p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/lr_transfer)")
     a = p.parse_args(argv)
     if a.quick:
         setup = Setup(QUICK_REFERENCE, QUICK_RECIPE, QUICK_GRID, tuple(range(a.seeds or 1)), QUICK_LORA_RANKS,

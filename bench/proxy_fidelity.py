@@ -28,7 +28,6 @@ the candidates.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing as mp
@@ -50,7 +49,7 @@ import optuna  # noqa: E402
 from scipy.stats import kendalltau  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import add_code_version_arg, files_version, version_to_read  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
@@ -468,27 +467,18 @@ def device_specs() -> list[dict]:
     version = code_version(setup)
     specs = []
     for i, j in enumerate(jobs_of(setup, cands)):
-        r = j.recipe(setup)
-        specs.append({"dest": str((setup.out / f"{j.key(setup, version)}.json").relative_to(ROOT)),
-                      "config": j.cand.config.to_json(), "recipe": r.to_dict(),
-                      "reference": dict(REFERENCE[0].__dict__), "test": True, "priority": i,
-                      "est_s": r.steps * (0.002 + 0.0006 * j.cand.config.chassis.n_layers),
-                      "meta": {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                               "parameterization": j.parameterization, "code_version": version}})
+        specs.append(make_spec(setup.out / f"{j.key(setup, version)}.json", j.cand.config, j.recipe(setup),
+                               REFERENCE[0], test=True, priority=i,
+                               meta={"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
+                                     "seed": j.seed, "parameterization": j.parameterization, "code_version": version}))
     return specs
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="4 candidates, smoke recipe at 6 steps, temp dir")
-    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
-    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
+    p = bench_parser(__doc__.split("\n\n")[0], "4 candidates, smoke recipe at 6 steps, temp dir", RESULTS)
     p.add_argument("--candidates", type=int, default=None, help="candidates (default 12; 4 quick)")
     p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
     p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this many minutes")
-    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    add_code_version_arg(p)
-    p.add_argument("--out", type=Path, default=None, help="cache folder (default bench/results/proxy_fidelity)")
     a = p.parse_args(argv)
     if a.candidates is not None and a.candidates < 3:
         p.error("--candidates must be at least 3 (a rank correlation needs them); try 12")

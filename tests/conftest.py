@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from npas.allocation.config import ArchConfig
+    from npas.errors import SpaceError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
@@ -30,3 +36,66 @@ def needs(available: bool, reason: str) -> pytest.MarkDecorator:
     """Skip a test whose service (PostgreSQL ...) is missing on a developer machine; in CI (CI=true)
     run it anyway, so a service that failed to start fails the run instead of skipping it."""
     return pytest.mark.skipif(not available and os.environ.get("CI") != "true", reason=reason)
+
+
+# The six-layer chassis of the mechanism tests (KV sharing, atoms, expert pools).
+SMALL_CHASSIS = "{vocab_size: 30, context: 16, d_model: 32, n_layers: 6, n_heads: 4, d_ff: 64}"
+
+
+def small_space(knobs: str, budget: str = "0.5x", composed: bool = False) -> str:
+    """Space text over SMALL_CHASSIS with the given knob lines (a block, indented as you like), so a
+    test writes only the knobs it is about. composed=True also searches the activation and lets the fit
+    widen the MLP up to 8x: the spaces where a mechanism is composed with everything it may meet."""
+    chassis = SMALL_CHASSIS[:-1] + ", activation: [gelu, swiglu]}" if composed else SMALL_CHASSIS
+    fit = "fit: {width: mlp, max_width_scale: 8.0}\n" if composed else ""
+    block = textwrap.indent(textwrap.dedent(knobs).strip("\n"), "  ")
+    return f"chassis: {chassis}\nbudget: {budget}\n{fit}knobs:\n{block}\n"
+
+
+def space_refusal(text: str) -> SpaceError:
+    """parse_space(text) must refuse at load; the error comes back for the caller to check its message."""
+    from npas.allocation.space import parse_space
+    from npas.errors import SpaceError
+
+    with pytest.raises(SpaceError) as info:
+        parse_space(text)
+    return info.value
+
+
+def check_export_round_trip(cfg: ArchConfig, tmp_path: Path) -> None:
+    """cfg survives YAML and JSON, and a model of it saved and loaded back has the same config and
+    computes the same logits: the export is complete for whatever mechanism cfg uses."""
+    import torch
+
+    import npas
+    from npas.allocation.config import ArchConfig
+    from npas.training.data import CharTokenizer
+    from npas.training.train import load_trained, save_trained
+
+    assert ArchConfig.from_yaml(cfg.to_yaml()) == cfg
+    assert ArchConfig.from_json(cfg.to_json()).hash == cfg.hash
+    torch.manual_seed(0)
+    model = npas.build_model(cfg)
+    save_trained(model, cfg, CharTokenizer.from_text("abcdefghijklmnopqrs\n"), tmp_path)
+    loaded, _, back = load_trained(tmp_path)
+    assert back == cfg
+    x = torch.randint(0, cfg.chassis.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(x)[0], model(x)[0])
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """From now on the driver launches nothing: its run_trials records the keywords it was called with
+    into the returned dict and marks the searcher finished. For tests of what search/resume pass on to
+    the trials (stored settings a resume must keep) without running any."""
+    from npas.service import driver
+
+    seen: dict = {}
+
+    def run_trials(searcher, **kw):
+        seen.update(kw)
+        searcher.finished = True
+        return True
+
+    monkeypatch.setattr(driver, "run_trials", run_trials)
+    return seen

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import optuna
 import pytest
 import torch
@@ -65,16 +67,38 @@ def check_exact(space, cand) -> None:
                                                   - cand.config.chassis.d_model, rel=1e-6)
 
 
+def sample_checked(space, seed: int):
+    """One random sample of space, checked exactly when feasible; an infeasible one must say why.
+    The candidate comes back when feasible (None otherwise), for a caller to assert more about it."""
+    cand = sample(space, seed)
+    if not cand.feasible:
+        assert isinstance(cand.reason, str) and cand.reason  # infeasible always says why
+        return None
+    check_exact(space, cand)
+    return cand
+
+
+def sweep(space, trials: int, features: Callable[[ArchConfig], set[str]]) -> tuple[int, set[str]]:
+    """Ask one seeded random study `trials` times, check every feasible sample exactly, and gather
+    features(config) over them: (how many were feasible, the union of their features), so a test can
+    assert that the space reaches each combination it means to offer."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen, feasible = set(), 0
+    for _ in range(trials):
+        cand = space.sample(study.ask())
+        if not cand.feasible:
+            continue
+        feasible += 1
+        check_exact(space, cand)
+        seen |= features(cand.config)
+    return feasible, seen
+
+
 @pytest.mark.parametrize("which", SPACE_IDS)
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1))
 def test_count_equals_built_model_and_fits_budget(which, seed):
-    space = space_of(which)
-    cand = sample(space, seed)
-    if not cand.feasible:
-        assert isinstance(cand.reason, str) and cand.reason  # infeasible always says why
-        return
-    check_exact(space, cand)
+    sample_checked(space_of(which), seed)
 
 
 # measured at seed 0: full 144/150, recursive_lora 136 (middle_loop with U=2), shapeshifter 125 (tie

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, needs
-from .test_search import PG_URL, pg_reachable
+from .conftest import ROOT
+from .test_search import NEEDS_PG
 
 NUM = r"[\d.]+"
 
@@ -79,7 +79,7 @@ def test_driver_scale_prints_bookkeeping_and_sampler_times_and_its_ratio_line():
     assert m[3] == ("PASS" if float(m[1]) <= float(m[2]) else "MISS")
 
 
-@needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")
+@NEEDS_PG
 def test_driver_scale_drivers_sharing_one_postgresql_study_lose_nothing():
     out = run_bench("driver_scale.py", "--db", "postgresql", "--trials", "0", "--drivers", "2", "--per-driver", "8",
                     timeout=300)

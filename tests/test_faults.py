@@ -25,8 +25,8 @@ from optuna.trial import TrialState
 from npas.service.record import TrialAttr
 from npas.service.study import counts_toward_target, status
 
-from .conftest import ROOT, needs
-from .test_search import PG_URL, STORAGES, pg_reachable
+from .conftest import ROOT
+from .test_search import NEEDS_PG, PG_URL, STORAGES
 
 pytestmark = pytest.mark.slow
 TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
@@ -147,7 +147,7 @@ def empty_pg_database():
     admin.dispose()
 
 
-@needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")
+@NEEDS_PG
 def test_two_drivers_share_one_postgresql_study(tmp_path, empty_pg_database):
     """Started together on an empty database: both create Optuna's schema and the study at once
     (one loses each race and must join), then share the trials."""

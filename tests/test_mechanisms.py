@@ -12,26 +12,23 @@ import npas
 from npas.allocation.budget import count, stored_params
 from npas.allocation.config import ArchConfig, AtomSpec, Bank, Chassis
 from npas.allocation.space import parse_space
-from npas.errors import ConfigError, SpaceError
+from npas.errors import ConfigError
 
-from .test_accounting import SETTINGS, check_exact, sample
+from .conftest import check_export_round_trip, small_space, space_refusal
+from .test_accounting import SETTINGS, sample_checked, sweep
 
 CH = Chassis(vocab_size=20, context=16, d_model=16, n_layers=6, n_heads=2, d_ff=32)
 
 # KV sharing and atoms composed with everything else they may meet: tying, pools, LoRA, SwiGLU, tapers
-MECHANISMS = """
-chassis: {vocab_size: 30, context: 16, d_model: 32, n_layers: 6, n_heads: 4, d_ff: 64, activation: [gelu, swiglu]}
-budget: 0.5x
-fit: {width: mlp, max_width_scale: 8.0}
-knobs:
-  taper: {schedule: [uniform, cosine]}
-  tying: {mode: [none, all, sequential, cycle], unique_blocks: {low: 2, high: 4}}
-  pools: {enabled: [false, true], rule: [by_type, all], banks: {low: 1, high: 2},
-          generator: [tie, slice, tile, template_mix], templates: [1, 2]}
-  relaxation: {rank: [0, 2], targets: [attn, mlp, both]}
-  kv_sharing: {group: {low: 1, high: 6}, mode: [kv, v]}
-  atoms: {slots: [none, qkvo, qk, kv, o], count: {low: 1, high: 4}, scope: [layer, block]}
-"""
+MECHANISMS = small_space("""
+    taper: {schedule: [uniform, cosine]}
+    tying: {mode: [none, all, sequential, cycle], unique_blocks: {low: 2, high: 4}}
+    pools: {enabled: [false, true], rule: [by_type, all], banks: {low: 1, high: 2},
+            generator: [tie, slice, tile, template_mix], templates: [1, 2]}
+    relaxation: {rank: [0, 2], targets: [attn, mlp, both]}
+    kv_sharing: {group: {low: 1, high: 6}, mode: [kv, v]}
+    atoms: {slots: [none, qkvo, qk, kv, o], count: {low: 1, high: 4}, scope: [layer, block]}
+""", composed=True)
 
 
 def cfg_of(**kw) -> ArchConfig:
@@ -221,51 +218,26 @@ def test_gradients_reach_atoms_and_coefficients():
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1))
 def test_count_equals_built_model_with_kv_sharing_and_atoms(seed):
-    space = parse_space(MECHANISMS, "mechanisms")
-    cand = sample(space, seed)
-    if not cand.feasible:
-        assert isinstance(cand.reason, str) and cand.reason
-        return
-    check_exact(space, cand)
+    sample_checked(parse_space(MECHANISMS, "mechanisms"), seed)
 
 
 def test_the_space_reaches_every_combination():
-    space = parse_space(MECHANISMS, "mechanisms")
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    seen, feasible = set(), 0
-    for _ in range(120):
-        cand = space.sample(study.ask())
-        if not cand.feasible:
-            continue
-        feasible += 1
-        check_exact(space, cand)
-        cfg = cand.config
+    def features(cfg: ArchConfig) -> set[str]:
         consumers = [i for i in range(6) if cfg.kv_consumer(i)]
+        seen = {f"atoms_{a.scope}" for a in cfg.atoms}
         seen |= {f"kv_{cfg.kv_mode}"} if consumers else set()
-        seen |= {f"atoms_{a.scope}" for a in cfg.atoms}
         seen |= {"banks+atoms"} if cfg.banks and cfg.atoms else set()
-        seen |= {"tied+kv"} if consumers and cfg.n_blocks < 6 else set()
+        return seen | ({"tied+kv"} if consumers and cfg.n_blocks < 6 else set())
+
+    feasible, seen = sweep(parse_space(MECHANISMS, "mechanisms"), 120, features)
     assert feasible >= 100
     assert seen >= {"kv_kv", "kv_v", "atoms_layer", "atoms_block", "banks+atoms", "tied+kv"}, seen
 
 
 def test_export_round_trip_rebuilds_exactly(tmp_path):
-    from npas.training.data import CharTokenizer
-    from npas.training.train import load_trained, save_trained
-
-    torch.manual_seed(0)
-    cfg = cfg_of(block_of_layer=(0, 1, 0, 1, 0, 1), kv_source=(0, 0, 0, 3, 3, 3), kv_mode="v",
-                 atoms=(AtomSpec("attn_q", 2), AtomSpec("attn_v", 3, "block")), lora_attn=(0, 0, 2, 2, 2, 2))
-    assert ArchConfig.from_yaml(cfg.to_yaml()) == cfg
-    assert ArchConfig.from_json(cfg.to_json()).hash == cfg.hash
-    model = npas.build_model(cfg)
-    tok = CharTokenizer.from_text("abcdefghijklmnopqrs\n")
-    save_trained(model, cfg, tok, tmp_path)
-    loaded, _, back = load_trained(tmp_path)
-    assert back == cfg
-    x = torch.randint(0, CH.vocab_size, (1, 12))
-    with torch.no_grad():
-        assert torch.equal(loaded(x)[0], model(x)[0])
+    check_export_round_trip(cfg_of(block_of_layer=(0, 1, 0, 1, 0, 1), kv_source=(0, 0, 0, 3, 3, 3), kv_mode="v",
+                                   atoms=(AtomSpec("attn_q", 2), AtomSpec("attn_v", 3, "block")),
+                                   lora_attn=(0, 0, 2, 2, 2, 2)), tmp_path)
 
 
 def test_allocations_without_the_mechanisms_keep_their_files():
@@ -294,15 +266,9 @@ def test_baselines_are_unshared_and_atom_free():
     ("atoms: {slots: [qx]}", "knobs.atoms.slots"),
 ])
 def test_bad_mechanism_knobs_are_refused(knobs, fragment):
-    text = ("chassis: {vocab_size: 30, context: 16, d_model: 32, n_layers: 6, n_heads: 4, d_ff: 64}\n"
-            f"budget: 0.5x\nknobs:\n  {knobs}\n")
-    with pytest.raises(SpaceError) as e:
-        parse_space(text)
-    assert fragment in str(e.value)
+    assert fragment in str(space_refusal(small_space(knobs)))
 
 
 def test_atom_fraction_sets_k_from_the_depth():
-    text = ("chassis: {vocab_size: 30, context: 16, d_model: 32, n_layers: 6, n_heads: 4, d_ff: 64}\n"
-            "budget: 0.5x\nknobs:\n  atoms: {slots: [qkvo], fraction: 0.5}\n")
-    cand = parse_space(text).sample(optuna.create_study().ask())
+    cand = parse_space(small_space("atoms: {slots: [qkvo], fraction: 0.5}")).sample(optuna.create_study().ask())
     assert {a.n_atoms for a in cand.config.atoms} == {3}

@@ -16,7 +16,6 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig, reference_config
 from npas.errors import StudyError
 from npas.presentation.cli import main
-from npas.service import driver
 from npas.service.driver import resume, search
 from npas.service.launch import Launch
 from npas.service.outcome import combine_repeats, repeat_seeds
@@ -26,7 +25,7 @@ from npas.training.data import load_corpus
 from npas.training.proxy import run_proxy
 from npas.training.recipe import Recipe, load_recipe
 
-from .conftest import ROOT
+from .conftest import ROOT, record_launches
 from .test_search import ray_local  # noqa: F401 - the module's embedded Ray (num_cpus=2)
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -116,14 +115,7 @@ def test_dashboard_front_carries_each_trials_seed_std_as_error_bars(repeated):
 
 def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsys):
     st, url = repeated
-    seen: dict = {}
-
-    def run_trials(searcher, **kw):  # record what the driver launches with, run nothing
-        seen.update(kw)
-        searcher.finished = True
-        return True
-
-    monkeypatch.setattr(driver, "run_trials", run_trials)
+    seen = record_launches(monkeypatch)
     resume("rep", storage=url, launch=Launch(workers=1))
     assert seen["corpus_payload"]["repeats"] == 2  # what every trainable receives
     with pytest.raises(StudyError, match=r"trains each trial on 2 seed\(s\) \(--repeats 2\), not 3"):

@@ -7,20 +7,15 @@ cannot fit the budget.
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import optuna
 import pytest
 from optuna.trial import TrialState
-from ray.tune.search import Searcher
 
-import npas
 from npas.errors import StudyError
 from npas.presentation.dashboard.info import pareto_info, summary_info
 from npas.service.picks import pick
 from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler
+from npas.service.samplers import learns_from_infeasible, make_sampler
 from npas.service.searcher import NpasSearcher
 from npas.service.study import counts_toward_target, front_trials, same_key, status, was_evaluated
 from npas.service.tally import StudyTally
@@ -28,39 +23,15 @@ from npas.service.validate_plan import Options, make_plan
 from npas.training.recipe import load_recipe
 
 from .conftest import ROOT
+from .test_searcher import drive
 
-OBJECTIVES = ["val_loss", "train_memory_bytes"]
-
-
-def drive(sampler: str, target: int, tmp_path, budget: str = "0.2x") -> tuple[optuna.Study, NpasSearcher]:
-    path = tmp_path / "space.yaml"
-    path.write_text((ROOT / "tests" / "data" / "tiny.yaml").read_text().replace("budget: 0.5x", f"budget: {budget}"))
-    space = npas.load_space(path)
-    recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
-                                sampler=make_sampler(sampler, 0, 2))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(OBJECTIVES)
-    study.set_user_attr(StudyAttr.OBJECTIVES, OBJECTIVES)
-    study.set_user_attr(StudyAttr.RECIPE, recipe)
-    enqueue_baselines(study, space, TrialAttr.BASELINE)
-    searcher = NpasSearcher(study, space, recipe, "fp", target)
-    for i in range(20 * target):
-        config = searcher.suggest(f"t{i}")
-        if config is Searcher.FINISHED:
-            break
-        acc = searcher.accounting_of(config["number"])
-        loss = 3.0 - acc["materialised_params"] / 1e5  # a cheap stand-in for training
-        proxy = {"status": "ok", "val_loss": loss, "steps_done": recipe["steps"], "curve": [[20, loss]]}
-        searcher.on_trial_complete(f"t{i}", {"val_loss": loss, "step": recipe["steps"], "final": True,
-                                             "proxy": json.dumps(proxy)})
-    return study, searcher
+OBJECTIVES = ["val_loss", "train_memory_bytes"]  # tiny.yaml's
+BUDGET = "0.2x"  # about one candidate in seven cannot fit
 
 
 @pytest.fixture(scope="module")
 def tpe_study(tmp_path_factory) -> tuple[optuna.Study, NpasSearcher]:
-    return drive("tpe", 12, tmp_path_factory.mktemp("tpe"))
+    return drive("tpe", 12, tmp_path_factory.mktemp("tpe"), BUDGET)
 
 
 # ---- feasibility learning -----------------------------------------------------------------------
@@ -127,7 +98,7 @@ def test_dashboard_counts_only_evaluated_trials_as_complete(tpe_study):
 
 
 def test_samplers_that_read_values_of_every_complete_trial_keep_fail(tmp_path):
-    study, searcher = drive("random", 12, tmp_path)
+    study, searcher = drive("random", 12, tmp_path, BUDGET)
     assert not searcher.learn_infeasible
     infeasible = [t for t in study.trials if status(t) == "infeasible"]
     assert infeasible and all(t.state == TrialState.FAIL for t in infeasible)

@@ -18,34 +18,25 @@ import npas
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service import driver
 from npas.service.driver import resume, search
 from npas.service.exporter import export, write_export
 from npas.service.launch import Launch
 from npas.service.picks import pick
 from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.storage import reachable
 from npas.service.study import counts_toward_target, front_trials, status
 
-from .conftest import ROOT, needs
+from .conftest import ROOT, needs, record_launches
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 PG_URL = os.environ.get("NPAS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
-
-def pg_reachable() -> bool:
-    try:
-        import sqlalchemy
-
-        with sqlalchemy.create_engine(PG_URL).connect():
-            return True
-    except Exception:
-        return False
-
+NEEDS_PG = needs(reachable(PG_URL), f"no PostgreSQL server at {PG_URL}")  # probed once, at collection
 
 STORAGES = [
     pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=needs(pg_reachable(), f"no PostgreSQL server at {PG_URL}")),
+    pytest.param("postgresql", id="postgresql", marks=NEEDS_PG),
 ]
 
 
@@ -235,14 +226,7 @@ def test_resume_keeps_the_stored_early_stop_setting(ray_local, tmp_path, monkeyp
     url = f"sqlite:///{tmp_path}/e.db"
     search(npas.load_space(TINY), trials=1, study="e", storage=url, recipe=FAST,
            launch=Launch(workers=1, early_stop=False))
-    seen: dict = {}
-
-    def run_trials(searcher, **kw):  # record what the driver launches with, run nothing
-        seen.update(kw)
-        searcher.finished = True
-        return True
-
-    monkeypatch.setattr(driver, "run_trials", run_trials)
+    seen = record_launches(monkeypatch)
     resume("e", storage=url, trials=2, launch=Launch(workers=1))
     assert seen["early_stop"] is False  # the study was created with --no-early-stop
     with pytest.raises(StudyError, match="runs with --no-early-stop"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import optuna
 from ray.tune.search import Searcher
@@ -15,7 +16,7 @@ from ray.tune.search import Searcher
 import npas
 from npas.allocation.space import Space
 from npas.service.faults import recover_orphans
-from npas.service.record import Constraint, TrialAttr
+from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.samplers import enqueue_baselines, make_sampler
 from npas.service.searcher import NpasSearcher
 from npas.service.study import counts_toward_target, status
@@ -24,14 +25,28 @@ from npas.training.recipe import load_recipe
 from .conftest import ROOT
 
 
-def drive(sampler: str, target: int, tmp_path) -> tuple[optuna.Study, NpasSearcher]:
-    space = npas.load_space(ROOT / "tests" / "data" / "tiny.yaml")
+def drive(sampler: str, target: int, tmp_path, budget: str | None = None) -> tuple[optuna.Study, NpasSearcher]:
+    """A search of `target` counted trials on tests/data/tiny.yaml (at `budget` when given) through the
+    Searcher protocol, with a cheap stand-in for training: one intermediate result, then the final one.
+    The study is labelled as the driver labels it (objectives, recipe), so fronts, picks and the
+    dashboard read it. Used by test_scale.py too."""
+    space_file = ROOT / "tests" / "data" / "tiny.yaml"
+    if budget is not None:
+        space_file = tmp_path / "space.yaml"
+        space_file.write_text((ROOT / "tests" / "data" / "tiny.yaml").read_text()
+                              .replace("budget: 0.5x", f"budget: {budget}"))
+    space = npas.load_space(space_file)
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
                                 sampler=make_sampler(sampler, 0, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(space.objectives))
+    study.set_user_attr(StudyAttr.OBJECTIVES, list(space.objectives))
+    study.set_user_attr(StudyAttr.RECIPE, recipe)
     enqueue_baselines(study, space, TrialAttr.BASELINE)
     searcher = NpasSearcher(study, space, recipe, "fp", target)
-    for i in range(10 * target):
+    for i in range(20 * target):
         config = searcher.suggest(f"t{i}")
         if config is Searcher.FINISHED:
             break

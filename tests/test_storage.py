@@ -11,7 +11,7 @@ import pytest
 from npas.errors import StorageError, StudyError
 from npas.service import driver
 from npas.service.record import StudyAttr
-from npas.service.storage import open_storage
+from npas.service.storage import open_storage, reachable
 from npas.service.urls import redact, scrub
 
 
@@ -95,3 +95,10 @@ def test_one_handle_per_database_and_process(tmp_path):
     handle = open_storage(url)
     assert open_storage(url) is handle and open_storage(url, read_only=True) is handle  # a writer can read
     assert handle.redacted == url and handle.is_sqlite
+
+
+def test_reachable_tells_a_server_that_answers_from_one_that_does_not(tmp_path):
+    # what the PostgreSQL tests and bench/driver_scale.py skip on: no exception, just True or False
+    assert reachable(f"sqlite:///{tmp_path}/r.db")
+    assert not reachable("postgresql+psycopg://postgres@127.0.0.1:1/test")  # nothing listens on port 1
+    assert not reachable(f"sqlite:///{tmp_path}/no/such/dir/r.db")

@@ -80,10 +80,9 @@ def device_specs() -> list[dict]:
     for i, r in enumerate(runs()):
         recipe = Recipe.from_dict({**RECIPE.to_dict(), "seed": r["seed"], "lr": r["lr"], "min_lr": r["lr"] / 10,
                                    "dtype": r["dtype"]})
-        specs.append({"dest": str((RUNS / f"{key(r, v)}.json").relative_to(ROOT)), "config": cfgs[r["arm"]].to_json(),
-                      "recipe": recipe.to_dict(), "reference": dict(CHASSIS.__dict__), "test": True, "priority": i,
-                      "est_s": recipe.steps * (0.012 if r["dtype"] == "float32" else 0.006),
-                      "meta": {**r, "code_version": v}})
+        specs.append(common._device_module().make_spec(
+            RUNS / f"{key(r, v)}.json", cfgs[r["arm"]], recipe, CHASSIS, test=True, priority=i,
+            meta={**r, "code_version": v}, est_s=recipe.steps * (0.012 if r["dtype"] == "float32" else 0.006)))
     return specs
 
 

@@ -142,3 +142,16 @@ def _tune_sqlite(engine: sqlalchemy.engine.Engine) -> None:
 
 def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
     return [s.study_name for s in storage.get_all_studies()]
+
+
+def reachable(url: str) -> bool:
+    """Whether the database at `url` accepts a connection now. For callers that skip (or, in CI, fail)
+    their PostgreSQL runs on a missing server rather than raising: the benches and the service tests."""
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect():
+            return True
+    except Exception:  # a missing server, a driver not installed, a refused login: all mean "not here"
+        return False
+    finally:
+        engine.dispose()
