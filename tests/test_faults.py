@@ -166,7 +166,11 @@ def test_two_drivers_share_one_postgresql_study(tmp_path, empty_pg_database):
 
 def test_sqlite_refuses_a_second_live_driver(tmp_path, slow_recipe):
     url, name = url_for("sqlite", tmp_path), "solo"
-    args = ("search", TINY, "--recipe", slow_recipe, "--trials", "6", "--study", name, "--storage", url)
+    # minutes of trials (driver a is killed below): the second driver's start-up on a loaded machine
+    # can outlast the slow recipe's whole study, which would leave no live driver to refuse
+    very_slow = Path(slow_recipe).with_name("very_slow.yaml")
+    very_slow.write_text(Path(slow_recipe).read_text().replace("steps: 160", "steps: 20000"))
+    args = ("search", TINY, "--recipe", str(very_slow), "--trials", "6", "--study", name, "--storage", url)
     a = npas_proc(*args, log=tmp_path / "a.log")
     try:
         wait_until(lambda: any(t.state == TrialState.RUNNING and TrialAttr.DRIVER in t.user_attrs
