@@ -5,8 +5,8 @@
     python bench/evidence/run_all.py --only taper relaxed
 
 Each experiment runs as its own process (`python bench/evidence/<name>.py [--quick]`), so one
-failing does not stop the others; the exit status is 1 if any failed. Experiment 6 reuses the ASHA
-study of experiment 5 (`--reuse-asha`) when experiment 5 ran in the same call and succeeded.
+failing does not stop the others; the exit status is 1 if any failed. (The second edition's
+search_vs_hand searches with its own quarter-length proxy, so early_stop no longer reuses its study.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,10 +35,6 @@ def main() -> int:
             cmd.append("--quick")
         if args.seeds:
             cmd += ["--seeds", str(args.seeds)]
-        if name == "early_stop" and "search_vs_hand" in walls and "search_vs_hand" not in failed:
-            js = _json_of("search_vs_hand", args.quick)
-            if js.exists():
-                cmd += ["--reuse-asha", str(js)]
         print(f"\n### {name}: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd, cwd=root)
@@ -51,13 +46,6 @@ def main() -> int:
         print(f"  {name:15s} {w:7.1f} s{'  FAILED' if name in failed else ''}")
     print(f"  {'total':15s} {sum(walls.values()):7.1f} s")
     return 1 if failed else 0
-
-
-def _json_of(name: str, quick: bool) -> Path:
-    """Where an experiment writes its JSON by default (see common.setup_from / common.save_json)."""
-    if quick:
-        return Path(tempfile.gettempdir()) / "npas-evidence-quick" / f"{name}_quick.json"
-    return HERE / "results" / f"{name}.json"
 
 
 if __name__ == "__main__":
