@@ -1,6 +1,6 @@
 """Run every evidence experiment in order, cheapest first, and print each one's wall time.
 
-    python bench/evidence/run_all.py --quick     # all six smoke runs (~10 minutes on a busy 2-core box)
+    python bench/evidence/run_all.py --quick     # every smoke run (~20 minutes on a busy 2-core box)
     python bench/evidence/run_all.py             # the report (docs/RESULTS.md); run under `nice -n 10`
     python bench/evidence/run_all.py --only taper relaxed
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("taper", "high_budget", "low_budget", "relaxed", "search_vs_hand", "early_stop", "expert_pool")
+ORDER = ("taper", "high_budget", "low_budget", "relaxed", "atoms", "search_vs_hand", "early_stop", "expert_pool")
 
 
 def main() -> int:
