@@ -70,6 +70,11 @@ VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npa
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py",
              "npas/allocation/atoms.py")
 CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
+
+
+def cpu_seconds(flops_per_token: int, tokens: int) -> float:
+    """Estimated training time on one thread here: forward + backward ~ 3x the forward FLOPs."""
+    return 3 * flops_per_token * tokens / CPU_FLOPS
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
 
@@ -239,7 +244,7 @@ def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
     recipe = Recipe.from_dict(job["recipe"])
     cfg = ArchConfig.from_dict(job["config"])
     return {"dest": dest, "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": job.get("reference"),
-            "test": True, "est_s": recipe.steps * recipe.tokens_per_step * 3 * npas.count(cfg).flops_per_token / CPU_FLOPS,
+            "test": True, "est_s": cpu_seconds(npas.count(cfg).flops_per_token, recipe.steps * recipe.tokens_per_step),
             "meta": {"name": job["name"], "seed": recipe.seed, "recipe_name": recipe.name, "lr": recipe.lr}}
 
 

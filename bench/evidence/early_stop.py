@@ -39,7 +39,7 @@ def main() -> None:
     tokens = arms * trials * recipe.steps * recipe.tokens_per_step
     import npas
 
-    cpu_h = 3 * npas.count(npas.reference_config(space.reference_chassis)).flops_per_token * tokens / common.CPU_FLOPS / 3600
+    cpu_h = common.cpu_seconds(npas.count(npas.reference_config(space.reference_chassis)).flops_per_token, tokens) / 3600
     print(f"plan: {arms} search(es) x {trials} trials x {recipe.steps} steps x {recipe.tokens_per_step} tokens = "
           f"{tokens / 1e6:.1f}M tokens at most (ASHA stops some) -> ~{cpu_h:.2f} CPU-hours at the reference's FLOPs",
           flush=True)

@@ -105,7 +105,7 @@ def print_plan(setup: common.Setup, space, proxy: Recipe, score: Recipe, trials:
     proxy_tokens = trials * proxy.steps * proxy.tokens_per_step
     n_val = top + 1 + len(space.baselines()) + 1 + 1
     val_tokens = n_val * seeds * score.steps * score.tokens_per_step
-    cpu_h = 3 * ref * (proxy_tokens + val_tokens) / common.CPU_FLOPS / 3600
+    cpu_h = common.cpu_seconds(ref, proxy_tokens + val_tokens) / 3600
     print(f"plan: search {trials} proxy runs x {proxy.steps} steps x {proxy.tokens_per_step} tokens = "
           f"{proxy_tokens / 1e6:.1f}M tokens (ASHA stops some); validate <= {n_val} allocations x {seeds} seeds x "
           f"{score.steps} x {score.tokens_per_step} = {val_tokens / 1e6:.1f}M tokens -> ~{cpu_h:.2f} CPU-hours at the "
