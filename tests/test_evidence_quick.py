@@ -103,7 +103,8 @@ def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(t
     assert (tmp_path / "atoms_quick.json").is_file() and (tmp_path / "atoms_quick.png").is_file()
 
 
-def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
+def _common():
+    """bench/evidence/common.py, imported in-process (it is a script folder, not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("evidence_common", ROOT / "bench" / "evidence" / "common.py")
@@ -113,6 +114,35 @@ def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
         spec.loader.exec_module(common)
     finally:
         sys.modules.pop("evidence_common", None)
+    return common
+
+
+def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_check(tmp_path, capsys):
+    from npas.allocation.config import reference_config
+
+    common = _common()
+    plans = {}
+    for factor in ("1", "2"):
+        args = common.arg_parser("x").parse_args(["--plan", "--lr-factor", factor, "--out", str(tmp_path)])
+        setup = common.setup_from(args, "relaxed")
+        with pytest.raises(SystemExit):
+            common.run_arms({"a": reference_config(setup.chassis), "b": reference_config(setup.chassis)}, setup)
+        plans[factor] = (setup, capsys.readouterr().out)
+    base, scaled = plans["1"][0], plans["2"][0]
+    assert (base.name, scaled.name) == ("relaxed", "relaxed_lr2")  # a second report, not an overwrite
+    assert scaled.recipe.lr == pytest.approx(2 * base.recipe.lr) and scaled.recipe.min_lr == pytest.approx(
+        2 * base.recipe.min_lr)
+    assert "lr 0.012->0.0012" in plans["2"][1]
+    # 2 arms x 5 seeds, plus the 3-point check on seed 99 only at the base rate
+    assert re.search(r"^plan: 16 runs,", plans["1"][1], re.M) and re.search(r"^plan: 10 runs,", plans["2"][1], re.M)
+    assert not list(tmp_path.iterdir())
+    bad = common.arg_parser("x").parse_args(["--lr-factor", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--lr-factor must be positive"):
+        common.setup_from(bad, "relaxed")
+
+
+def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
+    common = _common()
     from npas.service.fidelity import Interval
 
     run = [{"name": n, "seed": s, "val_loss": v} for n, losses in

@@ -95,6 +95,7 @@ class Setup:
     cache: Path | None = None  # per-run records (full mode); None: train everything afresh (quick)
     plan_only: bool = False
     only: tuple[str, ...] = ()  # --arms: train just these arms (a partial, cached step of a long report)
+    lr_factor: float = 1.0  # --lr-factor: the reported seeds at this multiple of the recipe's rate
 
     def recipe_for(self, seed: int, **changes: Any) -> Recipe:
         return Recipe.from_dict({**self.recipe.to_dict(), "seed": seed, **changes})
@@ -124,6 +125,10 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--arms", default="",
                    help="comma-separated arm names: train (or plan) only these and print their paired table against "
                         "the first one, writing no report; a later run without --arms reads them from the cache")
+    p.add_argument("--lr-factor", type=float, default=1.0,
+                   help="train the reported seeds at this multiple of the recipe's learning rate (and min lr): the "
+                        "second rate the report must give for arms whose optimum moved in the learning-rate check; "
+                        "its report is NAME_lrF.json and the check is not repeated around the new rate")
     return p
 
 
@@ -133,6 +138,13 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     if args.steps:
         recipe = recipe.with_steps(args.steps)
         recipe = Recipe.from_dict({**recipe.to_dict(), "eval_every": max(1, args.steps // 2)})
+    lr_factor = float(getattr(args, "lr_factor", 1.0))
+    if lr_factor <= 0:
+        raise SystemExit(f"--lr-factor must be positive, got {lr_factor:g}")
+    if lr_factor != 1.0:
+        recipe = Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * lr_factor,
+                                   "min_lr": recipe.min_lr * lr_factor})
+        name = f"{name}_lr{lr_factor:g}"
     n_seeds = args.seeds or (1 if quick else FULL_SEEDS)
     if quick:
         out = args.out or Path(tempfile.gettempdir()) / "npas-evidence-quick"
@@ -145,7 +157,8 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     s = Setup(name=name, quick=quick, chassis=QUICK_CHASSIS if quick else FULL_CHASSIS, recipe=recipe,
               seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs,
               cache=None if quick else RUNS_DIR, plan_only=bool(getattr(args, "plan", False)),
-              only=tuple(a.strip() for a in (getattr(args, "arms", "") or "").split(",") if a.strip()))
+              only=tuple(a.strip() for a in (getattr(args, "arms", "") or "").split(",") if a.strip()),
+              lr_factor=lr_factor)
     print(s.describe(), flush=True)
     return s
 
@@ -346,15 +359,15 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
     jobs = make_jobs(configs, setup, recipe)
     base = recipe or setup.recipe
     checks = []
-    if not setup.quick:
+    if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
         for f in LR_CHECK_FACTORS:
             r = Recipe.from_dict({**base.to_dict(), "lr": base.lr * f, "min_lr": base.min_lr * f})
             checks += make_jobs(configs, setup, r, seeds=(LR_CHECK_SEED,))
     results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
-    main = [r for r in results if r.get("seed") != LR_CHECK_SEED or setup.quick]
-    lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and not setup.quick]
+    main = [r for r in results if r.get("seed") != LR_CHECK_SEED or not checks]
+    lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and checks]
     if lr_rows:
         print(lr_check_table(lr_rows, list(configs), base.lr))
     if setup.only:
