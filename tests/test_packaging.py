@@ -101,7 +101,7 @@ def test_non_editable_install_runs_search_and_export_from_anywhere(tmp_path):
                            capture_output=True, text=True, check=True).stdout.strip()
     assert where.startswith(str(site)), f"npas imported from {where}, not the installed copy"
     url = f"sqlite:///{work}/npas.db"
-    out = npas("search", "full", "--recipe", "smoke", "--trials", "2", "--workers", "1", "--study", "pkg",
+    out = npas("search", "full", "--recipe", "smoke", "--trials", "1", "--workers", "1", "--study", "pkg",
                "--storage", url)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     out = npas("export", "pkg", "--storage", url, "--out", "best.yaml")

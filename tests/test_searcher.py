@@ -25,16 +25,16 @@ from npas.training.recipe import load_recipe
 from .conftest import ROOT
 
 
-def drive(sampler: str, target: int, tmp_path, budget: str | None = None) -> tuple[optuna.Study, NpasSearcher]:
+def drive(sampler: str, target: int, tmp_path, budget: str | None = None,
+          space_text: str | None = None) -> tuple[optuna.Study, NpasSearcher]:
     """A search of `target` counted trials on tests/data/tiny.yaml (at `budget` when given) through the
     Searcher protocol, with a cheap stand-in for training: one intermediate result, then the final one.
     The study is labelled as the driver labels it (objectives, recipe), so fronts, picks and the
     dashboard read it. Used by test_scale.py too."""
     space_file = ROOT / "tests" / "data" / "tiny.yaml"
-    if budget is not None:
+    if budget is not None or space_text is not None:
         space_file = tmp_path / "space.yaml"
-        space_file.write_text((ROOT / "tests" / "data" / "tiny.yaml").read_text()
-                              .replace("budget: 0.5x", f"budget: {budget}"))
+        space_file.write_text((space_text or space_file.read_text()).replace("budget: 0.5x", f"budget: {budget or '0.5x'}"))
     space = npas.load_space(space_file)
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
@@ -70,9 +70,17 @@ def test_tpe_does_not_get_stuck_on_skipped_candidates(tmp_path):
     assert all(t.user_attrs[TrialAttr.CURVE] == [[20, t.values[0] + 0.1]] for t in counted)
 
 
-def test_exhausted_space_stops_with_a_clear_reason(tmp_path):
-    study, searcher = drive("random", 10_000, tmp_path)
+def test_exhausted_space_stops_with_a_clear_reason(tmp_path, monkeypatch):
+    # a space of 4 allocations (tying x taper), and 40 skips in a row instead of the default 200:
+    # the same code path at a small fraction of the database round trips
+    monkeypatch.setattr("npas.service.searcher.MAX_SKIPPED_IN_A_ROW", 40)
+    small = TINY_TEXT.split("knobs:")[0] + "knobs:\n  taper: {schedule: [uniform, cosine], ratio: 3.0}\n" \
+        "  tying: {mode: [none, all]}\n"
+    study, searcher = drive("random", 10_000, tmp_path, space_text=small)
     assert searcher.error is not None and "raise the budget or widen the space" in searcher.error
+    assert searcher.error.startswith("40 candidates in a row")
+    keys = [t.user_attrs.get(TrialAttr.KEY) for t in study.trials if counts_toward_target(t)]
+    assert len(keys) == len(set(keys)) <= 4 + len(searcher.space.baselines())  # each allocation ran once
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
