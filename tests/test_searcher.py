@@ -33,8 +33,9 @@ def drive(sampler: str, target: int, tmp_path, budget: str | None = None,
     dashboard read it. Used by test_scale.py too."""
     space_file = ROOT / "tests" / "data" / "tiny.yaml"
     if budget is not None or space_text is not None:
+        text = space_text or space_file.read_text()
         space_file = tmp_path / "space.yaml"
-        space_file.write_text((space_text or space_file.read_text()).replace("budget: 0.5x", f"budget: {budget or '0.5x'}"))
+        space_file.write_text(text.replace("budget: 0.5x", f"budget: {budget or '0.5x'}"))
     space = npas.load_space(space_file)
     recipe = load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict()
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize", "minimize"],
