@@ -70,13 +70,19 @@ VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npa
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py",
              "npas/allocation/atoms.py")
 CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
+QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
+                      warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
 
 
 def cpu_seconds(flops_per_token: int, tokens: int) -> float:
     """Estimated training time on one thread here: forward + backward ~ 3x the forward FLOPs."""
     return 3 * flops_per_token * tokens / CPU_FLOPS
-QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
-                      warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
+
+
+def scaled_lr(recipe: Recipe, factor: float) -> Recipe:
+    """The recipe at ``factor`` x its learning rate, the cosine floor scaled with it (the check's grid
+    and --lr-factor move the whole schedule, not only its peak)."""
+    return Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * factor, "min_lr": recipe.min_lr * factor})
 
 
 @dataclass
@@ -142,8 +148,7 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     if lr_factor <= 0:
         raise SystemExit(f"--lr-factor must be positive, got {lr_factor:g}")
     if lr_factor != 1.0:
-        recipe = Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * lr_factor,
-                                   "min_lr": recipe.min_lr * lr_factor})
+        recipe = scaled_lr(recipe, lr_factor)
         name = f"{name}_lr{lr_factor:g}"
     n_seeds = args.seeds or (1 if quick else FULL_SEEDS)
     if quick:
@@ -361,8 +366,7 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
     checks = []
     if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
         for f in LR_CHECK_FACTORS:
-            r = Recipe.from_dict({**base.to_dict(), "lr": base.lr * f, "min_lr": base.min_lr * f})
-            checks += make_jobs(configs, setup, r, seeds=(LR_CHECK_SEED,))
+            checks += make_jobs(configs, setup, scaled_lr(base, f), seeds=(LR_CHECK_SEED,))
     results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
