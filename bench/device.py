@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
-          "taper_scale": "bench/evidence/taper_scale.py", "evidence": "bench/evidence/common.py"}
+          "taper_scale": "bench/evidence/taper_scale.py", "evidence": "bench/evidence/runs.py"}
 EVIDENCE = ("taper", "relaxed", "low_budget", "high_budget", "atoms")
 _CORPUS: dict[tuple, Any] = {}
 
@@ -96,7 +96,7 @@ def export(groups: list[str], out: Path) -> list[dict]:
 
 def evidence_specs() -> list[dict]:
     """The evidence scripts' missing runs: each script, run with NPAS_EVIDENCE_EXPORT, appends one spec
-    a line (bench/evidence/common.py) and trains nothing."""
+    a line (bench/evidence/runs.py) and trains nothing."""
     import subprocess
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -103,30 +103,35 @@ def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(t
     assert (tmp_path / "atoms_quick.json").is_file() and (tmp_path / "atoms_quick.png").is_file()
 
 
-def _common():
-    """bench/evidence/common.py, imported in-process (it is a script folder, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("evidence_common", ROOT / "bench" / "evidence" / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    sys.modules["evidence_common"] = common  # dataclasses look their module up while the class is built
-    try:
-        spec.loader.exec_module(common)
-    finally:
-        sys.modules.pop("evidence_common", None)
-    return common
+EVIDENCE_MODULES = ("common", "report", "runs", "searches", "stats")
 
 
-def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_check(tmp_path, capsys):
+@pytest.fixture
+def evidence(monkeypatch):
+    """bench/evidence's modules, imported in-process the way its scripts import them (the folder on
+    sys.path, modules by their bare names); sys.path and sys.modules are restored afterwards."""
+    import importlib
+    import types
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "evidence"))
+    for name in EVIDENCE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    mods = {name: importlib.import_module(name) for name in EVIDENCE_MODULES}
+    yield types.SimpleNamespace(**mods)
+    for name in EVIDENCE_MODULES:
+        sys.modules.pop(name, None)
+
+
+def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_check(tmp_path, capsys, evidence):
     from npas.allocation.config import reference_config
 
-    common = _common()
+    common, runs = evidence.common, evidence.runs
     plans = {}
     for factor in ("1", "2"):
         args = common.arg_parser("x").parse_args(["--plan", "--lr-factor", factor, "--out", str(tmp_path)])
         setup = common.setup_from(args, "relaxed")
         with pytest.raises(SystemExit):
-            common.run_arms({"a": reference_config(setup.chassis), "b": reference_config(setup.chassis)}, setup)
+            runs.run_arms({"a": reference_config(setup.chassis), "b": reference_config(setup.chassis)}, setup)
         plans[factor] = (setup, capsys.readouterr().out)
     base, scaled = plans["1"][0], plans["2"][0]
     assert (base.name, scaled.name) == ("relaxed", "relaxed_lr2")  # a second report, not an overwrite
@@ -141,23 +146,23 @@ def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_
         common.setup_from(bad, "relaxed")
 
 
-def test_claim_verdicts_need_the_whole_interval_on_the_claims_side():
-    common = _common()
+def test_claim_verdicts_need_the_whole_interval_on_the_claims_side(evidence):
+    stats = evidence.stats
     from npas.service.fidelity import Interval
 
     run = [{"name": n, "seed": s, "val_loss": v} for n, losses in
            (("a", [1.00, 1.10, 1.20]), ("b", [1.05, 1.16, 1.24])) for s, v in enumerate(losses)]
-    iv = common.paired_interval(run, "a", "b")  # a - b = -0.05, -0.06, -0.04 on the same seeds
+    iv = stats.paired_interval(run, "a", "b")  # a - b = -0.05, -0.06, -0.04 on the same seeds
     assert iv.n == 3 and iv.value == pytest.approx(-0.05) and iv.high < 0
-    assert common.claim_verdict(iv, "better") == (True, "the interval is below 0")
-    assert common.claim_verdict(iv, "parity")[0]  # better by any amount reaches the reference
+    assert stats.claim_verdict(iv, "better") == (True, "the interval is below 0")
+    assert stats.claim_verdict(iv, "parity")[0]  # better by any amount reaches the reference
     covers = Interval(-0.01, -0.03, 0.01, 3)
-    assert common.claim_verdict(covers, "better") == (False, "the interval covers 0")
-    assert common.claim_verdict(covers, "parity")[0]  # worse by at most 0.01 < the 0.02 margin
-    assert common.claim_verdict(Interval(0.01, -0.01, 0.03, 3), "parity") == (False, "the interval covers +0.02")
-    assert common.claim_verdict(Interval(0.05, 0.03, 0.07, 3), "parity")[1].startswith("contradicted")
-    assert not common.claim_verdict(Interval(-0.5, None, None, 1), "better")[0]  # one seed: no interval, no claim
-    assert common.fmt_interval(iv).startswith("-0.0500 [")
+    assert stats.claim_verdict(covers, "better") == (False, "the interval covers 0")
+    assert stats.claim_verdict(covers, "parity")[0]  # worse by at most 0.01 < the 0.02 margin
+    assert stats.claim_verdict(Interval(0.01, -0.01, 0.03, 3), "parity") == (False, "the interval covers +0.02")
+    assert stats.claim_verdict(Interval(0.05, 0.03, 0.07, 3), "parity")[1].startswith("contradicted")
+    assert not stats.claim_verdict(Interval(-0.5, None, None, 1), "better")[0]  # one seed: no interval, no claim
+    assert evidence.report.fmt_interval(iv).startswith("-0.0500 [")
 
 
 @pytest.mark.slow

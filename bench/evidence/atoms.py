@@ -23,8 +23,8 @@ What is held equal, and what is not:
   atoms vs the tied arms   stored parameters (within the fit step) and FLOPs per token; attention
                            parameters: K x 4d^2 in all three, plus the atoms' 4 x L x K coefficients
 The claims are read from paired (same-seed) differences with a 95% t-interval over seeds
-(`common.claim_verdict`): "beats" is reproduced only if the interval lies below 0, "reaches" (parity)
-only if it lies below +0.02 nats (`common.PARITY_MARGIN`).
+(`stats.claim_verdict`): "beats" is reproduced only if the interval lies below 0, "reaches" (parity)
+only if it lies below +0.02 nats (`stats.PARITY_MARGIN`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from __future__ import annotations
 import math
 
 import common
+import report
+import runs
+import stats
 
 import npas
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, AtomSpec, Bank, Chassis, slot_shape
@@ -95,12 +98,12 @@ def arms(setup: common.Setup) -> tuple[dict[str, ArchConfig], dict[str, dict]]:
 
 def plan(setup: common.Setup, configs: dict[str, ArchConfig]) -> dict[str, int]:
     r = setup.recipe
-    runs = len(configs) * len(setup.seeds)
+    n_runs = len(configs) * len(setup.seeds)
     tokens = r.steps * r.tokens_per_step
-    print(f"plan: {len(configs)} arms x {len(setup.seeds)} seeds = {runs} runs x {tokens:,} tokens "
-          f"({r.steps} steps x {r.batch_size}x{r.seq_len}) = {runs * tokens:,} tokens, on {setup.workers} workers",
+    print(f"plan: {len(configs)} arms x {len(setup.seeds)} seeds = {n_runs} runs x {tokens:,} tokens "
+          f"({r.steps} steps x {r.batch_size}x{r.seq_len}) = {n_runs * tokens:,} tokens, on {setup.workers} workers",
           flush=True)
-    return {"runs": runs, "tokens_per_run": tokens, "tokens": runs * tokens}
+    return {"runs": n_runs, "tokens_per_run": tokens, "tokens": n_runs * tokens}
 
 
 def main() -> None:
@@ -114,39 +117,39 @@ def main() -> None:
     for name, a in acc.items():
         print(f"  {name:16s} attention params {a['attention_params']:,} ({a['attention_saving']:.1%} fewer than untied)"
               f"{'  K=' + str(a['n_atoms']) + ' atoms per projection type' if 'n_atoms' in a else ''}")
-    runs = plan(setup, configs)
-    results = common.run_arms(configs, setup)  # --plan: prints the cache-aware plan and trains nothing
+    planned = plan(setup, configs)
+    results = runs.run_arms(configs, setup)  # --plan: prints the cache-aware plan and trains nothing
     if args.plan:
         return
-    summary = common.summarize(results, list(ARMS), REF)
+    summary = stats.summarize(results, list(ARMS), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
     extra = {n: {"attn params": f"{a['attention_params']:,}"} for n, a in acc.items()}
-    print(common.result_table(summary, acc, REF, extra))
+    print(report.result_table(summary, acc, REF, extra))
     print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds")
     claims, all_ok = [], True
     for arm, ref, kind, words in CLAIMS:
-        iv = common.paired_interval(results, arm, ref)
-        ok, why = common.claim_verdict(iv, kind)
+        iv = stats.paired_interval(results, arm, ref)
+        ok, why = stats.claim_verdict(iv, kind)
         all_ok &= ok
-        test = f"Δ < +{common.PARITY_MARGIN} nats" if kind == "parity" else "Δ < 0"
-        print(f"claim {words} ({test}): Δ {common.fmt_interval(iv)} over {iv.n} seed(s): "
+        test = f"Δ < +{stats.PARITY_MARGIN} nats" if kind == "parity" else "Δ < 0"
+        print(f"claim {words} ({test}): Δ {report.fmt_interval(iv)} over {iv.n} seed(s): "
               f"{'REPRODUCED' if ok else 'NOT REPRODUCED'} ({why})")
         claims.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
                        "reproduced": ok, "why": why})
     saving = acc["atoms"]["attention_saving"]
     print(f"seed claim (atoms at K={acc['atoms']['n_atoms']} of L={setup.chassis.n_layers}, {saving:.1%} fewer "
           f"attention params): {'REPRODUCED' if all_ok else 'NOT REPRODUCED'}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
-                             "claim_reproduced": all_ok, "plan": runs, "parity_margin": common.PARITY_MARGIN})
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
+                             "claim_reproduced": all_ok, "plan": planned, "parity_margin": stats.PARITY_MARGIN})
     plot(setup, summary, claims)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    common.loss_bars(a, setup, summary)
+    report.loss_bars(a, setup, summary)
     for k, c in enumerate(claims):
         iv = c["interval"]
         if iv["value"] is None:
@@ -154,12 +157,12 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
         err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
         b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4, color="C1" if c["reproduced"] else "C3")
     b.axvline(0, color="k", lw=1)
-    b.axvline(common.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{common.PARITY_MARGIN}")
+    b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
     b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
     b.set_xlabel("paired Δ val loss (nats/char), 95% t-interval")
     b.set_title("claims (orange: reproduced)")
     b.legend(fontsize=7)
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

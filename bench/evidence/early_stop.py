@@ -20,6 +20,9 @@ import math
 from pathlib import Path
 
 import common
+import report
+import searches
+import stats
 
 
 def main() -> None:
@@ -31,10 +34,10 @@ def main() -> None:
     args = p.parse_args()
     setup = common.setup_from(args, "early_stop")
     trials = args.trials or (5 if setup.quick else 12)
-    space = common.search_space(setup, args.file_chassis)
+    space = searches.search_space(setup, args.file_chassis)
     print(f"space {space.source}: budget {space.budget_spec} = {space.budget_params:,} params; {trials} trials "
           f"per search", flush=True)
-    recipe = common.search_recipe(setup)
+    recipe = searches.search_recipe(setup)
     arms = 1 if args.reuse_asha else 2
     tokens = arms * trials * recipe.steps * recipe.tokens_per_step
     import npas
@@ -48,7 +51,7 @@ def main() -> None:
     infos = {}
     if args.reuse_asha:
         prev = json.loads(args.reuse_asha.read_text())["search"]
-        same = (prev["trials"] == trials and prev["recipe"] == common.search_recipe(setup).to_dict()
+        same = (prev["trials"] == trials and prev["recipe"] == searches.search_recipe(setup).to_dict()
                 and prev["early_stop"] and prev["space"] == space.source)
         if not same:
             raise SystemExit(f"{args.reuse_asha}: its search used other settings ({prev['trials']} trials, "
@@ -57,20 +60,20 @@ def main() -> None:
         print(f"ASHA arm: reusing study {prev['study']} ({prev['wall_s']} s)")
     for arm, es in (("asha", True), ("no_early_stop", False)):
         if arm not in infos:
-            infos[arm] = common.run_search(setup, space, trials=trials, early_stop=es, tag=f"es-{arm}")
+            infos[arm] = searches.run_search(setup, space, trials=trials, early_stop=es, tag=f"es-{arm}")
             print(f"{arm}: searched in {infos[arm]['wall_s']:.0f} s", flush=True)
-    common.shutdown_ray()
+    searches.shutdown_ray()
 
-    rows = {arm: common.trial_rows(common.load_study(info)) for arm, info in infos.items()}
+    rows = {arm: searches.trial_rows(searches.load_study(info)) for arm, info in infos.items()}
     pts = {arm: [(r["values"][0], r["values"][1] / 1e6) for r in rs if r["on_front"]] for arm, rs in rows.items()}
     allpts = [(r["values"][0], r["values"][1] / 1e6) for rs in rows.values() for r in rs
               if r["values"] and r["full_fidelity"]]
     ref = (max(a for a, _ in allpts) + 0.05, max(b for _, b in allpts) * 1.05)
     box = (ref[0] - min(a for a, _ in allpts)) * (ref[1] - min(b for _, b in allpts))
-    stats = {}
+    arm_stats = {}
     for arm, rs in rows.items():
-        hv = common.hypervolume_2d(pts[arm], ref)
-        stats[arm] = {
+        hv = stats.hypervolume_2d(pts[arm], ref)
+        arm_stats[arm] = {
             "proxy_runs": len(rs), "stopped": sum(r["status"] == "stopped" for r in rs),
             "failed": sum(r["status"] == "failed" for r in rs),
             "full_fidelity": sum(r["full_fidelity"] for r in rs), "front_size": len(pts[arm]),
@@ -80,31 +83,31 @@ def main() -> None:
             "search_wall_s": infos[arm]["wall_s"], "hypervolume": hv, "hv_normalised": hv / box if box else math.nan,
             "best_loss": min((r["values"][0] for r in rs if r["full_fidelity"]), default=math.nan),
         }
-    base = stats["no_early_stop"]
+    base = arm_stats["no_early_stop"]
     table = [[arm, s["proxy_runs"], s["stopped"], s["full_fidelity"], s["front_size"], f"{s['tokens'] / 1e6:.2f}",
               f"{s['tokens'] / base['tokens']:.2f}", "n/a" if s["trial_wall_s"] is None else f"{s['trial_wall_s']:.0f}", f"{s['search_wall_s']:.0f}",
-              f"{s['hv_normalised']:.4f}", f"{s['best_loss']:.4f}"] for arm, s in stats.items()]
+              f"{s['hv_normalised']:.4f}", f"{s['best_loss']:.4f}"] for arm, s in arm_stats.items()]
     print(f"\nhypervolume: objectives (val loss nats, train memory MB), reference point ({ref[0]:.3f}, {ref[1]:.2f}); "
           f"normalised by the box spanned by all full-fidelity trials of both searches")
-    print(common.format_table(["search", "proxy runs", "stopped", "full fid.", "front", "Mtokens", "xno-ES",
+    print(report.format_table(["search", "proxy runs", "stopped", "full fid.", "front", "Mtokens", "xno-ES",
                                "trial s", "search s", "HV (norm.)", "best loss"], table))
-    a, n = stats["asha"], stats["no_early_stop"]
+    a, n = arm_stats["asha"], arm_stats["no_early_stop"]
     print(f"ASHA used {a['tokens'] / n['tokens']:.0%} of the proxy tokens and {a['search_wall_s'] / n['search_wall_s']:.0%} "
           f"of the wall time of the search without early stopping; hypervolume {a['hv_normalised']:.4f} vs "
           f"{n['hv_normalised']:.4f}")
     for arm, rs in rows.items():
         print(f"\n{arm} trials:")
-        print(common.format_table(["trial", "baseline", "status", "steps", "proxy loss", "front", "allocation"],
+        print(report.format_table(["trial", "baseline", "status", "steps", "proxy loss", "front", "allocation"],
                                   [[r["number"], r["baseline"] or "-", r["status"], r["steps_done"],
                                     "-" if not r["values"] else f"{r['values'][0]:.4f}", "yes" if r["on_front"] else "",
                                     r["summary"]] for r in rs]))
-    common.save_json(setup, {"searches": infos, "trials": rows, "stats": stats, "hv_reference": ref, "fronts": pts})
+    report.save_json(setup, {"searches": infos, "trials": rows, "stats": arm_stats, "hv_reference": ref, "fronts": pts})
     plot(setup, rows, ref)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, rows: dict[str, list[dict]], ref: tuple[float, float]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for k, (arm, rs) in enumerate(rows.items()):
         full = [r for r in rs if r["values"] and r["full_fidelity"]]
@@ -128,7 +131,7 @@ def plot(setup: common.Setup, rows: dict[str, list[dict]], ref: tuple[float, flo
     b.set_ylabel("best full-fidelity loss so far")
     b.set_title("search progress against proxy compute")
     b.legend(fontsize=8)
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

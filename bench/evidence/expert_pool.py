@@ -18,6 +18,9 @@ equal activated FLOPs (the untied reference). The balance loss (weight 0.01) tra
 from __future__ import annotations
 
 import common
+import report
+import runs
+import stats
 
 import npas
 from npas.allocation.config import ArchConfig, Chassis, ExpertPool, reference_config
@@ -58,12 +61,12 @@ def main() -> None:
         share = f"{a.expert_params / base:.3f}" if cfg.experts else "-"
         acc[name].update(expert_params=a.expert_params, activated_params=a.activated_params)
         rows.append([name, f"{a.expert_params:,}", share, f"{a.activated_params:,}", f"{acc[name]['flops_ratio']:.3f}"])
-    print(common.format_table(["config", "expert params", f"x {REF}", "activated params", "FLOPs xdense"], rows))
-    results = common.run_jobs(common.make_jobs(configs, setup), setup.workers)
-    summary = common.summarize(results, list(configs), REF)
+    print(report.format_table(["config", "expert params", f"x {REF}", "activated params", "FLOPs xdense"], rows))
+    results = runs.run_jobs(runs.make_jobs(configs, setup), setup.workers)
+    summary = stats.summarize(results, list(configs), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
-    print(common.result_table(summary, acc, REF))
+    print(report.result_table(summary, acc, REF))
     row = next(r for r in summary if r["name"] == CLAIM_ARM)
     delta = row.get("delta_mean", float("nan"))
     claim = delta == delta and delta <= MATCH
@@ -71,9 +74,9 @@ def main() -> None:
     print(f"global pool at {share:.1%} of per-layer MoE's expert params: Δ = {delta:+.4f} nats (match <= {MATCH})")
     print(f"claim global pool matches or beats per-layer MoE at equal activated FLOPs: "
           f"{'REPRODUCED' if claim else 'NOT REPRODUCED'}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claim_reproduced": claim,
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claim_reproduced": claim,
                              "expert_share": share, "delta": delta})
-    common.finish(setup)
+    report.finish(setup)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ adds a once-per-step generation cost (m x T x size multiply-adds per bank), prin
 from __future__ import annotations
 
 import common
+import report
+import runs
+import stats
 
 REF = "reference"
 BUDGETS = ("1x", "1.5x", "2x")
@@ -48,25 +51,25 @@ def main() -> None:
         print(f"  {name:16s} templates per bank: {a.get('templates', '-')}{frac}, generation FLOPs/step "
               f"{a['generation_flops_per_step']:,} (= {a['generation_flops_per_step'] / (a['flops_per_token'] * setup.recipe.tokens_per_step):.2%}"
               f" of one step's forward FLOPs at {setup.recipe.tokens_per_step} tokens)")
-    results = common.run_arms(configs, setup)
-    summary = common.summarize(results, list(configs), REF)
+    results = runs.run_arms(configs, setup)
+    summary = stats.summarize(results, list(configs), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
     extra = {n: {"T": str(a.get("templates", "-"))} for n, a in acc.items()}
-    print(common.result_table(summary, acc, REF, extra))
+    print(report.result_table(summary, acc, REF, extra))
     means = {r["name"]: r["mean"] for r in summary}
     more = [means[f"pools_tmix {b}"] for b in BUDGETS]
     claim = means["pools_tmix 2x"] < means[REF] and more[2] < more[0]
     print(f"loss by budget (pools_tmix): {dict(zip(BUDGETS, [round(x, 4) for x in more], strict=True))}; "
           f"reference {means[REF]:.4f}")
     print(f"claim 2x templates beat the 1x reference at equal FLOPs: {'REPRODUCED' if claim else 'NOT REPRODUCED'}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claim_reproduced": claim})
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claim_reproduced": claim})
     plot(setup, summary, acc)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, a = plt.subplots(figsize=(6, 4))
     rows = {r["name"]: r for r in summary}
     ref = rows[REF]
@@ -85,7 +88,7 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
     a.set_ylabel("val loss (nats/char)")
     a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     a.legend(fontsize=8)
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ the full reference shape. The table prints each arm's FLOPs relative to the 1x r
 from __future__ import annotations
 
 import common
+import report
+import runs
+import stats
 
 BUDGETS = ("0.1x", "0.25x", "0.5x")
 REF = "narrow_untied"
@@ -65,16 +68,16 @@ def main() -> None:
         if "templates" in a:
             print(f"  {name:18s} T={a['templates']} templates of {a['template_fraction']:.0%} of a full block's "
                   f"length{' (tiled)' if a['template_fraction'] < 1 else ''}")
-    results = common.run_arms(configs, setup)
+    results = runs.run_arms(configs, setup)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} at the same budget (negative = better)")
     summaries, verdict = {}, {}
     for budget in budgets:
         names = [f"{budget} {arm}" for arm in arms]
-        summ = common.summarize(results, names, f"{budget} {REF}")
+        summ = stats.summarize(results, names, f"{budget} {REF}")
         summaries[budget] = summ
         print(f"\nbudget {budget} ({acc[names[0]]['budget']:,} params):")
-        print(common.result_table(summ, acc, f"{budget} {REF}"))
+        print(report.result_table(summ, acc, f"{budget} {REF}"))
         best = min(summ, key=lambda r: r["mean"])["name"].split(" ", 1)[1]
         verdict[budget] = best
         print(f"best at {budget}: {best}")
@@ -83,22 +86,22 @@ def main() -> None:
     claims = []
     for budget in budgets:
         for arm in (a for a in arms if a != "pools_tmix"):
-            iv = common.paired_interval(results, f"{budget} pools_tmix", f"{budget} {arm}")
+            iv = stats.paired_interval(results, f"{budget} pools_tmix", f"{budget} {arm}")
             claims.append({"budget": budget, "against": arm, "delta": iv.value, "low": iv.low, "high": iv.high,
-                           "n": iv.n, "verdict": common.verdict_of(iv, "better")})
-            print(f"claim {budget} pools_tmix beats {arm}: {common.fmt_interval(iv)} over {iv.n} seed(s): "
+                           "n": iv.n, "verdict": stats.verdict_of(iv, "better")})
+            print(f"claim {budget} pools_tmix beats {arm}: {report.fmt_interval(iv)} over {iv.n} seed(s): "
                   f"{claims[-1]['verdict']}")
     wins = sum(v == "pools_tmix" for v in verdict.values())
     print(f"\npools_tmix best at {wins}/{len(budgets)} budgets; best arm per budget: {verdict}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summaries, "best": verdict,
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summaries, "best": verdict,
                              "claims": claims})
     plot(setup, summaries, acc, list(arms), budgets)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, dict], arms: list[str],
          budgets: tuple[str, ...]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(len(budgets)))
     for k, arm in enumerate(arms):
@@ -118,7 +121,7 @@ def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, d
     b.set_ylabel("val loss (nats/char)")
     b.set_title("same runs against per-token compute")
     b.legend(fontsize=8)
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

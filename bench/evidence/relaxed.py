@@ -28,6 +28,9 @@ from __future__ import annotations
 import math
 
 import common
+import report
+import runs
+import stats
 
 import npas
 from npas.allocation.config import ArchConfig, reference_config
@@ -85,12 +88,12 @@ def main() -> None:
             print(f"  {name:16s} LoRA merge {a['generation_flops_per_step']:,} FLOPs/step = "
                   f"{a['generation_flops_per_step'] / (a['flops_per_token'] * tokens):.1%} of a {tokens}-token step's "
                   f"forward FLOPs")
-    results = common.run_arms(configs, setup)
+    results = runs.run_arms(configs, setup)
     names = list(configs)
-    summary = common.summarize(results, names, REF)
+    summary = stats.summarize(results, names, REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
-    print(common.result_table(summary, acc, REF))
+    print(report.result_table(summary, acc, REF))
     means = {r["name"]: r["mean"] for r in summary}
     checks = {}
     for U in uniques:
@@ -113,19 +116,19 @@ def main() -> None:
     verdicts = []
     for U in uniques:
         for arm, ref, kind, words in claims(U):
-            iv = common.paired_interval(results, arm, ref)
+            iv = stats.paired_interval(results, arm, ref)
             verdicts.append({"arm": arm, "reference": ref, "claim": words, "delta": iv.value, "low": iv.low,
-                             "high": iv.high, "n": iv.n, "verdict": common.verdict_of(iv, kind)})
-            print(f"claim {words}: {arm} - {ref} {common.fmt_interval(iv)} over {iv.n} seed(s): "
+                             "high": iv.high, "n": iv.n, "verdict": stats.verdict_of(iv, kind)})
+            print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): "
                   f"{verdicts[-1]['verdict']}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ranks": RANKS,
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ranks": RANKS,
                              "unique_blocks": uniques, "checks": checks, "claims": verdicts})
     plot(setup, summary, acc, uniques)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], uniques: list[int]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     rows = {r["name"]: r for r in summary}
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(len(RANKS)))
@@ -149,7 +152,7 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], uniques
     b.set_xlabel("stored params")
     b.set_ylabel("val loss (nats/char)")
     b.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 def _s(x: float) -> float:

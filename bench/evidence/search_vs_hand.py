@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import common
+import report
+import searches
+import stats
 
 from npas.training.recipe import Recipe
 
@@ -56,7 +59,7 @@ def main() -> None:
     trials = args.trials or (5 if setup.quick else 12)
     top = args.top or (2 if setup.quick else 3)
     seeds = len(setup.seeds) if args.seeds else (2 if setup.quick else common.FULL_SEEDS)
-    space = common.search_space(setup)
+    space = searches.search_space(setup)
     proxy, score = recipes(setup)
     n_base = len(space.baselines()) + 1
     print(f"space {space.source}: budget {space.budget_spec} = {space.budget_params:,} params of the "
@@ -69,7 +72,7 @@ def main() -> None:
                             common.RESULTS_DIR / "search_vs_hand")
     url = f"sqlite:///{work.resolve() / 'study.db'}"
     st, wall_search = run_search(setup, space, proxy, work, url, trials + n_base)
-    rows = common.trial_rows(st)
+    rows = searches.trial_rows(st)
     print(f"\nsearch: {len(rows)} proxy runs ({wall_search:.0f} s this call); study {STUDY} at {url}")
     print_trials(rows)
 
@@ -78,11 +81,11 @@ def main() -> None:
 
     print("\n" + certificate_table(cert), flush=True)
     verdicts = compare(cert)
-    common.save_json(setup, {"study": STUDY, "storage_file": str(work / "study.db"), "proxy_recipe": proxy.to_dict(),
+    report.save_json(setup, {"study": STUDY, "storage_file": str(work / "study.db"), "proxy_recipe": proxy.to_dict(),
                              "score_recipe": score.to_dict(), "trials": rows, "certificate": cert,
                              "comparisons": verdicts, "wall_s": {"search": wall_search, "validate": wall_val}})
     plot(setup, cert)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def recipes(setup: common.Setup) -> tuple[Recipe, Recipe]:
@@ -126,7 +129,7 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
     work.mkdir(parents=True, exist_ok=True)
     rpath = work / "proxy.yaml"
     rpath.write_text(proxy.to_yaml())
-    launch = common._launch(setup.workers, True)
+    launch = searches.launch(setup.workers, True)
     t0 = time.perf_counter()
     names = optuna.get_all_study_names(url) if (work / "study.db").exists() else []
     if STUDY not in names:  # creating runs the baselines npas enqueues first, and stops there
@@ -138,7 +141,7 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
         st.enqueue_trial(params, user_attrs={TrialAttr.BASELINE: EXTRA_BASELINE, TrialAttr.BASELINE_FIXED: fixed})
     if len(st.trials) < total or any(t.state.name in ("RUNNING", "WAITING") for t in st.trials):
         st = resume(STUDY, trials=total, storage=url, launch=launch)
-    common.shutdown_ray()
+    searches.shutdown_ray()
     return st, round(time.perf_counter() - t0, 1)
 
 
@@ -152,7 +155,7 @@ def run_validate(setup: common.Setup, score: Recipe, work: Path, url: str, top: 
     t0 = time.perf_counter()
     cert = validate(STUDY, Options(pick="knee", top=top, sample=0, recipe=str(rpath), seeds=seeds,
                                    workers=setup.workers, threads=1), storage=url)
-    common.shutdown_ray()
+    searches.shutdown_ray()
     return cert, round(time.perf_counter() - t0, 1)
 
 
@@ -174,16 +177,16 @@ def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
             if b["hash"] == r["hash"]:
                 continue
             iv = paired_delta(r["test_losses"], b["test_losses"])
-            verdict = common.verdict_of(iv, "better")
+            verdict = stats.verdict_of(iv, "better")
             name = b["label"] or ",".join(b["roles"])
             out.append({"search_point": who, "trial": r["trial"], "summary": r["summary"], "against": name,
                         "delta": dataclasses.asdict(iv), "verdict": verdict,
                         "flops_ratio": r["flops_per_token"] / b["flops_per_token"],
                         "stored_ratio": r["stored_params"] / b["stored_params"]})
-            table.append([f"{who} (#{r['trial']})", name, common.fmt_interval(iv), f"{out[-1]['stored_ratio']:.3f}",
+            table.append([f"{who} (#{r['trial']})", name, report.fmt_interval(iv), f"{out[-1]['stored_ratio']:.3f}",
                           f"{out[-1]['flops_ratio']:.3f}", verdict])
     print("\nsearch vs hand-crafted, test split, paired over the fresh seeds (negative = the search's point wins):")
-    print(common.format_table(["search point", "against", "Δ test loss [95% CI]", "stored xref", "FLOPs xref",
+    print(report.format_table(["search point", "against", "Δ test loss [95% CI]", "stored xref", "FLOPs xref",
                                "verdict (claim: search better)"], table))
     return out
 
@@ -192,12 +195,12 @@ def print_trials(rows: list[dict]) -> None:
     table = [[r["number"], r["baseline"] or "-", r["status"], r["steps_done"],
               "-" if not r["values"] else f"{r['values'][0]:.4f}",
               f"{r['stored_params'] or 0:,}", "yes" if r["on_front"] else "", r["summary"]] for r in rows]
-    print(common.format_table(["trial", "baseline", "status", "steps", "proxy val loss", "stored", "front",
+    print(report.format_table(["trial", "baseline", "status", "steps", "proxy val loss", "stored", "front",
                                "allocation"], table))
 
 
 def plot(setup: common.Setup, cert: dict[str, Any]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in cert["allocations"]:
         if not r["complete"] or r["proxy_loss"] is None:
@@ -213,7 +216,7 @@ def plot(setup: common.Setup, cert: dict[str, Any]) -> None:
     ax.set_xlabel("proxy val loss (search, a quarter of the steps)")
     ax.set_ylabel("test loss, mean ± std over fresh seeds")
     ax.set_title(f"proxy vs validated: Kendall τ = {t} (squares = hand-crafted, red = knee pick)")
-    common.save_figure(setup, fig)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ linear in the summed MLP width they match too (printed).
 from __future__ import annotations
 
 import common
+import report
+import runs
+import stats
 
 ARMS = {  # name -> knob values (ratio 3 = 1.5x -> 0.5x of d_ff, mean 1x)
     "uniform": {"taper": "uniform"},
@@ -39,24 +42,24 @@ def main() -> None:
     common.print_accounting(list(acc.values()))
     for name, row in acc.items():
         print(f"  {name:10s} MLP widths {row['mlp_widths']}")
-    results = common.run_arms(configs, setup)
-    summary = common.summarize(results, list(ARMS), REF)
+    results = runs.run_arms(configs, setup)
+    summary = stats.summarize(results, list(ARMS), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
-    print(common.result_table(summary, acc, REF))
+    print(report.result_table(summary, acc, REF))
     means = {r["name"]: r["mean"] for r in summary}
     order = " < ".join(sorted(means, key=means.get))
     claim = means["cosine"] < means["uniform"] < means["reverse"]
     print(f"ordering by mean loss: {order}")
     print(f"claim cosine < uniform < reverse: {'REPRODUCED' if claim else 'NOT REPRODUCED'}")
-    common.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ordering": order,
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ordering": order,
                              "claim_reproduced": claim})
     plot(setup, summary, acc)
-    common.finish(setup)
+    report.finish(setup)
 
 
 def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None:
-    plt = common.pyplot()
+    plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, row in acc.items():
         a.plot(range(len(row["mlp_widths"])), row["mlp_widths"], marker="o", label=name)
@@ -64,8 +67,8 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
     a.set_ylabel("MLP width")
     a.set_title(f"taper profiles (1x = {setup.chassis.d_ff}, equal stored params)")
     a.legend()
-    common.loss_bars(b, setup, summary)
-    common.save_figure(setup, fig)
+    report.loss_bars(b, setup, summary)
+    report.save_figure(setup, fig)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import sys
 from typing import Any
 
 import common  # noqa: E402  (bench/evidence is on sys.path when run as a script)
+from report import format_table, json_safe  # noqa: E402
+from runs import device_module  # noqa: E402
 
 from npas.allocation.config import ArchConfig, Chassis
 from npas.training.recipe import Recipe
@@ -58,7 +60,7 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    return common._device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
+    return device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
 
 
 def runs() -> list[dict[str, Any]]:
@@ -80,7 +82,7 @@ def device_specs() -> list[dict]:
     for i, r in enumerate(runs()):
         recipe = Recipe.from_dict({**RECIPE.to_dict(), "seed": r["seed"], "lr": r["lr"], "min_lr": r["lr"] / 10,
                                    "dtype": r["dtype"]})
-        specs.append(common._device_module().make_spec(
+        specs.append(device_module().make_spec(
             RUNS / f"{key(r, v)}.json", cfgs[r["arm"]], recipe, CHASSIS, test=True, priority=i,
             meta={**r, "code_version": v}, est_s=recipe.steps * (0.012 if r["dtype"] == "float32" else 0.006)))
     return specs
@@ -165,7 +167,7 @@ def report(v: str) -> dict[str, Any]:
         rows.append([arm, f"{mean:.4f} ± {sd:.4f}", len(vals), "-" if arm == REF else f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}]",
                      verd, "-" if arm not in cpu else f"{cpu[arm][0]:+.3f} [{cpu[arm][1]:+.3f}, {cpu[arm][2]:+.3f}] {cpu_v}",
                      "-" if best_f is None else f"x{best_f:g}" + ("" if best_f == 1.0 else " (moved)")])
-    print(common.format_table(["arm", "test loss (nats)", "seeds", f"paired Δ vs {REF}, 95% CI", "verdict (d256)",
+    print(format_table(["arm", "test loss (nats)", "seeds", f"paired Δ vs {REF}, 95% CI", "verdict (d256)",
                                "CPU d64: Δ, 95% CI, verdict", "lr optimum (seed 99)"], rows))
     fp32 = res.get((REF, SEEDS[0], base, "float32"))
     bf16 = res.get((REF, SEEDS[0], base, "bfloat16"))
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(runs())} runs, {tok / 1e6:.0f}M tokens in all; code {v}")
         return 0
     summary = report(v)
-    SUMMARY.write_text(json.dumps(common._clean(summary), indent=1, default=str))
+    SUMMARY.write_text(json.dumps(json_safe(summary), indent=1, default=str))
     print(f"wrote {SUMMARY.relative_to(ROOT)}")
     return 0
 

@@ -1,0 +1,196 @@
+"""The evidence scripts' training pool and its cache: every run is one ``bench/device.py`` spec, trained
+on spawned 1-thread processes here (or exported for a lent GPU machine), and every finished run is one
+JSON in ``bench/evidence/results/runs/`` keyed by arm, allocation, recipe, seed, device kind and code
+version, so a killed or time-boxed script resumes where it stopped and only what is missing trains.
+
+``run_arms`` is what an experiment calls: its arms x its seeds, plus (full mode) each arm's 3-point
+learning-rate check on seed 99, which is never a reported seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds, scaled_lr
+from report import format_table
+from stats import paired_interval, summarize
+
+import npas
+from npas.allocation.config import ArchConfig
+from npas.training.recipe import Recipe
+
+
+def device_module():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import device
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return device
+
+
+def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
+    """The bench/device.py spec of a job: the one runner both a CPU pool and a GPU machine use."""
+    recipe = Recipe.from_dict(job["recipe"])
+    cfg = ArchConfig.from_dict(job["config"])
+    return {"dest": dest, "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": job.get("reference"),
+            "test": True, "est_s": cpu_seconds(npas.count(cfg).flops_per_token, recipe.steps * recipe.tokens_per_step),
+            "meta": {"name": job["name"], "seed": recipe.seed, "recipe_name": recipe.name, "lr": recipe.lr}}
+
+
+def train_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One run in a worker process (bench/device.py's runner): the job's identity plus its metrics."""
+    rec = device_module().run_spec(spec_of(job))
+    rec.setdefault("steps_done", rec.get("steps", 0))
+    rec["wall_s"] = round(rec.get("wall_s") or 0.0, 2)
+    return rec
+
+
+def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
+              seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Every config x every seed, seed-major so a cut-short run still has whole seeds; the fair
+    parameterization scales against the setup's chassis (the experiment's reference)."""
+    base = recipe or setup.recipe
+    return [{"name": name, "config": cfg.to_dict(), "reference": asdict(setup.chassis),
+             "recipe": {**base.to_dict(), "seed": seed}} for seed in (setup.seeds if seeds is None else seeds)
+            for name, cfg in configs.items()]
+
+
+def code_version() -> str:
+    return device_module().files_version(VERSIONED)
+
+
+def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:
+    recipe = Recipe.from_dict(job["recipe"])
+    rhash = hashlib.sha256(json.dumps({**recipe.to_dict(), "seed": 0}, sort_keys=True).encode()).hexdigest()[:8]
+    chash = ArchConfig.from_dict(job["config"]).hash[:12]
+    return cache / f"{job['name']}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
+
+
+def _device_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
+             plan_only: bool = False) -> list[dict[str, Any]]:
+    """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
+
+    With a ``cache`` folder, finished runs are read from it and every new one is written the moment
+    it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
+    nothing and returns what is cached."""
+    t0 = time.perf_counter()
+    version, kind = code_version(), os.environ.get("NPAS_EVIDENCE_DEVICE") or _device_kind()
+    paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
+    out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
+    todo = [i for i, r in enumerate(out) if r is None]
+    tokens = sum(Recipe.from_dict(jobs[i]["recipe"]).steps * Recipe.from_dict(jobs[i]["recipe"]).tokens_per_step
+                 for i in todo)
+    cpu_s = sum(spec_of(jobs[i])["est_s"] for i in todo)
+    print(f"plan: {len(jobs)} runs, {len(jobs) - len(todo)} cached ({kind}, code {version}); {len(todo)} to train, "
+          f"{tokens / 1e6:.1f}M tokens -> ~{cpu_s / 3600:.2f} CPU-hours (~{cpu_s / 3600 / max(1, workers):.2f} h wall "
+          f"on {workers} workers)", flush=True)
+    export = os.environ.get("NPAS_EVIDENCE_EXPORT")
+    if export and cache:
+        with open(export, "a") as f:
+            for i in todo:
+                f.write(json.dumps({**spec_of(jobs[i], str(cache_path(jobs[i], cache, "cuda", version).relative_to(ROOT))),
+                                    "group": "evidence"}) + "\n")
+        print(f"exported {len(todo)} specs to {export}")
+    if plan_only or export:
+        return [r for r in out if r is not None]
+
+    def done(i: int, rec: dict[str, Any], n: int) -> None:
+        out[i] = rec
+        if paths[i] is not None:
+            paths[i].parent.mkdir(parents=True, exist_ok=True)
+            tmp = paths[i].with_suffix(".tmp")
+            tmp.write_text(json.dumps({**rec, "code_version": version}, default=str) + "\n")
+            tmp.replace(paths[i])
+        _progress(n, len(todo), rec, t0)
+
+    if workers <= 1:
+        for n, i in enumerate(todo, 1):
+            done(i, train_job(jobs[i]), n)
+        return [r for r in out if r is not None]
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(train_job, jobs[i]): i for i in todo}
+        for n, fut in enumerate(as_completed(futures), 1):
+            done(futures[fut], fut.result(), n)
+    return [r for r in out if r is not None]
+
+
+def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
+    """The experiment's runs (every arm x every seed) and, in full mode, each arm's learning-rate check
+    (x0.5, x1, x2 of the base rate on seed 99, never a reported seed), whose table is printed here.
+
+    With ``--arms`` only those arms train; their table is printed and the script exits without a report
+    (one with missing arms would be wrong), so a long report can be built up a few arms per session."""
+    if setup.only:
+        unknown = [a for a in setup.only if a not in configs]
+        if unknown:
+            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
+        configs = {a: configs[a] for a in setup.only}
+    jobs = make_jobs(configs, setup, recipe)
+    base = recipe or setup.recipe
+    checks = []
+    if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
+        for f in LR_CHECK_FACTORS:
+            checks += make_jobs(configs, setup, scaled_lr(base, f), seeds=(LR_CHECK_SEED,))
+    results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
+    if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
+        raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
+    main = [r for r in results if r.get("seed") != LR_CHECK_SEED or not checks]
+    lr_rows = [r for r in results if r.get("seed") == LR_CHECK_SEED and checks]
+    if lr_rows:
+        print(lr_check_table(lr_rows, list(configs), base.lr))
+    if setup.only:
+        _print_partial(main, list(configs))
+        raise SystemExit(0)
+    return main
+
+
+def _print_partial(results: list[dict[str, Any]], names: list[str]) -> None:
+    """The --arms table: each arm against the first named one, paired over the seeds both ran."""
+    ref = names[0]
+    rows = []
+    for row in summarize(results, names, ref):
+        iv = paired_interval(results, row["name"], ref) if row["name"] != ref else None
+        rows.append([row["name"], row["n"], f"{row['mean']:.4f}", f"{row['std']:.4f}",
+                     "-" if iv is None or iv.low is None else f"{iv.value:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"])
+    print(f"partial (--arms; no report written): val loss by arm, paired Δ vs {ref} with 95% t-interval")
+    print(format_table(["arm", "seeds", "mean", "std", "Δ vs " + ref], rows), flush=True)
+
+
+def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: float) -> str:
+    """Per arm: loss at x0.5, x1, x2 of the base rate (seed 99) and whether the optimum moved."""
+    table = []
+    for name in names:
+        by_f = {round(r["lr"] / base_lr, 3): r.get("val_loss") for r in rows if r.get("name") == name}
+        cells = [by_f.get(f) for f in LR_CHECK_FACTORS]
+        ok = [(v, f) for v, f in zip(cells, LR_CHECK_FACTORS, strict=True) if v is not None]
+        best = min(ok)[1] if len(ok) == len(LR_CHECK_FACTORS) else None
+        table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells),
+                      "incomplete" if best is None else (f"x{best:g}" + ("" if best == 1.0 else " (moved)"))])
+    return f"learning-rate check (seed {LR_CHECK_SEED}, val loss):\n" + format_table(
+        ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
+
+
+def _progress(n: int, total: int, r: dict[str, Any], t0: float) -> None:
+    loss = "failed" if r["val_loss"] is None else f"{r['val_loss']:.4f}"
+    print(f"  [{n}/{total}] {r['name']} seed {r['seed']}: val_loss {loss}  ({r['wall_s']:.0f} s, "
+          f"elapsed {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
