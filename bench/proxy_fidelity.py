@@ -44,15 +44,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import optuna  # noqa: E402
-from scipy.stats import kendalltau  # noqa: E402
 
 import npas  # noqa: E402
 from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
+from npas.service.fidelity import BOOTSTRAP, rank_correlation  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
@@ -65,7 +64,6 @@ LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
 TOP = 5  # tau among the best proxy candidates, where a user actually chooses
 TARGET_TAU, TARGET_LOW = 0.7, 0.3
-RESAMPLES = 2000
 SAMPLER_SEED = 0
 
 
@@ -303,31 +301,6 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ statistics
-def tau(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b; nan when either side is constant (no ranking to compare)."""
-    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
-        return math.nan
-    return float(kendalltau(x, y).statistic)
-
-
-def bootstrap_tau(x: list[float], y: list[float], resamples: int = RESAMPLES, seed: int = 0,
-                  level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of tau over candidates resampled with replacement (seeded); resamples
-    whose ranking is constant on a side are dropped. (nan, nan) when none is usable."""
-    rng = np.random.default_rng(seed)
-    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    taus = []
-    for _ in range(resamples):
-        idx = rng.integers(0, len(xa), len(xa))
-        t = tau(xa[idx].tolist(), ya[idx].tolist())
-        if math.isfinite(t):
-            taus.append(t)
-    if not taus:
-        return math.nan, math.nan
-    a = (1 - level) / 2
-    return float(np.quantile(taus, a)), float(np.quantile(taus, 1 - a))
-
-
 def ranked(values: list[float]) -> list[float]:
     """Failed runs (inf/None) rank last, tied with each other; finite values kept as they are."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
@@ -379,7 +352,7 @@ def report(setup: Setup, cands: list[Candidate], version: str) -> dict[str, dict
     stats = {}
     print()
     for par in PARAMETERIZATIONS:
-        stats[par] = _stats(par, rows[par], cands, S, setup)
+        stats[par] = _stats(par, rows[par], cands, S)
     return stats
 
 
@@ -389,22 +362,22 @@ def _cell(v: float | None) -> str:
     return f"{v:>8.4f}" if math.isfinite(v) else f"{'div':>8}"
 
 
-def _stats(par: str, rows: dict[str, tuple[float | None, list[float]]], cands: list[Candidate], S: int,
-           setup: Setup) -> dict:
+def _stats(par: str, rows: dict[str, tuple[float | None, list[float]]], cands: list[Candidate], S: int) -> dict:
     """tau over the candidates with a proxy score and at least one long seed; a verdict only when all
     candidates have every seed."""
     names = [c.name for c in cands if rows[c.name][0] is not None and rows[c.name][1]]
     complete = len(names) == len(cands) and all(len(rows[n][1]) == S for n in names)
     proxy = ranked([rows[n][0] for n in names])
     long = ranked([statistics.fmean(rows[n][1]) for n in names])
-    t = tau(proxy, long)
-    lo, hi = bootstrap_tau(proxy, long) if len(names) >= 3 else (math.nan, math.nan)
+    iv = rank_correlation(proxy, long)  # the statistic `npas validate` reports, bootstrapped over candidates
+    t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
     top = sorted(range(len(names)), key=proxy.__getitem__)[:TOP]
-    t_top = tau([proxy[i] for i in top], [long[i] for i in top]) if len(top) >= 2 else math.nan
+    t_top = rank_correlation([proxy[i] for i in top], [long[i] for i in top], n_boot=0).value
+    t_top = math.nan if t_top is None else t_top
     ok = math.isfinite(t) and t >= TARGET_TAU and math.isfinite(lo) and lo > TARGET_LOW
     verdict = ("PASS" if ok else "MISS") if complete else "INCOMPLETE"
     print(f"{par:<8} Kendall tau over {len(names)}/{len(cands)} candidates = {_num(t)} "
-          f"[95% bootstrap {_num(lo)}, {_num(hi)}; {RESAMPLES} resamples] | tau among the {min(TOP, len(top))} "
+          f"[95% bootstrap {_num(lo)}, {_num(hi)}; {BOOTSTRAP} resamples] | tau among the {min(TOP, len(top))} "
           f"best proxy = {_num(t_top)} | target tau >= {TARGET_TAU} and lower bound > {TARGET_LOW}: {verdict}")
     noise = _seed_noise(rows, names)
     if noise is not None:

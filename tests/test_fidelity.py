@@ -20,6 +20,7 @@ def test_rank_correlation_point_values_and_seeded_intervals():
     assert tau.low <= tau.value <= tau.high <= 1.0
     assert F.rank_correlation(proxy, valid, "kendall") == tau  # seeded: same data, same interval
     assert F.rank_correlation(proxy[:2], valid[:2]).low is None  # too few for an interval
+    assert F.rank_correlation(proxy, valid, n_boot=0) == F.Interval(tau.value, None, None, len(proxy))  # point only
 
 
 def test_rank_flips_counts_reversed_pairs():

@@ -10,6 +10,7 @@ import math
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -92,22 +93,34 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     assert order == sorted(order)
 
 
-def test_statistics_planted_order_and_pure_noise(pf):
+def _synthetic(pf, longs_of):
+    """12 candidates whose proxy losses are fixed and whose long runs (2 seeds) come from `longs_of`,
+    scored by the bench's own reporting path (`_stats`): tau, its interval and the verdict."""
     rng = np.random.default_rng(1)
     proxy = list(rng.normal(size=12))
-    planted = [2 * v + 0.01 for v in proxy]  # same order: tau 1, interval at 1
-    assert pf.tau(proxy, planted) == pytest.approx(1.0)
-    lo, hi = pf.bootstrap_tau(proxy, planted)
-    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
-    noise = list(rng.normal(size=12))  # unrelated: the interval covers 0
-    lo, hi = pf.bootstrap_tau(proxy, noise)
-    assert lo < 0 < hi and hi - lo > 0.4
-    assert pf.bootstrap_tau(proxy, noise) == (lo, hi)  # seeded
+    cands = [types.SimpleNamespace(name=f"c{i}") for i in range(12)]
+    rows = {c.name: (p, longs_of(p, rng)) for c, p in zip(cands, proxy, strict=True)}
+    return pf._stats("fair", rows, cands, 2)
+
+
+def test_statistics_planted_order_passes_and_pure_noise_misses(pf, capsys):
+    planted = _synthetic(pf, lambda p, rng: [2 * p + 0.01, 2 * p + 0.02])  # same order: tau 1, interval at 1
+    assert planted["tau"] == pytest.approx(1.0) and planted["tau_top"] == pytest.approx(1.0)
+    assert planted["low"] == pytest.approx(1.0) and planted["high"] == pytest.approx(1.0)
+    assert planted["complete"] and planted["verdict"] == "PASS"
+    noise = _synthetic(pf, lambda p, rng: list(rng.normal(size=2)))  # unrelated to the proxy
+    assert noise["low"] < 0 < noise["high"] and noise["high"] - noise["low"] > 0.4
+    assert noise["verdict"] == "MISS"
+    assert _synthetic(pf, lambda p, rng: list(rng.normal(size=2))) == noise  # seeded: same data, same interval
+    out = capsys.readouterr().out
+    assert re.search(r"^fair\s+Kendall tau over 12/12 candidates = \+1\.000 \[95% bootstrap \+1\.000, \+1\.000; "
+                     r"2000 resamples\].*: PASS$", out, re.M), out
 
 
 def test_failed_runs_rank_last(pf):
     assert pf.ranked([1.0, math.inf, 0.5, None]) == [1.0, 2.0, 0.5, 2.0]
-    assert math.isnan(pf.tau([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+    one_sided = _synthetic(pf, lambda p, rng: [1.0, 1.0])  # every long run tied: no ranking to compare
+    assert math.isnan(one_sided["tau"]) and one_sided["verdict"] == "MISS"
 
 
 def test_bench_readme_row():

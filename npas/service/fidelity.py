@@ -78,7 +78,7 @@ def rank_correlation(proxy: list[float], validated: list[float], method: str = "
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns on constant input and returns nan; those are skipped
         point = _none_if_nan(fn(x, y))
-        if n < 3:
+        if n < 3 or n_boot <= 0:  # n_boot=0: the point estimate alone
             return Interval(point, None, None, n)
         rng = np.random.default_rng(seed)
         draws = []
