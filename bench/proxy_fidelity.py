@@ -164,7 +164,7 @@ def _corpus(recipe: Recipe) -> Any:
     return _CORPUS[key]
 
 
-def _run(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
+def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     """Train one allocation (in a worker process) and score it on the validation and test splits.
     ``ref_json`` is the space's reference chassis, which the fair parameterization scales against
     (as a search's runner passes it)."""
@@ -243,14 +243,14 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
 
     if setup.workers <= 1:
         while queue and (j := next_job()) is not None:
-            save(j, _run(*args(j)))
+            save(j, train_and_score(*args(j)))
             ran += 1
     else:
         with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
             live: dict[Future, Job] = {}
             while queue or live:
                 while queue and len(live) < setup.workers and (j := next_job()) is not None:
-                    live[pool.submit(_run, *args(j))] = j
+                    live[pool.submit(train_and_score, *args(j))] = j
                 if not live:
                     break
                 done, _ = wait(list(live), return_when=FIRST_COMPLETED)

@@ -1,0 +1,157 @@
+"""A recipe's base learning rate: is the proxy's rate where the space's baselines learn best?
+
+``lr_transfer.py`` checks one half of fair training: under ``fair``, every allocation's optimum sits
+at the reference's, so one base rate serves a whole search. This bench checks the other half: that
+the search's recipe puts that base rate at the optimum. A rate below it under-trains every proxy
+run, and an under-trained proxy rewards whatever raises the effective step (the second evidence
+edition saw LoRA adapters do exactly that), which is noise in the ranking, not allocation.
+
+It trains baselines of ``bench/spaces/full_frozen.yaml`` (the space ``proxy_fidelity.py`` ranks; by
+default its two cheapest, ``narrow_untied`` and ``cycle_tying``) with the ``proxy`` recipe at
+x0.5, x1, x2 and x4 of its rate (the cosine floor scaled with it), on fresh seeds 20 and 21 under the
+default ``fair`` parameterization, scored on the validation split as a search scores them.
+
+Target: every arm's optimum (mean over seeds) at x1 of the recipe's rate, i.e. the recipe is within
+half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are missing). The
+sub-grid position from a parabola in log2(lr) is printed beside it.
+
+Each finished run is one JSON in ``bench/results/recipe_lr/`` keyed by (arm, allocation hash,
+factor, seed, code version); the code version hashes the npas files that decide a loss plus the
+recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
+
+    python bench/recipe_lr.py --plan          runs x tokens -> estimated CPU-hours
+    nice -n 10 python bench/recipe_lr.py      train what is missing (2 workers), then the table
+    python bench/recipe_lr.py --arms narrow_untied,cycle_tying,full_tying   all three baselines
+    python bench/recipe_lr.py --quick         smoke recipe, tiny steps, temp dir
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
+    sys.path.insert(0, str(ROOT))
+
+from bench.device import bench_parser, files_version, version_to_read  # noqa: E402
+from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
+from bench.proxy_fidelity import VERSIONED, Candidate, load_candidates, make_setup, train_and_score  # noqa: E402
+from npas.training.recipe import Recipe  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "recipe_lr"
+FACTORS = (0.5, 1.0, 2.0, 4.0)
+QUICK_FACTORS = (0.5, 1.0, 2.0)
+SEEDS = (20, 21)  # never the proxy's seed 0 nor proxy_fidelity's long seeds 1000+
+DEFAULT_ARMS = ("narrow_untied", "cycle_tying")
+
+
+def scaled(recipe: Recipe, factor: float, seed: int) -> Recipe:
+    return Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * factor, "min_lr": recipe.min_lr * factor,
+                             "seed": seed, "parameterization": "fair"})
+
+
+def key(c: Candidate, factor: float, seed: int, version: str) -> str:
+    return f"{c.name}-{c.config.hash[:8]}-x{factor:g}-s{seed}-{version}"
+
+
+def run_missing(recipe: Recipe, arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...],
+                out: Path, version: str, reference_json: str, workers: int) -> int:
+    """Train every uncached (arm, factor, seed), writing each record the moment it arrives."""
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [(c, f, s) for s in seeds for c in arms for f in factors if not (out / f"{key(c, f, s, version)}.json").exists()]
+    print(f"runs: {len(todo)} to train, {len(arms) * len(factors) * len(seeds) - len(todo)} cached in {out}", flush=True)
+    t0 = time.perf_counter()
+
+    def save(c: Candidate, f: float, s: int, rec: dict) -> None:
+        path = out / f"{key(c, f, s, version)}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"arm": c.name, "factor": f, "seed": s, **rec, "code_version": version},
+                                  indent=1, default=str) + "\n")
+        tmp.replace(path)  # atomic: a kill never leaves half a record
+        loss = rec["val_loss"] if rec["status"] == "ok" else None
+        print(f"  {c.name:<14} x{f:<4g} seed {s}: val {'-' if loss is None else f'{loss:.4f}'} "
+              f"({rec['wall_s']:.0f} s, {time.perf_counter() - t0:.0f} s elapsed)", flush=True)
+
+    def args(c: Candidate, f: float, s: int) -> tuple[str, str, str]:
+        return c.config.to_json(), json.dumps(scaled(recipe, f, s).to_dict()), reference_json
+
+    if workers <= 1:
+        for c, f, s in todo:
+            save(c, f, s, train_and_score(*args(c, f, s)))
+        return len(todo)
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(train_and_score, *args(*job)): job for job in todo}
+        for fut in as_completed(futures):
+            save(*futures[fut], fut.result())
+    return len(todo)
+
+
+def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...], out: Path,
+           version: str, base_lr: float) -> str:
+    """Print the loss grid and each arm's optimum; return PASS, MISS or INCOMPLETE."""
+    print(f"\nmean val loss (nats) over seeds {list(seeds)}, lr = factor x {base_lr:g}; 'div' = diverged")
+    print(f"{'arm':<14}" + "".join(f"{'x' + format(f, 'g'):>9}" for f in factors) + f"{'best':>7}{'sub-grid':>10}")
+    verdicts = []
+    for c in arms:
+        means = []
+        for f in factors:
+            recs = [json.loads(p.read_text()) for s in seeds if (p := out / f"{key(c, f, s, version)}.json").exists()]
+            losses = [r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf for r in recs]
+            means.append(statistics.fmean(losses) if len(losses) == len(seeds) else None)
+        cells = "".join(f"{'-' if m is None else ('div' if not math.isfinite(m) else f'{m:.4f}'):>9}" for m in means)
+        if any(m is None for m in means):
+            verdicts.append("INCOMPLETE")
+            print(f"{c.name:<14}{cells}{'-':>7}{'-':>10}")
+            continue
+        i, sub = optimum(means)
+        one = factors.index(1.0)
+        verdicts.append("PASS" if i == one else "MISS")
+        # the sub-grid position as a factor of the recipe's rate: grid steps are x2
+        print(f"{c.name:<14}{cells}{'x' + format(factors[i], 'g'):>7}{'x' + format(2 ** (sub - one), '.2f'):>10}")
+    verdict = "INCOMPLETE" if "INCOMPLETE" in verdicts else ("MISS" if "MISS" in verdicts else "PASS")
+    print(f"target: every arm's optimum at x1 of the recipe's rate ({base_lr:g}): {verdict}")
+    return verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser(__doc__.split("\n\n")[0], "smoke recipe at 6 steps, 3 factors, 1 seed, temp dir", RESULTS)
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help="comma-separated baselines of full_frozen.yaml (narrow_untied, cycle_tying, full_tying)")
+    a = p.parse_args(argv)
+    setup = make_setup(a.quick, None, None, a.out or (None if a.quick else RESULTS), a.workers)
+    recipe = setup.proxy
+    factors, seeds = (QUICK_FACTORS, SEEDS[:1]) if a.quick else (FACTORS, SEEDS)
+    space, cands = load_candidates(setup)
+    by_name = {c.name: c for c in cands if c.name in space.baselines()}
+    wanted = [n.strip() for n in a.arms.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown or not wanted:
+        p.error(f"--arms {a.arms!r}: choose from {', '.join(by_name)}")
+    arms = [by_name[n] for n in wanted]
+    version = version_to_read(p, a, files_version(VERSIONED, {k: v for k, v in recipe.to_dict().items()
+                                                              if k not in ("seed", "parameterization")}))
+    print(f"[recipe_lr] recipe {recipe.name}: lr {recipe.lr:g} -> {recipe.min_lr:g}, {recipe.steps} steps x "
+          f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
+          f"fair | code {version}", flush=True)
+    if a.plan:
+        tokens = recipe.steps * recipe.tokens_per_step
+        secs = sum(3 * c.flops * tokens / CPU_FLOPS for c in arms) * len(factors) * len(seeds)
+        print(f"plan: {len(arms) * len(factors) * len(seeds)} runs x {tokens:,} tokens -> ~{secs / 3600:.2f} CPU-hours "
+              f"(~{secs / 3600 / max(1, setup.workers):.2f} h wall on {setup.workers} workers)")
+        return 0
+    if not a.report:
+        run_missing(recipe, arms, factors, seeds, setup.out, version,
+                    json.dumps(space.reference_chassis.__dict__), setup.workers)
+    report(arms, factors, seeds, setup.out, version, recipe.lr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
