@@ -159,8 +159,7 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
     b.axvline(0, color="k", lw=1)
     b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
     b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
-    b.set_xlabel("paired Δ val loss (nats/char), 95% t-interval")
-    b.set_title("claims (orange: reproduced)")
+    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
     b.legend(fontsize=7)
     report.save_figure(setup, fig)
 

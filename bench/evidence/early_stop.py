@@ -123,13 +123,13 @@ def plot(setup: common.Setup, rows: dict[str, list[dict]], ref: tuple[float, flo
             xs.append(cum / 1e6)
             ys.append(min([y for y in ys] + [r["values"][0] if r["values"] and r["full_fidelity"] else math.inf]))
         b.step(xs, ys, where="post", color=f"C{k}", label=arm)
-    a.set_xlabel("train memory (MB, analytic)")
-    a.set_ylabel("proxy val loss (nats/char)")
-    a.set_title("full-fidelity trials and fronts")
+    a.set(xlabel="train memory (MB, analytic)",
+          ylabel="proxy val loss (nats/char)",
+          title="full-fidelity trials and fronts")
     a.legend(fontsize=8)
-    b.set_xlabel("cumulative proxy tokens (M)")
-    b.set_ylabel("best full-fidelity loss so far")
-    b.set_title("search progress against proxy compute")
+    b.set(xlabel="cumulative proxy tokens (M)",
+          ylabel="best full-fidelity loss so far",
+          title="search progress against proxy compute")
     b.legend(fontsize=8)
     report.save_figure(setup, fig)
 

@@ -84,9 +84,9 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
     for n, x in zip(names, xs, strict=True):
         a.annotate(f"{n.split()[1]}, T={acc[n]['templates']}", (x, rows[n]["mean"]), fontsize=7, xytext=(3, 3),
                    textcoords="offset points")
-    a.set_xlabel("stored params")
-    a.set_ylabel("val loss (nats/char)")
-    a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
+    a.set(xlabel="stored params",
+          ylabel="val loss (nats/char)",
+          title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     a.legend(fontsize=8)
     report.save_figure(setup, fig)
 

@@ -113,13 +113,13 @@ def plot(setup: common.Setup, summaries: dict[str, list[dict]], acc: dict[str, d
             b.annotate(r["name"].split(" ")[0], (acc[r["name"]]["flops_ratio"], r["mean"]), fontsize=6,
                        xytext=(3, 3), textcoords="offset points")
     a.set_xticks(xs, list(budgets))
-    a.set_xlabel("stored-parameter budget (x reference)")
-    a.set_ylabel("val loss (nats/char)")
-    a.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
+    a.set(xlabel="stored-parameter budget (x reference)",
+          ylabel="val loss (nats/char)",
+          title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     a.legend(fontsize=8)
-    b.set_xlabel("FLOPs/token relative to the 1x reference")
-    b.set_ylabel("val loss (nats/char)")
-    b.set_title("same runs against per-token compute")
+    b.set(xlabel="FLOPs/token relative to the 1x reference",
+          ylabel="val loss (nats/char)",
+          title="same runs against per-token compute")
     b.legend(fontsize=8)
     report.save_figure(setup, fig)
 

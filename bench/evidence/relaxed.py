@@ -140,18 +140,18 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], uniques
         a.axhline(sh["mean"], color=f"C{k}", ls=":", label=f"shallow untied L={U} (= params of r=0)")
     a.axhline(rows[REF]["mean"], color="k", ls="--", label=f"untied L={setup.chassis.n_layers}")
     a.set_xticks(xs, [str(r) for r in RANKS])
-    a.set_xlabel("LoRA rank r at every tied position")
-    a.set_ylabel("val loss (nats/char)")
-    a.set_title("loss vs relaxation rank")
+    a.set(xlabel="LoRA rank r at every tied position",
+          ylabel="val loss (nats/char)",
+          title="loss vs relaxation rank")
     a.legend(fontsize=7)
     for r in summary:
         p = acc[r["name"]]["stored_params"]
         b.errorbar(p, r["mean"], yerr=_s(r["std"]), fmt="o", capsize=3)
         b.annotate(r["name"], (p, r["mean"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     b.set_xscale("log")
-    b.set_xlabel("stored params")
-    b.set_ylabel("val loss (nats/char)")
-    b.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
+    b.set(xlabel="stored params",
+          ylabel="val loss (nats/char)",
+          title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     report.save_figure(setup, fig)
 
 

@@ -113,8 +113,8 @@ def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
     if vals:
         lo, hi = min(vals), max(vals)
         ax.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
-    ax.set_ylabel("val loss (nats/char)")
-    ax.set_title(f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+    ax.set(ylabel="val loss (nats/char)",
+           title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
 
 
 def finish(setup: Setup) -> None:

@@ -213,9 +213,9 @@ def plot(setup: common.Setup, cert: dict[str, Any]) -> None:
                     xytext=(3, 3), textcoords="offset points")
     tau = cert["all"]["kendall_tau"]
     t = "-" if tau.get("value") is None else f"{tau['value']:.2f}"
-    ax.set_xlabel("proxy val loss (search, a quarter of the steps)")
-    ax.set_ylabel("test loss, mean ± std over fresh seeds")
-    ax.set_title(f"proxy vs validated: Kendall τ = {t} (squares = hand-crafted, red = knee pick)")
+    ax.set(xlabel="proxy val loss (search, a quarter of the steps)",
+           ylabel="test loss, mean ± std over fresh seeds",
+           title=f"proxy vs validated: Kendall τ = {t} (squares = hand-crafted, red = knee pick)")
     report.save_figure(setup, fig)
 
 

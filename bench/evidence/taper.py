@@ -63,9 +63,9 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, row in acc.items():
         a.plot(range(len(row["mlp_widths"])), row["mlp_widths"], marker="o", label=name)
-    a.set_xlabel("layer")
-    a.set_ylabel("MLP width")
-    a.set_title(f"taper profiles (1x = {setup.chassis.d_ff}, equal stored params)")
+    a.set(xlabel="layer",
+          ylabel="MLP width",
+          title=f"taper profiles (1x = {setup.chassis.d_ff}, equal stored params)")
     a.legend()
     report.loss_bars(b, setup, summary)
     report.save_figure(setup, fig)
