@@ -40,9 +40,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.device import bench_parser, files_version, version_to_read  # noqa: E402
+from bench.device import bench_parser, version_to_read  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
-from bench.proxy_fidelity import VERSIONED, Candidate, load_candidates, make_setup, train_and_score  # noqa: E402
+from bench.proxy_fidelity import (  # noqa: E402
+    Candidate,
+    code_version,
+    load_candidates,
+    make_setup,
+    train_and_score,
+)
 from npas.training.recipe import Recipe  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "recipe_lr"
@@ -135,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         p.error(f"--arms {a.arms!r}: choose from {', '.join(by_name)}")
     arms = [by_name[n] for n in wanted]
-    version = version_to_read(p, a, files_version(VERSIONED, {k: v for k, v in recipe.to_dict().items()
-                                                              if k not in ("seed", "parameterization")}))
+    version = version_to_read(p, a, code_version(setup))  # proxy_fidelity's key: same files, same recipe
     print(f"[recipe_lr] recipe {recipe.name}: lr {recipe.lr:g} -> {recipe.min_lr:g}, {recipe.steps} steps x "
           f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
           f"fair | code {version}", flush=True)
