@@ -138,13 +138,25 @@ def run_spec(spec: dict) -> dict:
     if recipe.threads > 0:
         torch.set_num_threads(recipe.threads)
     t = time.perf_counter()
+    init = None
+    if spec.get("init_weights"):  # a converted model's weights (bench/evidence/conversion.py): safetensors only
+        from safetensors.torch import load_file
+        init = load_file(str(ROOT / spec["init_weights"]))
     try:
-        model, res = train_model(cfg, recipe, corpus, reference=ref)
+        model, res = train_model(cfg, recipe, corpus, reference=ref, init_state=init)
     except Exception as err:  # a run that breaks is a failed record, not a dead pool
         return {**spec["meta"], "status": "failed", "val_loss": None, "test_loss": None,
                 "failure_reason": f"{type(err).__name__}: {err}"[:500], "steps": 0, "tokens": 0,
                 "wall_s": time.perf_counter() - t, "device": "?", "allocation": cfg.to_dict(),
                 "recipe": recipe.to_dict()}
+    if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
+        from safetensors.torch import save_file
+
+        from npas.allocation.transformer import export_state
+        dest = ROOT / spec["save_weights"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        save_file(export_state(model), str(dest.with_suffix(".tmp")))
+        dest.with_suffix(".tmp").replace(dest)
     test = None
     if spec.get("test") and res.status == "ok":
         test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)

@@ -9,6 +9,8 @@ The analytic accounting is asserted: every arm of a comparison prints the same s
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import subprocess
 import sys
@@ -205,3 +207,43 @@ def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--arms", "nope",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown arm(s) ['nope']" in bad.stderr
+
+
+@pytest.mark.slow
+def test_conversion_quick_trains_each_phase_once_and_starts_from_the_dense_weights(tmp_path):
+    """conversion.py's phases (dense with saved weights, then converted from them, then both scratch arms)
+    train 2 seeds each, once; the recursive arms are one allocation; the converted model, scored before
+    any uptraining, is close to the dense model it came from (a model built afresh would sit near ln 68),
+    so the uptraining really starts from the converted weights' neighbourhood."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--quick", "--seeds",
+                           "2", "--steps", "8", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    rows = {m[1]: (m[2], m[3]) for m in re.finditer(rf"^(\w+)\s+({NUM})\s+-\s+-\s+-\s+{NUM}\s+(\d\.\d{{3}})\s", out, re.M)}
+    assert set(rows) == {"dense", "converted", "scratch_uptrain", "scratch_lineage"}, out
+    assert rows["converted"] == rows["scratch_uptrain"] == rows["scratch_lineage"] and rows["converted"][1] == "1.000"
+    assert "{'dense': 8, 'converted': 10, 'scratch_uptrain': 2, 'scratch_lineage': 10}" in out
+    for arm in ("dense", "converted", "scratch_uptrain", "scratch_lineage"):
+        assert proc.stderr.count(f"] {arm} seed ") == 2, proc.stderr  # each (arm, seed) trained exactly once
+    assert len(re.findall(r"^claim .*: converted - scratch_\w+ [-+]\d\.\d{4} \[.*\] over 2 seed\(s\): "
+                          r"(reproduced|contradicted|unresolved)", out, re.M)) == 2, out
+    doc = json.loads((tmp_path / "conversion_quick.json").read_text())
+    dense = {r["seed"]: r["val_loss"] for r in doc["results"] if r["name"] == "dense"}
+    before = {int(k): v for k, v in doc["converted_before_uptraining"].items()}
+    assert set(before) == set(dense) == {0, 1}
+    assert all(abs(before[s] - dense[s]) < 0.1 < math.log(68) - before[s] for s in before), (before, dense)
+    # the worker trained from the converted weights: without them the converted run is scratch_uptrain's
+    # run exactly (same allocation, recipe and seed), 2 steps from a fresh init
+    conv = {r["seed"]: r["val_loss"] for r in doc["results"] if r["name"] == "converted"}
+    scratch = {r["seed"]: r["val_loss"] for r in doc["results"] if r["name"] == "scratch_uptrain"}
+    assert all(conv[s] < scratch[s] - 0.2 for s in (0, 1)), (conv, scratch)
+    assert (tmp_path / "conversion_quick.png").is_file()
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--quick", "--arms",
+                          "dense", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "run it whole" in bad.stderr
+    plan = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--plan", "--out",
+                           str(tmp_path / "plan")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # 5 seeds x 4 arms, plus seed 99's dense model and 3 rates for each recursive arm: one plan for all phases
+    assert plan.returncode == 0 and re.search(r"^plan: 30 runs, \d+ cached .*-> ~[\d.]+ CPU-hours", plan.stdout, re.M)
+    assert not list((tmp_path / "plan").iterdir()), plan.stdout

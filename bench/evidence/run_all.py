@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("taper", "high_budget", "low_budget", "relaxed", "atoms", "search_vs_hand", "early_stop", "expert_pool")
+ORDER = ("taper", "high_budget", "low_budget", "relaxed", "atoms", "conversion", "search_vs_hand", "early_stop",
+         "expert_pool")
 
 
 def main() -> int:

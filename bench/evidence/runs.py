@@ -45,7 +45,8 @@ def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
     cfg = ArchConfig.from_dict(job["config"])
     return {"dest": dest, "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": job.get("reference"),
             "test": True, "est_s": cpu_seconds(npas.count(cfg).flops_per_token, recipe.steps * recipe.tokens_per_step),
-            "meta": {"name": job["name"], "seed": recipe.seed, "recipe_name": recipe.name, "lr": recipe.lr}}
+            "meta": {"name": job["name"], "seed": recipe.seed, "recipe_name": recipe.name, "lr": recipe.lr},
+            **{k: job[k] for k in ("init_weights", "save_weights") if job.get(k)}}  # conversion.py's phases
 
 
 def train_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -143,12 +144,8 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         if unknown:
             raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
         configs = {a: configs[a] for a in setup.only}
-    jobs = make_jobs(configs, setup, recipe)
+    jobs, checks = arm_jobs(configs, setup, recipe)
     base = recipe or setup.recipe
-    checks = []
-    if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
-        for f in LR_CHECK_FACTORS:
-            checks += make_jobs(configs, setup, scaled_lr(base, f), seeds=(LR_CHECK_SEED,))
     results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
@@ -160,6 +157,16 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         _print_partial(main, list(configs))
         raise SystemExit(0)
     return main
+
+
+def arm_jobs(configs: dict[str, ArchConfig], setup: Setup,
+             recipe: Recipe | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every arm x every seed, and in full mode the learning-rate check's runs on seed 99)."""
+    checks = []
+    if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
+        for f in LR_CHECK_FACTORS:
+            checks += make_jobs(configs, setup, scaled_lr(recipe or setup.recipe, f), seeds=(LR_CHECK_SEED,))
+    return make_jobs(configs, setup, recipe), checks
 
 
 def _print_partial(results: list[dict[str, Any]], names: list[str]) -> None:

@@ -1,0 +1,254 @@
+"""Conversion from a trained model: does a recursive model converted from a trained dense one beat the
+same model trained from scratch?
+
+    python bench/evidence/conversion.py --plan     # runs x tokens -> CPU-hours, what is cached; trains nothing
+    python bench/evidence/conversion.py            # report: d_model 64, 8 layers, 5 seeds
+    python bench/evidence/conversion.py --quick    # smoke run
+
+Claim (Relaxed Recursive Transformers): a recursive model initialised from a pretrained dense one (each
+tied block from the layers it replaces, per-position LoRA from a truncated SVD of what tying lost) and
+then uptrained recovers most of the dense model's quality, and that initialisation beats random init.
+The paper converts a pretrained Gemma; here the dense model is the evidence chassis's untied reference
+trained with the evidence recipe on each seed, and `npas.conversion` (what `npas convert` runs) maps it.
+
+Arms, per seed s:
+  dense            the untied reference, the evidence recipe (1,000 steps), seed s; its weights are saved
+  converted        dense s converted into cycle tying U = L/2 with LoRA r = 16 on attention and MLP
+                   (alpha / r), then uptrained for a quarter of the recipe's steps on seed s
+  scratch_uptrain  the same allocation from random init, trained for the same uptraining steps
+  scratch_lineage  the same allocation from random init for dense + uptraining steps: as many optimizer
+                   steps as the converted model's whole lineage saw
+
+Held equal (printed): the three recursive arms are one allocation (stored params, FLOPs per token), data
+and seeds. The dense model's FLOPs per token equal the recursive model's (tying keeps every shape and
+npas merges each LoRA delta into its weight once per step, the merge cost printed), so
+scratch_lineage also matches the converted lineage's training FLOPs up to that merge cost. Not equal:
+stored params of dense vs recursive (printed). The learning-rate check (x0.5, x1, x2 on seed 99) covers
+the three recursive arms; the converted arm's check converts the seed-99 dense model once and uptrains
+it at each rate. The dense arm is the untied reference, whose check the other experiments report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import common
+import report
+import runs
+import stats
+
+from npas.allocation.config import ArchConfig, reference_config
+from npas.allocation.fit import tying_map
+from npas.training.recipe import Recipe
+
+RANK = 16
+UPTRAIN_FRACTION = 4  # uptraining = a quarter of the recipe's steps
+DENSE, CONVERTED, SCRATCH_UP, SCRATCH_LINEAGE = "dense", "converted", "scratch_uptrain", "scratch_lineage"
+ARMS = (DENSE, CONVERTED, SCRATCH_UP, SCRATCH_LINEAGE)
+# (arm, reference, kind, words): the paired claims
+CLAIMS = (
+    (CONVERTED, SCRATCH_UP, "better",
+     "the paper's: converting a trained model beats random init at equal uptraining steps"),
+    (CONVERTED, SCRATCH_LINEAGE, "better",
+     "our test: converted + uptraining beats random init at equal optimizer steps of the whole lineage"),
+)
+
+
+def relaxed_config(ch) -> ArchConfig:
+    L = ch.n_layers
+    r = min(RANK, ch.d_model // 2)
+    return ArchConfig(chassis=ch, mlp_widths=(ch.d_ff,) * L, block_of_layer=tying_map("cycle", L, max(1, L // 2)),
+                      lora_attn=(r,) * L, lora_mlp=(r,) * L)
+
+
+def recipes(recipe: Recipe) -> tuple[Recipe, Recipe]:
+    """(uptraining: a quarter of the recipe's steps and warmup; lineage: dense + uptraining steps)."""
+    steps = max(2, recipe.steps // UPTRAIN_FRACTION)
+    up = Recipe.from_dict({**recipe.to_dict(), "name": f"{recipe.name}-uptrain", "steps": steps,
+                           "warmup_steps": max(1, recipe.warmup_steps // UPTRAIN_FRACTION),
+                           "eval_every": max(1, steps // 2)})
+    lineage = Recipe.from_dict({**recipe.to_dict(), "name": f"{recipe.name}-lineage",
+                                "steps": recipe.steps + steps})
+    return up, lineage
+
+
+def weights_dir(setup: common.Setup) -> Path:
+    """Trained dense and freshly converted weights (safetensors; ignored by git: a later session whose
+    converted runs are not all cached retrains the dense model, which is deterministic per seed)."""
+    return (setup.cache / "conversion_weights") if setup.cache else setup.out_dir / "conversion_weights"
+
+
+def stem(job: dict[str, Any], setup: common.Setup) -> str:
+    return Path(runs.cache_path(job, Path("."), "w", runs.code_version())).stem
+
+
+def dense_jobs(setup: common.Setup, cfg: ArchConfig, seeds: list[int]) -> list[dict[str, Any]]:
+    jobs = runs.make_jobs({DENSE: cfg}, setup, seeds=seeds)
+    for j in jobs:
+        j["save_weights"] = str(weights_dir(setup) / f"{stem(j, setup)}.safetensors")
+    return jobs
+
+
+def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up: Recipe) -> tuple[str, float]:
+    """Convert the seed's trained dense model into `cfg` (what `npas convert` does), save the weights the
+    uptraining starts from, and score the converted model before any uptraining (cached beside them)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from npas.allocation.transformer import build_model, export_state
+    from npas.conversion import convert_model
+    from npas.conversion.calibration import calibration_ids
+    from npas.training.proxy import eval_batches, evaluate
+
+    seed = dense_job["recipe"]["seed"]
+    dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job, setup)}.safetensors"
+    at0_file = dest.with_suffix(".json")
+    if dest.exists() and at0_file.exists():
+        return str(dest), json.loads(at0_file.read_text())["val_loss"]
+    dense = build_model(ArchConfig.from_dict(dense_job["config"])).float()
+    dense.load_state_dict(load_file(dense_job["save_weights"]))
+    corpus = runs.device_module()._corpus(up)
+    conv = convert_model(dense, cfg, seed=seed, calibration=calibration_ids(corpus, up.seq_len))
+    with torch.no_grad():
+        at0 = evaluate(conv.model.float(), eval_batches(corpus, up), torch.device("cpu"), up)
+    save_file(export_state(conv.model), str(dest))
+    at0_file.write_text(json.dumps({"seed": seed, "val_loss": at0}) + "\n")
+    return str(dest), float(at0)
+
+
+def main() -> None:
+    args = common.arg_parser(__doc__).parse_args()
+    if args.arms:
+        raise SystemExit("--arms: conversion.py trains its arms in dependent phases (dense, then converted); "
+                         "run it whole, it resumes from its cache")
+    setup = common.setup_from(args, "conversion")
+    ch = setup.chassis
+    dense_cfg, cfg = reference_config(ch), relaxed_config(ch)
+    up, lineage = recipes(setup.recipe)
+    acc = {DENSE: common.accounting_row(DENSE, dense_cfg, dense_cfg)}
+    for name in (CONVERTED, SCRATCH_UP, SCRATCH_LINEAGE):
+        acc[name] = common.accounting_row(name, cfg, dense_cfg)
+    common.print_accounting(list(acc.values()))
+    tok = setup.recipe.tokens_per_step
+    fpt = acc[CONVERTED]["flops_per_token"]
+    merge = acc[CONVERTED]["generation_flops_per_step"]
+    steps = {DENSE: setup.recipe.steps, CONVERTED: setup.recipe.steps + up.steps, SCRATCH_UP: up.steps,
+             SCRATCH_LINEAGE: lineage.steps}
+    print(f"optimizer steps x {tok:,} tokens per arm's lineage: {steps}; LoRA merge {merge:,} FLOPs/step = "
+          f"{merge / (fpt * tok):.1%} of a step's forward FLOPs; tokens per stored param (dense, 1 run): "
+          f"{setup.recipe.steps * tok / acc[DENSE]['stored_params']:.1f}")
+    check = not setup.quick and setup.lr_factor == 1.0
+    dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
+    djobs = dense_jobs(setup, dense_cfg, dseeds)
+    cjobs = [_converted_job(setup, cfg, up, s, f) for s in setup.seeds for f in (1.0,)]
+    if check:
+        cjobs += [_converted_job(setup, cfg, up, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
+    if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
+        scratch = [j for arm, rec in ((SCRATCH_UP, up), (SCRATCH_LINEAGE, lineage))
+                   for part in runs.arm_jobs({arm: cfg}, setup, rec) for j in part]
+        runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True)
+        raise SystemExit(0)
+    _forget_dense_without_weights(setup, djobs, cjobs)
+    dense = runs.run_jobs(djobs, setup.workers, setup.cache)
+    ok = {r["seed"] for r in dense if r.get("status") == "ok"}
+    missing = [s for s in dseeds if s not in ok]
+    if missing:
+        raise SystemExit(f"dense runs failed on seeds {missing}; see their records in {setup.cache}")
+    at0: dict[int, float] = {}
+    by_seed = {j["recipe"]["seed"]: j for j in djobs}
+    for j in cjobs:
+        seed = j["recipe"]["seed"]
+        j["init_weights"], at0[seed] = convert(setup, by_seed[seed], cfg, up)
+    converted = runs.run_jobs(cjobs, setup.workers, setup.cache)
+    scratch_up = runs.run_arms({SCRATCH_UP: cfg}, setup, recipe=up)
+    scratch_lineage = runs.run_arms({SCRATCH_LINEAGE: cfg}, setup, recipe=lineage)
+    main_seeds = set(setup.seeds)
+    results = [r for r in dense + converted if r["seed"] in main_seeds] + scratch_up + scratch_lineage
+    if check:
+        rows = [r for r in converted if r["seed"] == common.LR_CHECK_SEED]
+        print("converted arm's " + runs.lr_check_table(rows, [CONVERTED], up.lr))
+    report_results(setup, results, acc, at0, steps)
+
+
+def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, factor: float) -> dict[str, Any]:
+    job = runs.make_jobs({CONVERTED: cfg}, setup, common.scaled_lr(up, factor), seeds=[seed])[0]
+    job["init_weights"] = ""  # set once the dense model exists (the cache key does not depend on it)
+    return job
+
+
+def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs) -> None:
+    """A cached dense record whose weights are gone (a new checkout) is retrained when a converted run
+    of its seed still has to train; otherwise the record alone is all the report needs."""
+    if setup.cache is None:
+        return
+    version, kind = runs.code_version(), runs._device_kind()
+    todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, version).exists()}
+    for j in djobs:
+        path = runs.cache_path(j, setup.cache, kind, version)
+        if j["recipe"]["seed"] in todo and path.exists() and not Path(j["save_weights"]).exists():
+            path.unlink()
+
+
+def report_results(setup: common.Setup, results: list[dict[str, Any]], acc: dict[str, dict], at0: dict[int, float],
+                   steps: dict[str, int]) -> None:
+    summary = stats.summarize(results, list(ARMS), DENSE)
+    print(f"\nresults: val loss, mean ± std over {len(setup.seeds)} seed(s); Δ is the paired same-seed difference "
+          f"to {DENSE} (negative = better)")
+    extra = {n: {"lineage steps": f"{s:,}"} for n, s in steps.items()}
+    print(report.result_table(summary, acc, DENSE, extra))
+    seeds = sorted(s for s in at0 if s in set(setup.seeds))
+    m0, s0 = stats.mean_std([at0[s] for s in seeds])
+    dense = {r["seed"]: r["val_loss"] for r in results if r["name"] == DENSE}
+    conv = {r["seed"]: r["val_loss"] for r in results if r["name"] == CONVERTED}
+    scr = {r["seed"]: r["val_loss"] for r in results if r["name"] == SCRATCH_UP}
+    gap0 = stats.mean_std([at0[s] - dense[s] for s in seeds if s in dense])
+    print(f"right after conversion (no uptraining): val loss {report.fmt_pm(m0, s0)}; converted - dense "
+          f"{report.fmt_pm(*gap0)} nats")
+    shared = [s for s in seeds if s in dense and s in conv and s in scr and scr[s] != dense[s]]
+    recovered = [(scr[s] - conv[s]) / (scr[s] - dense[s]) for s in shared]
+    rec = stats.mean_std(recovered)
+    print(f"recovered: (scratch_uptrain - converted) / (scratch_uptrain - dense) = {report.fmt_pm(*rec)} "
+          f"over {len(shared)} seed(s) (1 = the dense model's loss)")
+    print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
+          "(negative = the arm is better)")
+    claims = []
+    for arm, ref, kind, words in CLAIMS:
+        iv = stats.paired_interval(results, arm, ref)
+        verdict = stats.verdict_of(iv, kind)
+        claims.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
+                       "verdict": verdict})
+        print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdict}")
+    iv = stats.paired_interval(results, CONVERTED, DENSE)
+    print(f"(no claim) converted - dense {report.fmt_interval(iv)} over {iv.n} seed(s)")
+    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
+                             "converted_before_uptraining": {str(s): at0[s] for s in seeds},
+                             "recovered_fraction": {"mean": rec[0], "std": rec[1], "per_seed": recovered},
+                             "converted_minus_dense": iv.to_dict(), "lineage_steps": steps, "rank": RANK,
+                             "uptrain_fraction": 1 / UPTRAIN_FRACTION})
+    plot(setup, summary, claims, m0)
+    report.finish(setup)
+
+
+def plot(setup: common.Setup, summary: list[dict], claims: list[dict], at0: float) -> None:
+    plt = report.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    report.loss_bars(a, setup, summary)
+    a.axhline(at0, color="k", ls=":", label=f"converted, before uptraining ({at0:.3f})")
+    a.legend(fontsize=7)
+    for k, c in enumerate(claims):
+        iv = c["interval"]
+        if iv["value"] is None:
+            continue
+        err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
+        b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4,
+                   color="C1" if c["verdict"] == "reproduced" else "C3")
+    b.axvline(0, color="k", lw=1)
+    b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
+    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
+    report.save_figure(setup, fig)
+
+
+if __name__ == "__main__":
+    main()
