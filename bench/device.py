@@ -170,6 +170,49 @@ def run_spec(spec: dict) -> dict:
             "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
 
 
+def write_record(path: Path, doc: dict) -> None:
+    """Write one finished run's JSON record atomically: a kill never leaves half a record, so a
+    resumed bench trusts every record file it finds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def run_pool(todo: Sequence[Any], worker: Any, args: Any, save: Any, workers: int, fits: Any = None) -> int:
+    """The CPU benches' one training loop: ``worker(*args(job))`` for each job of ``todo``, at most
+    ``workers`` at a time on spawned processes (in this process when ``workers`` is 1), in order;
+    ``save(job, record)`` runs here the moment a job finishes, so a killed bench keeps every finished
+    run. With ``fits(job) -> bool`` (a time box), a job starts only while it fits: one that would overrun
+    gives way to a cheaper one behind it, and none starts once nothing fits. Returns how many ran."""
+    queue = list(todo)
+
+    def take() -> Any:
+        for i, job in enumerate(queue):
+            if fits is None or fits(job):
+                return queue.pop(i)
+        return None
+
+    ran = 0
+    if workers <= 1:
+        while queue and (job := take()) is not None:
+            save(job, worker(*args(job)))
+            ran += 1
+        return ran
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        live: dict[Future, Any] = {}
+        while queue or live:
+            while queue and len(live) < workers and (job := take()) is not None:
+                live[pool.submit(worker, *args(job))] = job
+            if not live:
+                break
+            done, _ = wait(list(live), return_when=FIRST_COMPLETED)
+            for fut in done:
+                save(live.pop(fut), fut.result())
+                ran += 1
+    return ran
+
+
 class Pool:
     """One group's runs: at most ``workers`` in flight, priority order, none started that would end
     past the deadline at this group's observed pace (the spec's ``est_s`` until a run finishes)."""
@@ -194,11 +237,7 @@ class Pool:
         return None
 
     def save(self, spec: dict, rec: dict) -> None:
-        path = self.results / spec["dest"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, indent=1, default=str) + "\n")
-        tmp.replace(path)
+        write_record(self.results / spec["dest"], rec)
         self.done += 1
         self.failed += rec["status"] == "failed"
         if rec.get("wall_s"):

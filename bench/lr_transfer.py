@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,7 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
 
@@ -161,24 +159,15 @@ def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> i
     def args(j: Job) -> tuple:
         return j, configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json
 
-    def save(rec: dict, j: Job) -> None:
-        path = setup.out / f"{j.key(configs[j.arm], version)}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**rec, "code_version": version}, indent=1) + "\n")
-        tmp.replace(path)  # atomic: a kill never leaves half a record
-
     t0 = time.perf_counter()
-    if setup.workers <= 1:
-        for i, j in enumerate(todo, 1):
-            save(_run(*args(j)), j)
-            _progress(i, len(todo), j, t0)
-        return len(todo)
-    with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(_run, *args(j)): j for j in todo}
-        for i, fut in enumerate(as_completed(futures), 1):
-            save(fut.result(), futures[fut])
-            _progress(i, len(todo), futures[fut], t0)
-    return len(todo)
+    done = [0]
+
+    def save(j: Job, rec: dict) -> None:
+        write_record(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
+        done[0] += 1
+        _progress(done[0], len(todo), j, t0)
+
+    return run_pool(todo, _run, args, save, setup.workers)
 
 
 def _progress(i: int, n: int, j: Job, t0: float) -> None:

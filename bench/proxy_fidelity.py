@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, version_to_read  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space, load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
@@ -215,12 +213,9 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
         return now + eta > max_minutes * 60 * 1.1
 
     def save(j: Job, rec: dict) -> None:
-        path = setup.out / f"{j.key(setup, version)}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
-                                   "seed": j.seed, "parameterization": j.parameterization, **rec,
-                                   "code_version": version}, indent=1, default=str) + "\n")
-        tmp.replace(path)  # atomic: a kill never leaves half a record
+        write_record(setup.out / f"{j.key(setup, version)}.json",
+                     {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                      "parameterization": j.parameterization, **rec, "code_version": version})
         work[0] += rec["tokens"] * 3 * j.cand.flops
         work[1] += rec["wall_s"]
         print(f"  {j.kind:<5} {j.cand.name:<14} {j.parameterization:<8} seed {j.seed:<5} {rec['status']:<7} "
@@ -230,34 +225,8 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
     def args(j: Job) -> tuple[str, str, str]:
         return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict()), json.dumps(REFERENCE[0].__dict__)
 
-    ran = 0
-    queue = list(todo)
-
-    def next_job() -> Job | None:
-        """The first queued run that still fits the box (a long run that would overrun it gives way
-        to a cheaper proxy run behind it); None when the box is spent or nothing fits."""
-        for i, j in enumerate(queue):
-            if not expired(j):
-                return queue.pop(i)
-        return None
-
-    if setup.workers <= 1:
-        while queue and (j := next_job()) is not None:
-            save(j, train_and_score(*args(j)))
-            ran += 1
-    else:
-        with ProcessPoolExecutor(setup.workers, mp_context=mp.get_context("spawn")) as pool:
-            live: dict[Future, Job] = {}
-            while queue or live:
-                while queue and len(live) < setup.workers and (j := next_job()) is not None:
-                    live[pool.submit(train_and_score, *args(j))] = j
-                if not live:
-                    break
-                done, _ = wait(list(live), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    j = live.pop(fut)
-                    save(j, fut.result())
-                    ran += 1
+    # a long run that would overrun the box gives way to a cheaper proxy run behind it
+    ran = run_pool(todo, train_and_score, args, save, setup.workers, fits=lambda j: not expired(j))
     left = len(todo) - ran
     stop = f"; time box of {max_minutes:g} min: {left} runs not started" if left else ""
     print(f"ran {ran}, cached {cached}{stop}", flush=True)

@@ -29,18 +29,16 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.device import bench_parser, version_to_read  # noqa: E402
+from bench.device import bench_parser, run_pool, version_to_read, write_record  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
     Candidate,
@@ -75,28 +73,19 @@ def run_missing(recipe: Recipe, arms: list[Candidate], factors: tuple[float, ...
     print(f"runs: {len(todo)} to train, {len(arms) * len(factors) * len(seeds) - len(todo)} cached in {out}", flush=True)
     t0 = time.perf_counter()
 
-    def save(c: Candidate, f: float, s: int, rec: dict) -> None:
-        path = out / f"{key(c, f, s, version)}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"arm": c.name, "factor": f, "seed": s, **rec, "code_version": version},
-                                  indent=1, default=str) + "\n")
-        tmp.replace(path)  # atomic: a kill never leaves half a record
+    def save(job: tuple[Candidate, float, int], rec: dict) -> None:
+        c, f, s = job
+        write_record(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
+                                                            "code_version": version})
         loss = rec["val_loss"] if rec["status"] == "ok" else None
         print(f"  {c.name:<14} x{f:<4g} seed {s}: val {'-' if loss is None else f'{loss:.4f}'} "
               f"({rec['wall_s']:.0f} s, {time.perf_counter() - t0:.0f} s elapsed)", flush=True)
 
-    def args(c: Candidate, f: float, s: int) -> tuple[str, str, str]:
+    def args(job: tuple[Candidate, float, int]) -> tuple[str, str, str]:
+        c, f, s = job
         return c.config.to_json(), json.dumps(scaled(recipe, f, s).to_dict()), reference_json
 
-    if workers <= 1:
-        for c, f, s in todo:
-            save(c, f, s, train_and_score(*args(c, f, s)))
-        return len(todo)
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(train_and_score, *args(*job)): job for job in todo}
-        for fut in as_completed(futures):
-            save(*futures[fut], fut.result())
-    return len(todo)
+    return run_pool(todo, train_and_score, args, save, workers)
 
 
 def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...], out: Path,

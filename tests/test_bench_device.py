@@ -80,3 +80,21 @@ def test_evidence_export_lists_missing_runs_as_specs_and_writes_no_report(tmp_pa
     assert {s["meta"]["seed"] for s in lines} == {0, 1, 2, 3, 4, 99}
     assert all(s["dest"].startswith("bench/evidence/results/runs/") and "-cuda-" in s["dest"] for s in lines)
     assert not list(out.iterdir())  # nothing trained, so no report or figure was written
+
+
+def test_run_pool_starts_only_what_fits_in_order_and_saves_each_record_in_this_process(tmp_path: Path):
+    """The CPU benches' one training loop: a job that does not fit the box gives way to the ones behind
+    it, every finished job is saved here (a closure over this process's list works), in one process and
+    on spawned ones; write_record leaves only the whole record, never its temporary file."""
+    from bench.device import run_pool, write_record
+
+    for workers in (1, 2):
+        saved: list[tuple[int, int]] = []
+        ran = run_pool([-3, -100, -2], abs, lambda j: (j,), lambda j, r: saved.append((j, r)), workers,
+                       fits=lambda j: j != -100)
+        assert ran == 2 and sorted(saved) == [(-3, 3), (-2, 2)], (workers, saved)
+        if workers == 1:
+            assert saved == [(-3, 3), (-2, 2)]  # in order
+    write_record(tmp_path / "a" / "r.json", {"val_loss": 1.5})
+    assert json.loads((tmp_path / "a" / "r.json").read_text()) == {"val_loss": 1.5}
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["r.json"]

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -112,24 +110,16 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     if plan_only or export:
         return [r for r in out if r is not None]
 
-    def done(i: int, rec: dict[str, Any], n: int) -> None:
+    dev, finished = device_module(), [0]
+
+    def done(i: int, rec: dict[str, Any]) -> None:
         out[i] = rec
         if paths[i] is not None:
-            paths[i].parent.mkdir(parents=True, exist_ok=True)
-            tmp = paths[i].with_suffix(".tmp")
-            tmp.write_text(json.dumps({**rec, "code_version": version}, default=str) + "\n")
-            tmp.replace(paths[i])
-        _progress(n, len(todo), rec, t0)
+            dev.write_record(paths[i], {**rec, "code_version": version})
+        finished[0] += 1
+        _progress(finished[0], len(todo), rec, t0)
 
-    if workers <= 1:
-        for n, i in enumerate(todo, 1):
-            done(i, train_job(jobs[i]), n)
-        return [r for r in out if r is not None]
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(train_job, jobs[i]): i for i in todo}
-        for n, fut in enumerate(as_completed(futures), 1):
-            done(futures[fut], fut.result(), n)
+    dev.run_pool(todo, train_job, lambda i: (jobs[i],), done, workers)
     return [r for r in out if r is not None]
 
 
