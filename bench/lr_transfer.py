@@ -239,6 +239,20 @@ def optimum(losses: list[float]) -> tuple[int, float]:
     return i, float(i)
 
 
+MIN_MOVE = 0.25  # x2 steps: a rule that moves an optimum by less than this gives no estimate
+
+
+def implied_exponent(uniform: float, fair: float, exponent: float) -> float | None:
+    """The sharing exponent that would put an arm's optimum on the reference's, from its sub-grid
+    optimum shifts (x2 steps from the reference's) under ``uniform`` (no sharing correction, exponent 0)
+    and ``fair`` (``exponent``), assuming the shift is linear in the exponent between the two: an
+    extrapolation from two points, so a direction, not a fit. None when the rule moved the optimum by
+    less than ``MIN_MOVE`` (the shift says nothing about the exponent then)."""
+    if abs(fair - uniform) < MIN_MOVE:
+        return None
+    return exponent * uniform / (uniform - fair)
+
+
 def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
     """Print the loss grid and the optima side by side; True when every run is cached."""
     names = list(configs)
@@ -272,6 +286,7 @@ def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
             within[par] += abs(i - ri) <= 1
             cells.append(f"{setup.grid[i]:>14.4g}{i - ri:>+7d}{sub - rsub:>+11.2f}")
         print(f"{name:<14}{cells[0]}   {cells[1]:>35}")
+    _print_implied_exponents(names, rows)
     n = len(names)
     complete = len(res) == len(jobs_of(setup, configs)) + len(setup.grid) * len(setup.seeds)  # + reference alias
     so_far = "" if complete else "so far "
@@ -282,6 +297,24 @@ def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
     print(f"old (uniform) already met it: {old} "
           f"({so_far}{within['uniform']}/{counted['uniform']} arms within one step)")
     return complete
+
+
+def _print_implied_exponents(names: list[str], rows: dict) -> None:
+    """Per shared arm (tied, pooled, relaxed): the sharing exponent its two optima point at."""
+    from npas.training.parameterization import SHARING_EXPONENT
+
+    lines = []
+    for name in names:
+        if not name.startswith(("tied_", "pools_", "lora_")) or not all((name, p) in rows for p in ("fair", "uniform")):
+            continue
+        shift = {p: rows[name, p][1][1] - rows[name, p][2][1] for p in ("fair", "uniform")}
+        e = implied_exponent(shift["uniform"], shift["fair"], SHARING_EXPONENT)
+        lines.append(f"{name:<14}{shift['uniform']:>+9.2f}{shift['fair']:>+9.2f}   " +
+                     (f"{e:+.2f}" if e is not None else f"- (the rule moved it under {MIN_MOVE} step)"))
+    if lines:
+        print(f"\nimplied sharing exponent (the default is {SHARING_EXPONENT}; linear between uniform = 0 and "
+              f"fair, sub-grid steps from the reference's):\n{'arm':<14}{'uniform':>9}{'fair':>9}   exponent")
+        print("\n".join(lines))
 
 
 def full_setup(n_seeds: int = len(SEEDS), out: Path = RESULTS, workers: int = 2) -> Setup:
