@@ -38,7 +38,7 @@ import torch
 import npas
 import npas.allocation.budget
 import npas.allocation.fit
-from npas.allocation.space import load_space
+from npas.allocation.space_parser import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.config import ArchConfig, Chassis, reference_config  # noqa: E402
-from npas.allocation.space import parse_space  # noqa: E402
+from npas.allocation.space_parser import parse_space  # noqa: E402
 from npas.conversion import convert_model  # noqa: E402
 from npas.conversion.calibration import calibration_ids  # noqa: E402
 from npas.training.data import load_corpus  # noqa: E402

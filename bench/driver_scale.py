@@ -50,7 +50,8 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas.allocation.space import Space, load_space  # noqa: E402
+from npas.allocation.space import Space  # noqa: E402
+from npas.allocation.space_parser import load_space  # noqa: E402
 from npas.service.record import TrialAttr  # noqa: E402
 from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
 from npas.service.searcher import NpasSearcher  # noqa: E402

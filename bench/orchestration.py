@@ -267,7 +267,7 @@ _POOL: dict = {}
 
 def _pool_init(steps: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
     from npas.training.data import load_corpus
     from npas.training.proxy import run_proxy
 
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     target_s = args.trial_seconds or (3.0 if args.quick else 15.0)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
     from npas.training.data import load_corpus
     from npas.training.proxy import run_proxy
 

@@ -47,7 +47,8 @@ import optuna  # noqa: E402
 import npas  # noqa: E402
 from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.allocation.space import Space, load_space  # noqa: E402
+from npas.allocation.space import Space  # noqa: E402
+from npas.allocation.space_parser import load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
 from npas.service.fidelity import BOOTSTRAP, rank_correlation  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402

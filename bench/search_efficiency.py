@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", message="Heartbeat of storage")  # npas beats heartbeats itself
 
-    from npas.allocation.space import load_space
+    from npas.allocation.space_parser import load_space
     from npas.training.recipe import load_recipe
 
     space = load_space(SPACE)

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast.
 _LAZY = {
     "build_model": "npas.allocation.transformer",
-    "load_space": "npas.allocation.space",
+    "load_space": "npas.allocation.space_parser",
     "Space": "npas.allocation.space",
     "Candidate": "npas.allocation.space",
     "load_corpus": "npas.training.data",

@@ -54,7 +54,7 @@ def small_space(knobs: str, budget: str = "0.5x", composed: bool = False) -> str
 
 def space_refusal(text: str) -> SpaceError:
     """parse_space(text) must refuse at load; the error comes back for the caller to check its message."""
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
     from npas.errors import SpaceError
 
     with pytest.raises(SpaceError) as info:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import npas
 from npas.allocation.budget import count, parse_budget, stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
-from npas.allocation.space import load_space
+from npas.allocation.space_parser import load_space
 from npas.errors import BudgetError
 
 from .conftest import SPACES
@@ -39,7 +39,7 @@ SPACE_IDS = [p.stem for p in SPACES] + ["everything"]
 
 
 def space_of(which: str):
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     return parse_space(EVERYTHING, "everything") if which == "everything" else load_space(
         next(p for p in SPACES if p.stem == which))

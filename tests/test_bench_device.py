@@ -90,7 +90,7 @@ def test_run_pool_starts_only_what_fits_in_order_and_saves_each_record_in_this_p
 
     for workers in (1, 2):
         saved: list[tuple[int, int]] = []
-        ran = run_pool([-3, -100, -2], abs, lambda j: (j,), lambda j, r: saved.append((j, r)), workers,
+        ran = run_pool([-3, -100, -2], abs, lambda j: (j,), lambda j, r, saved=saved: saved.append((j, r)), workers,
                        fits=lambda j: j != -100)
         assert ran == 2 and sorted(saved) == [(-3, 3), (-2, 2)], (workers, saved)
         if workers == 1:

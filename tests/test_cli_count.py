@@ -69,7 +69,7 @@ def test_count_prints_the_expert_pool_stored_and_activated(tmp_path, capsys):
     the built model's tensors."""
     import optuna
 
-    from npas.allocation.space import load_space
+    from npas.allocation.space_parser import load_space
 
     space = load_space("search_spaces/expert_pool.yaml")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))

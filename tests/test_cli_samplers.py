@@ -15,7 +15,7 @@ import warnings
 import optuna
 import pytest
 
-from npas.allocation.space import parse_space
+from npas.allocation.space_parser import parse_space
 from npas.presentation.cli import main
 from npas.service.record import TrialAttr
 from npas.service.samplers import (

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig, AtomSpec, Bank, Chassis, reference_config
-from npas.allocation.space import parse_space
+from npas.allocation.space_parser import parse_space
 from npas.allocation.transformer import build_model
 from npas.conversion import convert_model
 from npas.conversion.convert import _read_weights

@@ -17,7 +17,7 @@ import torch
 
 from npas.allocation.budget import count, embedding_params
 from npas.allocation.config import Chassis, reference_config
-from npas.allocation.space import load_space
+from npas.allocation.space_parser import load_space
 from npas.allocation.transformer import build_model
 from npas.errors import BudgetError, DataError, StudyError
 from npas.training.corpora import SEPARATOR, bundled_text
@@ -147,7 +147,7 @@ def test_bits_per_byte_of_a_bpe_model_divides_by_the_bytes(tmp_path, docs):
 
 
 def test_val_bpb_is_an_objective(tmp_path):
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
     from npas.service.outcome import objective_values
 
     text = (ROOT / "search_spaces" / "taper.yaml").read_text()
@@ -185,7 +185,7 @@ def test_non_embedding_budgets_hold_exactly():
 
 
 def test_budget_scope_in_the_space_file():
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     text = (ROOT / "search_spaces" / "taper.yaml").read_text()
     space = parse_space("budget_scope: non_embedding\n" + text, "t")

@@ -213,7 +213,7 @@ def test_allocation_map_marks_atom_projections_and_kv_sharing_groups():
 def test_allocation_map_marks_the_expert_pool_each_layer_reads():
     import optuna
 
-    from npas.allocation.space import load_space
+    from npas.allocation.space_parser import load_space
 
     space = load_space(ROOT / "search_spaces" / "expert_pool.yaml")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))

@@ -15,7 +15,7 @@ import npas
 from npas.allocation import experts as experts_mod
 from npas.allocation.budget import count, stored_params
 from npas.allocation.config import ArchConfig, Chassis, ExpertPool
-from npas.allocation.space import load_space, parse_space
+from npas.allocation.space_parser import load_space, parse_space
 from npas.errors import ConfigError
 
 from .conftest import ROOT, check_export_round_trip, small_space, space_refusal

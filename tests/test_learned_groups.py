@@ -15,7 +15,7 @@ import npas
 from npas.allocation.budget import count, stored_params
 from npas.allocation.config import reference_config
 from npas.allocation.fit import groups_from_similarity
-from npas.allocation.space import parse_space
+from npas.allocation.space_parser import parse_space
 from npas.errors import SpaceError, StudyError
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import npas
 from npas.allocation.budget import count, stored_params
 from npas.allocation.config import ArchConfig, AtomSpec, Bank, Chassis
-from npas.allocation.space import parse_space
+from npas.allocation.space_parser import parse_space
 from npas.errors import ConfigError
 
 from .conftest import check_export_round_trip, small_space, space_refusal

@@ -12,7 +12,7 @@ from torch import nn
 
 import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
-from npas.allocation.space import load_space
+from npas.allocation.space_parser import load_space
 from npas.errors import NpasError
 
 from .conftest import ROOT, SPACES
@@ -76,7 +76,7 @@ def test_budget_1x_with_no_sharing_rebuilds_the_reference_exactly():
         "chassis: {vocab_size: 30, context: 24, d_model: 32, n_layers: 3, n_heads: 4, d_ff: 80}\n"
         "budget: 1x\nknobs: {tying: {mode: none}, taper: {schedule: uniform}}\n"
     )
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     space = parse_space(text)
     cand = space.sample(optuna.create_study().ask())

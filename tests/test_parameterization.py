@@ -13,7 +13,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
-from npas.allocation.space import load_space
+from npas.allocation.space_parser import load_space
 from npas.training.data import load_corpus
 from npas.training.parameterization import apply_init, optimizer_groups
 from npas.training.proxy import run_proxy, train_model

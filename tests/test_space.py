@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npas.allocation.fit import taper_profile, tying_map
-from npas.allocation.space import load_space, parse_space
+from npas.allocation.space_parser import load_space, parse_space
 from npas.errors import NpasError, SpaceError
 
 from .conftest import SPACES, space_refusal

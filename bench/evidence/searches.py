@@ -19,7 +19,7 @@ from npas.training.recipe import Recipe
 def search_space(setup: Setup, file_chassis: bool = False):
     """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
     chassis so a 12-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     path = ROOT / "search_spaces" / "full.yaml"
     data = yaml.safe_load(path.read_text())

@@ -1,6 +1,6 @@
 """The knob table: every searchable value of a search space, declared once.
 
-Parsing (`space.parse_space`), sampling (`Space.sample`), candidate construction (`Space.candidate`),
+Parsing (`space_parser.parse_space`), sampling (`Space.sample`), candidate construction (`Space.candidate`),
 validation messages and the dashboard all read this table, so a knob's name, YAML location, kind,
 allowed values or range, default and the condition under which it applies cannot disagree between
 them. Adding a knob is one `KnobSpec` entry here plus the code in `Space.candidate` (or the builder)

@@ -1,6 +1,7 @@
-"""Search spaces: YAML files saying where and how parameters may be shared, and sampling from them.
+"""Search spaces: where and how parameters may be shared, and sampling from them.
 
-`load_space(path)` validates the whole file and raises one `SpaceError` listing every problem.
+A `Space` is what `npas.allocation.space_parser` builds from a YAML file once every problem in it is
+ruled out (`load_space(path)` raises one `SpaceError` listing them all).
 `space.sample(trial)` maps an Optuna trial (define-by-run) to a `Candidate`: the knob values, and
 the allocation fitted to the budget by construction, or the reason nothing fits. Sampling never
 builds a model; it only counts.
@@ -12,11 +13,9 @@ import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget, reference_params
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
@@ -33,17 +32,12 @@ from npas.allocation.fit import (
 )
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
-    FIT_KEYS,
-    KNOB_SECTIONS,
     KNOBS,
-    REQUIRED,
-    SECTION_KEYS,
-    SETTINGS,
     TYING_WITH_U,
     KnobSpec,
     value,
 )
-from npas.allocation.knobs import Knob, check_keys, parse_knob
+from npas.allocation.knobs import Knob
 from npas.errors import BudgetError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)
@@ -51,7 +45,6 @@ log = logging.getLogger(__name__)
 OBJECTIVES = ("val_loss", "val_bpc", "val_bpb", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
               "peak_memory_bytes", "kv_cache_bytes_per_token")
 LOSS_OBJECTIVES = ("val_loss", "val_bpc", "val_bpb")  # val_bpb: bits per byte, comparable across tokenizers
-TOP_KEYS = ("name", "description", "chassis", "budget", "budget_scope", "dtype", "objectives", "recipe", "fit", "knobs")
 _PLAIN = {"kv_group": 1, "atom_slots": "none"}  # baselines share no K/V and use no atoms
 BASELINES: dict[str, dict[str, Any]] = {
     # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives;
@@ -332,15 +325,7 @@ class Space:
         return out
 
 
-# ---- loading --------------------------------------------------------------------------------
-def load_space(path: str | Path) -> Space:
-    """Read and validate a search-space file; every problem is reported at once in a SpaceError."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpaceError(str(p), ["no such file; the shipped spaces are in search_spaces/ (e.g. search_spaces/full.yaml)"])
-    return parse_space(p.read_text(encoding="utf-8"), str(p))
-
-
+# ---- budgets -------------------------------------------------------------------------------
 def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
     """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
     d_model, so a cap at or under them leaves every candidate infeasible."""
@@ -350,161 +335,3 @@ def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
     return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
             f"d_model={ch.d_model} and vocab_size={ch.vocab_size}; raise the budget, lower d_model, or cap only "
             f"the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)")
-
-
-def parse_space(text: str, source: str = "<space>") -> Space:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpaceError(source, [f"YAML does not parse: {' '.join(str(e).split())}"]) from None
-    if not isinstance(data, dict):
-        raise SpaceError(source, [f"the top level must be a mapping of {', '.join(TOP_KEYS)}"])
-    problems: list[str] = []
-    check_keys("space", data, TOP_KEYS, problems)
-    for key in ("chassis", "budget"):
-        if key not in data:
-            problems.append(f"space.{key}: missing; every space needs a chassis and a budget")
-
-    chassis: dict[str, Knob] = {}
-    raw_chassis = data.get("chassis") or {}
-    if not isinstance(raw_chassis, dict):
-        problems.append("space.chassis: must be a mapping of " + ", ".join(CHASSIS_KEYS))
-        raw_chassis = {}
-    check_keys("chassis", raw_chassis, CHASSIS_KEYS, problems)
-    for spec in KNOBS:
-        if spec.section != "chassis":
-            continue
-        if spec.key not in raw_chassis and spec.default is REQUIRED:
-            if "chassis" in data:
-                problems.append(f"chassis.{spec.key}: missing")
-            continue
-        kn = _parse_spec(spec, raw_chassis.get(spec.key, spec.default), problems)
-        if kn is not None:
-            chassis[spec.key] = kn
-    if len(chassis) == len(CHASSIS_KEYS):
-        problems.extend(Chassis(**{k: kn.default for k, kn in chassis.items()}).problems())
-
-    fit_raw = data.get("fit") or {}
-    if not isinstance(fit_raw, dict):
-        problems.append(f"space.fit: must be a mapping of {', '.join(FIT_KEYS)}")
-        fit_raw = {}
-    check_keys("fit", fit_raw, FIT_KEYS, problems)
-    settings: dict[str, Any] = {}
-    for spec in SETTINGS:
-        body = fit_raw if spec.section == "fit" else data
-        kn = _parse_spec(spec, body.get(spec.key, spec.default), problems)
-        settings[spec.name] = kn.default if kn is not None else spec.default
-    objectives = data.get("objectives", ["val_loss", "train_memory_bytes"])
-    if not isinstance(objectives, list) or not objectives:
-        problems.append(f"space.objectives: must be a list, e.g. [val_loss, train_memory_bytes]; got {objectives!r}")
-        objectives = ["val_loss"]
-    if len(set(map(repr, objectives))) != len(objectives):
-        problems.append(f"space.objectives: each objective once, got {objectives!r}")
-    for o in objectives:
-        if not isinstance(o, str):
-            problems.append(f"space.objectives: {o!r} is not an objective name; allowed: {', '.join(OBJECTIVES)}")
-        elif o not in OBJECTIVES:
-            parse_knob("space.objectives", o, problems, kind=str, allowed=OBJECTIVES)
-    if not any(o in LOSS_OBJECTIVES for o in objectives):
-        problems.append(f"space.objectives: needs a loss ({' or '.join(LOSS_OBJECTIVES)}), got {objectives!r}")
-
-    knobs, extras = _parse_knobs(data.get("knobs") or {}, chassis, problems)
-    if "templates" in knobs and max(knobs["templates"].options()) > settings["max_templates"]:
-        problems.append(f"knobs.pools.templates: up to {max(knobs['templates'].options())} exceeds "
-                        f"fit.max_templates={settings['max_templates']}; lower it or raise fit.max_templates")
-    if "n_atoms" in knobs and "atoms_fraction" in knobs:
-        problems.append("knobs.atoms: give count or fraction, not both (count is K itself, fraction is K / n_layers)")
-    for key in ("name", "description", "recipe"):
-        if key in data and not isinstance(data[key], str):
-            problems.append(f"space.{key}: must be text, got {data[key]!r}")
-
-    budget_spec = str(data.get("budget", "1x"))
-    try:  # syntax always; feasibility against the reference only when the chassis is valid
-        chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
-        ref_chassis = Chassis(**{k: kn.default for k, kn in chassis.items()}) if chassis_ok else None
-        cap = parse_budget(budget_spec, reference_params(ref_chassis) if ref_chassis else 10**9)
-        if ref_chassis and settings["budget_scope"] == "all" and (
-                short := below_embeddings(ref_chassis, budget_spec, cap)):
-            problems.append(f"space.budget: {short}")
-    except BudgetError as e:
-        problems.append(f"space.budget: {e}")
-    if problems:
-        raise SpaceError(source, problems)
-    return Space(
-        name=str(data.get("name") or Path(source).stem), text=text, source=source, chassis=chassis,
-        budget_spec=budget_spec, dtype=settings["dtype"], objectives=tuple(objectives),
-        recipe=str(data.get("recipe", "proxy")), knobs=knobs, width_fit=settings["width_fit"],
-        max_width_scale=float(settings["max_width_scale"]), max_templates=int(settings["max_templates"]),
-        description=str(data.get("description", "")), budget_scope=settings["budget_scope"], **extras,
-    )
-
-
-def _parse_knobs(raw: Any, chassis: dict[str, Knob], problems: list[str]) -> tuple[dict[str, Knob], dict]:
-    if not isinstance(raw, dict):
-        problems.append(f"space.knobs: must be a mapping of {', '.join(KNOB_SECTIONS)}")
-        return {}, {}
-    check_keys("knobs", raw, KNOB_SECTIONS, problems)
-    sections = {}
-    for sec, keys in SECTION_KEYS.items():
-        body = raw.get(sec) or {}
-        if not isinstance(body, dict):
-            problems.append(f"knobs.{sec}: must be a mapping of {', '.join(keys)}")
-            body = {}
-        check_keys(f"knobs.{sec}", body, keys, problems)
-        sections[sec] = body
-    # an n_layers that is missing or invalid is reported on its own; it bounds nothing else
-    L = max(chassis["n_layers"].options()) if "n_layers" in chassis else None
-    knobs: dict[str, Knob] = {}
-    for spec in KNOBS:
-        if spec.section == "chassis":
-            continue
-        body = raw if spec.section == "" else sections[spec.section]
-        if spec.key in body:
-            kn = _parse_spec(spec, body[spec.key], problems, {"n_layers": L} if L else {})
-            if kn is not None:
-                knobs[spec.name] = kn
-    extras: dict[str, Any] = {}
-    per_position = sections["relaxation"].get("per_position", False)
-    if not isinstance(per_position, bool):
-        problems.append(f"knobs.relaxation.per_position: {per_position!r} is not true/false")
-    extras["per_position"] = bool(per_position)
-    depths = chassis["n_layers"].options() if "n_layers" in chassis else []
-    for key, path in (("tying", "knobs.tying.mode"), ("bank_rule", "knobs.pools.rule")):
-        if key in knobs and "learned" in knobs[key].options() and len(depths) > 1:
-            problems.append(f"{path}: learned groups cluster the layers of one trained model, but chassis.n_layers "
-                            f"is searched over {depths}; give n_layers one value")
-    for sec, dest, need in (("tying", "tying_groups", "explicit"), ("pools", "bank_groups", "explicit")):
-        groups = sections[sec].get("groups")
-        chosen = knobs.get("tying" if sec == "tying" else "bank_rule")
-        if groups is None:
-            if chosen is not None and need in chosen.options():
-                problems.append(f"knobs.{sec}.groups: needed when {need!r} can be chosen; give lists of indices")
-            continue
-        if not (isinstance(groups, list) and groups and all(
-                isinstance(g, list) and g and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                  for i in g) for g in groups)):
-            problems.append(f"knobs.{sec}.groups: must be a list of non-empty lists of indices, got {groups!r}")
-            continue
-        flat = [i for g in groups for i in g]
-        if len(flat) != len(set(flat)):
-            problems.append(f"knobs.{sec}.groups: an index appears twice in {groups!r}")
-        if L is None:  # the depth is itself invalid (reported above): nothing to check the groups against
-            continue
-        if sec == "tying" and sorted(flat) != list(range(L)):
-            problems.append(f"knobs.tying.groups: must cover each of the {L} layers exactly once, got {groups!r}")
-        depths = chassis["n_layers"].options() if "n_layers" in chassis else [L]
-        if sec == "tying" and chosen is not None and need in chosen.options() and len(depths) > 1:
-            problems.append(f"knobs.tying.groups: explicit groups list the layers of one depth, but chassis.n_layers "
-                            f"is searched over {depths}; give n_layers one value")
-        if sec == "pools" and flat and max(flat) >= L:
-            problems.append(f"knobs.pools.groups: block {max(flat)} does not exist; a candidate has at most {L} "
-                            f"blocks (one per layer), numbered from 0")
-        extras[dest] = tuple(tuple(g) for g in groups)
-    return knobs, extras
-
-
-def _parse_spec(spec: KnobSpec, raw: Any, problems: list[str], bounds: dict[str, int] | None = None) -> Knob | None:
-    """Parse one table entry's YAML value; a bound named by a chassis key resolves through `bounds`."""
-    high = (bounds or {}).get(spec.high) if isinstance(spec.high, str) else spec.high
-    return parse_knob(spec.path, raw, problems, kind=spec.kind, allowed=spec.allowed, low=spec.low, high=high,
-                      fixed_only=not spec.searchable)

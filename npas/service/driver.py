@@ -20,7 +20,8 @@ import time
 import optuna
 
 from npas import __version__
-from npas.allocation.space import Space, parse_space
+from npas.allocation.space import Space
+from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service import faults
 from npas.service.launch import Launch, check_inputs

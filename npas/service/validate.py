@@ -26,7 +26,7 @@ import optuna
 from optuna.trial import TrialState
 
 from npas.allocation.config import ArchConfig
-from npas.allocation.space import parse_space
+from npas.allocation.space_parser import parse_space
 from npas.errors import StudyError
 from npas.service import study as studies
 from npas.service.optuna_adapter import storage_of, trial_id

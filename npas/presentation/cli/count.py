@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     is_space = isinstance(data, dict) and "budget" in data and "chassis" in data and "block_of_layer" not in data
     out: dict = {}
     if is_space:
-        from npas.allocation.space import parse_space
+        from npas.allocation.space_parser import parse_space
 
         space = parse_space(text, str(path))
         cfg = reference_config(space.reference_chassis, space.dtype)

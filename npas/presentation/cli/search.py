@@ -242,7 +242,7 @@ def _sampler_note(space, sampler: str) -> None:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     path = space_path(args.space)
     space = parse_space(_read_space_text(args.space), str(path))
@@ -276,7 +276,7 @@ def run_resume(args: argparse.Namespace) -> int:
     launch = check_inputs(args.trials, _launch(args), args.storage)
     text = None
     if args.space is not None:  # read and parse it before Ray starts: a typo costs one line
-        from npas.allocation.space import parse_space
+        from npas.allocation.space_parser import parse_space
 
         text = _read_space_text(args.space)
         parse_space(text, str(space_path(args.space)))

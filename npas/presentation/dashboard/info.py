@@ -132,7 +132,7 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
         return None
     from npas.allocation.budget import count
     from npas.allocation.config import reference_config
-    from npas.allocation.space import parse_space
+    from npas.allocation.space_parser import parse_space
 
     ua = study.user_attrs
     try:
@@ -310,7 +310,7 @@ def taper_info(study: optuna.Study) -> TaperInfo:
              for t in _front(study) if t.user_attrs.get(TrialAttr.ALLOC)]
     ref = None
     try:
-        from npas.allocation.space import parse_space
+        from npas.allocation.space_parser import parse_space
 
         ref = parse_space(study.user_attrs[StudyAttr.SPACE_TEXT]).reference_chassis.d_ff
     except (KeyError, NpasError):  # not an npas space: fall back on any sampled trial's chassis
