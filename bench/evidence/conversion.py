@@ -84,6 +84,13 @@ def stem(job: dict[str, Any], setup: common.Setup) -> str:
     return Path(runs.cache_path(job, Path("."), "w", runs.code_version())).stem
 
 
+def before_uptraining_file(setup: common.Setup, cfg: ArchConfig, dense_job: dict[str, Any]) -> Path:
+    """The converted model's score before uptraining: a small record kept with the cached runs (the
+    weights it came from are not kept)."""
+    folder = setup.cache if setup.cache else setup.out_dir
+    return folder / f"conversion-before-uptraining-{cfg.hash[:12]}-from-{stem(dense_job, setup)}.json"
+
+
 def dense_jobs(setup: common.Setup, cfg: ArchConfig, seeds: list[int]) -> list[dict[str, Any]]:
     jobs = runs.make_jobs({DENSE: cfg}, setup, seeds=seeds)
     for j in jobs:
@@ -104,9 +111,11 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
 
     seed = dense_job["recipe"]["seed"]
     dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job, setup)}.safetensors"
-    at0_file = dest.with_suffix(".json")
+    at0_file = before_uptraining_file(setup, cfg, dense_job)
     if dest.exists() and at0_file.exists():
         return str(dest), json.loads(at0_file.read_text())["val_loss"]
+    if at0_file.exists() and not Path(dense_job["save_weights"]).exists():  # every uptraining run is cached
+        return "", json.loads(at0_file.read_text())["val_loss"]
     dense = build_model(ArchConfig.from_dict(dense_job["config"])).float()
     dense.load_state_dict(load_file(dense_job["save_weights"]))
     corpus = runs.device_module()._corpus(up)
@@ -150,7 +159,7 @@ def main() -> None:
                    for part in runs.arm_jobs({arm: cfg}, setup, rec) for j in part]
         runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True)
         raise SystemExit(0)
-    _forget_dense_without_weights(setup, djobs, cjobs)
+    _forget_dense_without_weights(setup, djobs, cjobs, cfg)
     dense = runs.run_jobs(djobs, setup.workers, setup.cache)
     ok = {r["seed"] for r in dense if r.get("status") == "ok"}
     missing = [s for s in dseeds if s not in ok]
@@ -178,13 +187,15 @@ def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, 
     return job
 
 
-def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs) -> None:
+def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchConfig) -> None:
     """A cached dense record whose weights are gone (a new checkout) is retrained when a converted run
-    of its seed still has to train; otherwise the record alone is all the report needs."""
+    of its seed still has to train or its before-uptraining score is missing; otherwise the records
+    alone are all the report needs."""
     if setup.cache is None:
         return
     version, kind = runs.code_version(), runs._device_kind()
     todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, version).exists()}
+    todo |= {j["recipe"]["seed"] for j in djobs if not before_uptraining_file(setup, cfg, j).exists()}
     for j in djobs:
         path = runs.cache_path(j, setup.cache, kind, version)
         if j["recipe"]["seed"] in todo and path.exists() and not Path(j["save_weights"]).exists():
