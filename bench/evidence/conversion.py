@@ -80,7 +80,7 @@ def weights_dir(setup: common.Setup) -> Path:
     return (setup.cache / "conversion_weights") if setup.cache else setup.out_dir / "conversion_weights"
 
 
-def stem(job: dict[str, Any], setup: common.Setup) -> str:
+def stem(job: dict[str, Any]) -> str:
     return Path(runs.cache_path(job, Path("."), "w", runs.code_version())).stem
 
 
@@ -88,13 +88,13 @@ def before_uptraining_file(setup: common.Setup, cfg: ArchConfig, dense_job: dict
     """The converted model's score before uptraining: a small record kept with the cached runs (the
     weights it came from are not kept)."""
     folder = setup.cache if setup.cache else setup.out_dir
-    return folder / f"conversion-before-uptraining-{cfg.hash[:12]}-from-{stem(dense_job, setup)}.json"
+    return folder / f"conversion-before-uptraining-{cfg.hash[:12]}-from-{stem(dense_job)}.json"
 
 
 def dense_jobs(setup: common.Setup, cfg: ArchConfig, seeds: list[int]) -> list[dict[str, Any]]:
     jobs = runs.make_jobs({DENSE: cfg}, setup, seeds=seeds)
     for j in jobs:
-        j["save_weights"] = str(weights_dir(setup) / f"{stem(j, setup)}.safetensors")
+        j["save_weights"] = str(weights_dir(setup) / f"{stem(j)}.safetensors")
     return jobs
 
 
@@ -110,7 +110,7 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     from npas.training.proxy import eval_batches, evaluate
 
     seed = dense_job["recipe"]["seed"]
-    dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job, setup)}.safetensors"
+    dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job)}.safetensors"
     at0_file = before_uptraining_file(setup, cfg, dense_job)
     if dest.exists() and at0_file.exists():
         return str(dest), json.loads(at0_file.read_text())["val_loss"]
@@ -151,7 +151,7 @@ def main() -> None:
     check = not setup.quick and setup.lr_factor == 1.0
     dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
     djobs = dense_jobs(setup, dense_cfg, dseeds)
-    cjobs = [_converted_job(setup, cfg, up, s, f) for s in setup.seeds for f in (1.0,)]
+    cjobs = [_converted_job(setup, cfg, up, s, 1.0) for s in setup.seeds]
     if check:
         cjobs += [_converted_job(setup, cfg, up, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
     if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
@@ -166,10 +166,11 @@ def main() -> None:
     if missing:
         raise SystemExit(f"dense runs failed on seeds {missing}; see their records in {setup.cache}")
     at0: dict[int, float] = {}
-    by_seed = {j["recipe"]["seed"]: j for j in djobs}
+    weights: dict[int, str] = {}
+    for j in djobs:  # one conversion per dense model, shared by its seed's uptraining runs
+        weights[j["recipe"]["seed"]], at0[j["recipe"]["seed"]] = convert(setup, j, cfg, up)
     for j in cjobs:
-        seed = j["recipe"]["seed"]
-        j["init_weights"], at0[seed] = convert(setup, by_seed[seed], cfg, up)
+        j["init_weights"] = weights[j["recipe"]["seed"]]
     converted = runs.run_jobs(cjobs, setup.workers, setup.cache)
     scratch_up = runs.run_arms({SCRATCH_UP: cfg}, setup, recipe=up)
     scratch_lineage = runs.run_arms({SCRATCH_LINEAGE: cfg}, setup, recipe=lineage)
@@ -193,7 +194,7 @@ def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchCo
     alone are all the report needs."""
     if setup.cache is None:
         return
-    version, kind = runs.code_version(), runs._device_kind()
+    version, kind = runs.code_version(), runs.device_kind()
     todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, version).exists()}
     todo |= {j["recipe"]["seed"] for j in djobs if not before_uptraining_file(setup, cfg, j).exists()}
     for j in djobs:

@@ -76,10 +76,11 @@ def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str)
     return cache / f"{job['name']}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
 
 
-def _device_kind() -> str:
+def device_kind() -> str:
+    """The cache's device tag: NPAS_EVIDENCE_DEVICE when set (an export), else this machine's."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return os.environ.get("NPAS_EVIDENCE_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
@@ -90,7 +91,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
     nothing and returns what is cached."""
     t0 = time.perf_counter()
-    version, kind = code_version(), os.environ.get("NPAS_EVIDENCE_DEVICE") or _device_kind()
+    version, kind = code_version(), device_kind()
     paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
     out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
     todo = [i for i, r in enumerate(out) if r is None]
