@@ -105,7 +105,7 @@ def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(t
     assert (tmp_path / "atoms_quick.json").is_file() and (tmp_path / "atoms_quick.png").is_file()
 
 
-EVIDENCE_MODULES = ("common", "report", "runs", "searches", "stats")
+EVIDENCE_MODULES = ("common", "report", "runs", "searches", "stats", "conversion")
 
 
 @pytest.fixture
@@ -122,6 +122,28 @@ def evidence(monkeypatch):
     yield types.SimpleNamespace(**mods)
     for name in EVIDENCE_MODULES:
         sys.modules.pop(name, None)
+
+
+def test_conversion_best_rates_picks_each_arms_optimum_and_refuses_a_partial_check(tmp_path, evidence):
+    """--best-rates trains each recursive arm at its own checked optimum, the dense parent at x1 (--lr-factor
+    would move the parent too); a check with a missing cell names no optimum."""
+    conversion = evidence.conversion
+    check = {"converted": {0.5: 1.61, 1.0: 1.62, 2.0: 1.66}, "scratch_lineage": {0.5: 1.70, 1.0: 1.65, 2.0: 1.62}}
+    assert conversion.best_factors(check) == {"converted": 0.5, "scratch_lineage": 2.0}
+    with pytest.raises(SystemExit, match=r"not cached \(scratch_lineage x2 missing\)"):
+        conversion.best_factors({**check, "scratch_lineage": {0.5: 1.70, 1.0: 1.65, 2.0: None}})
+    script = str(ROOT / "bench" / "evidence" / "conversion.py")
+    bad = subprocess.run([sys.executable, script, "--best-rates", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "drop --quick" in bad.stderr and not list(tmp_path.iterdir())
+    # the committed cache holds the full check: its optima, and a plan that moves only the recursive arms
+    plan = subprocess.run([sys.executable, script, "--best-rates", "--plan", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    m = re.search(r"^each arm at its learning-rate check's optimum \(x the recipe's rate\): dense x1, converted "
+                  r"x([\d.]+), scratch_uptrain x([\d.]+), scratch_lineage x([\d.]+)$", plan.stdout, re.M)
+    assert m and all(f in ("0.5", "1", "2") for f in m.groups()), plan.stdout
+    assert re.search(r"^plan: 20 runs, ", plan.stdout, re.M) and not list(tmp_path.iterdir())
 
 
 def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_check(tmp_path, capsys, evidence):

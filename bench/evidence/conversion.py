@@ -4,6 +4,7 @@ same model trained from scratch?
     python bench/evidence/conversion.py --plan     # runs x tokens -> CPU-hours, what is cached; trains nothing
     python bench/evidence/conversion.py            # report: d_model 64, 8 layers, 5 seeds
     python bench/evidence/conversion.py --quick    # smoke run
+    python bench/evidence/conversion.py --best-rates   # each recursive arm at its checked optimum (5 seeds)
 
 Claim (Relaxed Recursive Transformers): a recursive model initialised from a pretrained dense one (each
 tied block from the layers it replaces, per-position LoRA from a truncated SVD of what tying lost) and
@@ -26,6 +27,11 @@ scratch_lineage also matches the converted lineage's training FLOPs up to that m
 stored params of dense vs recursive (printed). The learning-rate check (x0.5, x1, x2 on seed 99) covers
 the three recursive arms; the converted arm's check converts the seed-99 dense model once and uptrains
 it at each rate. The dense arm is the untied reference, whose check the other experiments report.
+
+`--best-rates` is the second rate the issue asks for when an arm's optimum moved. `--lr-factor` cannot
+give it here: it scales every arm, the dense parent too, so the converted model would start from a
+different parent. Instead each recursive arm trains its reported seeds at its own optimum from the
+cached check (seed 99), the dense parent stays as trained, and the report is `conversion_best.json`.
 """
 
 from __future__ import annotations
@@ -127,12 +133,36 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     return str(dest), float(at0)
 
 
+def best_factors(check: dict[str, dict[float, float | None]]) -> dict[str, float]:
+    """Each arm's learning-rate factor with the lowest check loss; every cell must be there (a partial
+    check could name a wrong optimum)."""
+    missing = sorted(f"{arm} x{f:g}" for arm, cells in check.items() for f, v in cells.items() if v is None)
+    if missing:
+        raise SystemExit(f"--best-rates: the learning-rate check is not cached ({', '.join(missing)} missing); "
+                         "run conversion.py without --best-rates first")
+    return {arm: min(cells, key=lambda f: cells[f]) for arm, cells in check.items()}
+
+
+def _cached_loss(setup: common.Setup, job: dict[str, Any]) -> float | None:
+    path = runs.cache_path(job, setup.cache, runs.device_kind(), runs.code_version()) if setup.cache else None
+    if path is None or not path.exists():
+        return None
+    rec = json.loads(path.read_text())
+    return rec.get("val_loss") if rec.get("status") == "ok" else None
+
+
 def main() -> None:
-    args = common.arg_parser(__doc__).parse_args()
+    parser = common.arg_parser(__doc__)
+    parser.add_argument("--best-rates", action="store_true",
+                        help="train each recursive arm's reported seeds at its optimum from the cached learning-rate "
+                             "check (the dense parent as trained); report conversion_best.json")
+    args = parser.parse_args()
     if args.arms:
         raise SystemExit("--arms: conversion.py trains its arms in dependent phases (dense, then converted); "
                          "run it whole, it resumes from its cache")
-    setup = common.setup_from(args, "conversion")
+    if args.best_rates and (args.quick or args.lr_factor != 1.0):
+        raise SystemExit("--best-rates reads the full run's learning-rate check: drop --quick and --lr-factor")
+    setup = common.setup_from(args, "conversion_best" if args.best_rates else "conversion")
     ch = setup.chassis
     dense_cfg, cfg = reference_config(ch), relaxed_config(ch)
     up, lineage = recipes(setup.recipe)
@@ -148,16 +178,36 @@ def main() -> None:
     print(f"optimizer steps x {tok:,} tokens per arm's lineage: {steps}; LoRA merge {merge:,} FLOPs/step = "
           f"{merge / (fpt * tok):.1%} of a step's forward FLOPs; tokens per stored param (dense, 1 run): "
           f"{setup.recipe.steps * tok / acc[DENSE]['stored_params']:.1f}")
-    check = not setup.quick and setup.lr_factor == 1.0
+    arm_recipe = {CONVERTED: up, SCRATCH_UP: up, SCRATCH_LINEAGE: lineage}
+    factor = {DENSE: 1.0, CONVERTED: 1.0, SCRATCH_UP: 1.0, SCRATCH_LINEAGE: 1.0}
+    if args.best_rates:
+        seed = common.LR_CHECK_SEED
+        factor.update(best_factors({
+            CONVERTED: {f: _cached_loss(setup, _converted_job(setup, cfg, up, seed, f))
+                        for f in common.LR_CHECK_FACTORS},
+            **{arm: {f: _cached_loss(setup, runs.make_jobs({arm: cfg}, setup, common.scaled_lr(arm_recipe[arm], f),
+                                                             seeds=[seed])[0]) for f in common.LR_CHECK_FACTORS}
+               for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}}))
+        print("each arm at its learning-rate check's optimum (x the recipe's rate): "
+              + ", ".join(f"{a} x{f:g}" for a, f in factor.items()))
+    check = not setup.quick and setup.lr_factor == 1.0 and not args.best_rates
     dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
     djobs = dense_jobs(setup, dense_cfg, dseeds)
-    cjobs = [_converted_job(setup, cfg, up, s, 1.0) for s in setup.seeds]
+    cjobs = [_converted_job(setup, cfg, up, s, factor[CONVERTED]) for s in setup.seeds]
     if check:
         cjobs += [_converted_job(setup, cfg, up, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
+    scratch_jobs = {arm: runs.arm_jobs({arm: cfg}, setup, common.scaled_lr(arm_recipe[arm], factor[arm]))
+                    for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
+    if args.best_rates:  # no check around a moved rate (as with --lr-factor)
+        scratch_jobs = {arm: (jobs, []) for arm, (jobs, _) in scratch_jobs.items()}
     if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
-        scratch = [j for arm, rec in ((SCRATCH_UP, up), (SCRATCH_LINEAGE, lineage))
-                   for part in runs.arm_jobs({arm: cfg}, setup, rec) for j in part]
+        scratch = [j for parts in scratch_jobs.values() for part in parts for j in part]
         runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True)
+        again = _forget_dense_without_weights(setup, djobs, cjobs, cfg, dry=True)
+        if again:
+            print(f"plus {len(again)} dense run(s) cached but retrained first, their weights being gone (seeds "
+                  f"{sorted(again)}): {len(again) * setup.recipe.steps * setup.recipe.tokens_per_step / 1e6:.1f}M "
+                  "tokens more")
         raise SystemExit(0)
     _forget_dense_without_weights(setup, djobs, cjobs, cfg)
     dense = runs.run_jobs(djobs, setup.workers, setup.cache)
@@ -172,14 +222,18 @@ def main() -> None:
     for j in cjobs:
         j["init_weights"] = weights[j["recipe"]["seed"]]
     converted = runs.run_jobs(cjobs, setup.workers, setup.cache)
-    scratch_up = runs.run_arms({SCRATCH_UP: cfg}, setup, recipe=up)
-    scratch_lineage = runs.run_arms({SCRATCH_LINEAGE: cfg}, setup, recipe=lineage)
+    scratch = {arm: runs.run_jobs(jobs + checks, setup.workers, setup.cache)
+               for arm, (jobs, checks) in scratch_jobs.items()}
     main_seeds = set(setup.seeds)
-    results = [r for r in dense + converted if r["seed"] in main_seeds] + scratch_up + scratch_lineage
+    results = [r for r in dense + converted + scratch[SCRATCH_UP] + scratch[SCRATCH_LINEAGE]
+               if r["seed"] in main_seeds]
     if check:
         rows = [r for r in converted if r["seed"] == common.LR_CHECK_SEED]
         print("converted arm's " + runs.lr_check_table(rows, [CONVERTED], up.lr))
-    report_results(setup, results, acc, at0, steps)
+        for arm, rec in ((SCRATCH_UP, up), (SCRATCH_LINEAGE, lineage)):
+            rows = [r for r in scratch[arm] if r["seed"] == common.LR_CHECK_SEED]
+            print(f"{arm}'s " + runs.lr_check_table(rows, [arm], rec.lr))
+    report_results(setup, results, acc, at0, steps, factor)
 
 
 def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, factor: float) -> dict[str, Any]:
@@ -188,27 +242,31 @@ def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, 
     return job
 
 
-def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchConfig) -> None:
+def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchConfig, dry: bool = False) -> set[int]:
     """A cached dense record whose weights are gone (a new checkout) is retrained when a converted run
     of its seed still has to train or its before-uptraining score is missing; otherwise the records
-    alone are all the report needs."""
+    alone are all the report needs. Returns those seeds; ``dry`` (the plan) deletes nothing."""
     if setup.cache is None:
-        return
+        return set()
     version, kind = runs.code_version(), runs.device_kind()
     todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, version).exists()}
     todo |= {j["recipe"]["seed"] for j in djobs if not before_uptraining_file(setup, cfg, j).exists()}
+    again = set()
     for j in djobs:
         path = runs.cache_path(j, setup.cache, kind, version)
         if j["recipe"]["seed"] in todo and path.exists() and not Path(j["save_weights"]).exists():
-            path.unlink()
+            again.add(j["recipe"]["seed"])
+            if not dry:
+                path.unlink()
+    return again
 
 
 def report_results(setup: common.Setup, results: list[dict[str, Any]], acc: dict[str, dict], at0: dict[int, float],
-                   steps: dict[str, int]) -> None:
+                   steps: dict[str, int], factor: dict[str, float]) -> None:
     summary = stats.summarize(results, list(ARMS), DENSE)
     print(f"\nresults: val loss, mean ± std over {len(setup.seeds)} seed(s); Δ is the paired same-seed difference "
           f"to {DENSE} (negative = better)")
-    extra = {n: {"lineage steps": f"{s:,}"} for n, s in steps.items()}
+    extra = {n: {"lineage steps": f"{s:,}", "lr x": f"{factor[n]:g}"} for n, s in steps.items()}
     print(report.result_table(summary, acc, DENSE, extra))
     seeds = sorted(s for s in at0 if s in set(setup.seeds))
     m0, s0 = stats.mean_std([at0[s] for s in seeds])
@@ -238,7 +296,8 @@ def report_results(setup: common.Setup, results: list[dict[str, Any]], acc: dict
                              "converted_before_uptraining": {str(s): at0[s] for s in seeds},
                              "recovered_fraction": {"mean": rec[0], "std": rec[1], "per_seed": recovered},
                              "converted_minus_dense": iv.to_dict(), "lineage_steps": steps, "rank": RANK,
-                             "uptrain_fraction": 1 / UPTRAIN_FRACTION})
+                             "uptrain_fraction": 1 / UPTRAIN_FRACTION,
+                             "lr_factor_per_arm": factor})
     plot(setup, summary, claims, m0)
     report.finish(setup)
 
