@@ -131,14 +131,15 @@ def candidates(space: Space, n: int) -> list[Candidate]:
 
 
 def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
-    """Every run, ordered so a time-boxed session completes the most candidates: per long seed, the
-    candidates cheapest first (FLOPs per token), each with its proxy run (first pass only) and long
-    run, fair and uniform side by side."""
+    """Every run, ordered so a time-boxed session completes whole tables: per long seed, per
+    parameterization (the default, fair, first), the candidates cheapest first (FLOPs per token), each
+    with its proxy run (first pass only) and long run. tau needs every candidate, so one complete
+    fair table on one long seed says more than both parameterizations on two thirds of the candidates."""
     out: list[Job] = []
     by_cost = sorted(cands, key=lambda c: (c.flops, c.config.hash))
     for i, seed in enumerate(setup.long_seeds):
-        for c in by_cost:
-            for par in PARAMETERIZATIONS:
+        for par in PARAMETERIZATIONS:
+            for c in by_cost:
                 if i == 0:
                     out.append(Job(c, "proxy", setup.proxy.seed, par))
                 out.append(Job(c, "long", seed, par))

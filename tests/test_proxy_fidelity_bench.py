@@ -86,8 +86,12 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     assert len(jobs) == 12 * 2 * 3
     assert all(j.seed != setup.proxy.seed for j in jobs if j.kind == "long")
     assert setup.long.steps == 4 * setup.proxy.steps and setup.long.lr == setup.proxy.lr
-    first_pass = [j.cand.flops for j in jobs if j.kind == "proxy"]
-    assert first_pass == sorted(first_pass)
+    fair = [j.cand.flops for j in jobs if j.kind == "proxy" and j.parameterization == "fair"]
+    assert fair == sorted(fair) and len(fair) == 12
+    # the first long seed's whole fair table (proxy + long, every candidate) comes before any uniform run
+    first_uniform = next(i for i, j in enumerate(jobs) if j.parameterization == "uniform")
+    assert first_uniform == 24 and all(j.parameterization == "fair" for j in jobs[:24])
+    assert {(j.cand.name, j.kind) for j in jobs[:24]} == {(c.name, k) for c in cands for k in ("proxy", "long")}
     # all of the first long seed's runs come before any of the second's
     order = [j.seed for j in jobs if j.kind == "long"]
     assert order == sorted(order)
