@@ -57,8 +57,7 @@ DEFAULT_ARMS = ("narrow_untied", "cycle_tying")
 
 
 def scaled(recipe: Recipe, factor: float, seed: int) -> Recipe:
-    return Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * factor, "min_lr": recipe.min_lr * factor,
-                             "seed": seed, "parameterization": "fair"})
+    return Recipe.from_dict({**recipe.with_lr_factor(factor).to_dict(), "seed": seed, "parameterization": "fair"})
 
 
 def key(c: Candidate, factor: float, seed: int, version: str) -> str:

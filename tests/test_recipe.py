@@ -132,6 +132,16 @@ def test_lr_schedule_warmup_then_cosine():
     assert math.isfinite(Recipe(steps=1, warmup_steps=1).lr_at(0))
 
 
+def test_lr_factor_moves_the_whole_schedule_and_nothing_else():
+    r = Recipe(steps=100, warmup_steps=10, lr=1.0, min_lr=0.1, seed=3)
+    x2 = r.with_lr_factor(2.0)
+    assert (x2.lr, x2.min_lr) == (2.0, 0.2)
+    assert all(x2.lr_at(s) == pytest.approx(2 * r.lr_at(s)) for s in range(0, 101, 7))
+    assert {k: v for k, v in x2.to_dict().items() if k not in ("lr", "min_lr")} == \
+        {k: v for k, v in r.to_dict().items() if k not in ("lr", "min_lr")}
+    assert r.with_lr_factor(1.0) == r
+
+
 def test_repo_root_holds_the_package():
     assert (repo_root() / "npas" / "training" / "recipe.py").is_file()
     assert Path(repo_root() / "trials").is_dir()

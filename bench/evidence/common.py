@@ -68,12 +68,6 @@ def cpu_seconds(flops_per_token: int, tokens: int) -> float:
     return 3 * flops_per_token * tokens / CPU_FLOPS
 
 
-def scaled_lr(recipe: Recipe, factor: float) -> Recipe:
-    """The recipe at ``factor`` x its learning rate, the cosine floor scaled with it (the check's grid
-    and --lr-factor move the whole schedule, not only its peak)."""
-    return Recipe.from_dict({**recipe.to_dict(), "lr": recipe.lr * factor, "min_lr": recipe.min_lr * factor})
-
-
 @dataclass
 class Setup:
     """What one script run uses: chassis, recipe, seeds, workers and where outputs go."""
@@ -137,7 +131,7 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     if lr_factor <= 0:
         raise SystemExit(f"--lr-factor must be positive, got {lr_factor:g}")
     if lr_factor != 1.0:
-        recipe = scaled_lr(recipe, lr_factor)
+        recipe = recipe.with_lr_factor(lr_factor)
         name = f"{name}_lr{lr_factor:g}"
     n_seeds = args.seeds or (1 if quick else FULL_SEEDS)
     if quick:

@@ -185,7 +185,7 @@ def main() -> None:
         factor.update(best_factors({
             CONVERTED: {f: _cached_loss(setup, _converted_job(setup, cfg, up, seed, f))
                         for f in common.LR_CHECK_FACTORS},
-            **{arm: {f: _cached_loss(setup, runs.make_jobs({arm: cfg}, setup, common.scaled_lr(arm_recipe[arm], f),
+            **{arm: {f: _cached_loss(setup, runs.make_jobs({arm: cfg}, setup, arm_recipe[arm].with_lr_factor(f),
                                                              seeds=[seed])[0]) for f in common.LR_CHECK_FACTORS}
                for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}}))
         print("each arm at its learning-rate check's optimum (x the recipe's rate): "
@@ -196,7 +196,7 @@ def main() -> None:
     cjobs = [_converted_job(setup, cfg, up, s, factor[CONVERTED]) for s in setup.seeds]
     if check:
         cjobs += [_converted_job(setup, cfg, up, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
-    scratch_jobs = {arm: runs.arm_jobs({arm: cfg}, setup, common.scaled_lr(arm_recipe[arm], factor[arm]))
+    scratch_jobs = {arm: runs.arm_jobs({arm: cfg}, setup, arm_recipe[arm].with_lr_factor(factor[arm]))
                     for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
     if args.best_rates:  # no check around a moved rate (as with --lr-factor)
         scratch_jobs = {arm: (jobs, []) for arm, (jobs, _) in scratch_jobs.items()}
@@ -237,7 +237,7 @@ def main() -> None:
 
 
 def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, factor: float) -> dict[str, Any]:
-    job = runs.make_jobs({CONVERTED: cfg}, setup, common.scaled_lr(up, factor), seeds=[seed])[0]
+    job = runs.make_jobs({CONVERTED: cfg}, setup, up.with_lr_factor(factor), seeds=[seed])[0]
     job["init_weights"] = ""  # set once the dense model exists (the cache key does not depend on it)
     return job
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds, scaled_lr
+from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
 from report import format_table
 from stats import paired_interval, summarize
 
@@ -156,7 +156,7 @@ def arm_jobs(configs: dict[str, ArchConfig], setup: Setup,
     checks = []
     if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
         for f in LR_CHECK_FACTORS:
-            checks += make_jobs(configs, setup, scaled_lr(recipe or setup.recipe, f), seeds=(LR_CHECK_SEED,))
+            checks += make_jobs(configs, setup, (recipe or setup.recipe).with_lr_factor(f), seeds=(LR_CHECK_SEED,))
     return make_jobs(configs, setup, recipe), checks
 
 

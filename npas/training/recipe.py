@@ -76,6 +76,11 @@ class Recipe:
                                  "warmup_steps": min(self.warmup_steps, steps),
                                  "eval_every": min(self.eval_every, steps)})
 
+    def with_lr_factor(self, factor: float) -> Recipe:
+        """This recipe at ``factor`` x its learning rate, the cosine floor scaled with it: a learning-rate
+        sweep moves the whole schedule, not only its peak (the benches' checks and grids all do this)."""
+        return Recipe.from_dict({**self.to_dict(), "lr": self.lr * factor, "min_lr": self.min_lr * factor})
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["betas"] = list(self.betas)
