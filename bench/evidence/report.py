@@ -115,6 +115,10 @@ def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
         ax.set_ylim(lo - 0.3 * (hi - lo + 1e-3), hi + 0.3 * (hi - lo + 1e-3))
     ax.set(ylabel="val loss (nats/char)",
            title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s): mean ± std, dots = seeds")
+    if sum(len(n) for n in names) > 40:  # arm names like "scratch_lineage" would overlap side by side
+        ax.tick_params(axis="x", labelrotation=20)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
 
 
 def finish(setup: Setup) -> None:
