@@ -179,29 +179,25 @@ def main() -> None:
           f"{merge / (fpt * tok):.1%} of a step's forward FLOPs; tokens per stored param (dense, 1 run): "
           f"{setup.recipe.steps * tok / acc[DENSE]['stored_params']:.1f}")
     arm_recipe = {CONVERTED: up, SCRATCH_UP: up, SCRATCH_LINEAGE: lineage}
-    factor = {DENSE: 1.0, CONVERTED: 1.0, SCRATCH_UP: 1.0, SCRATCH_LINEAGE: 1.0}
+    factor = dict.fromkeys(ARMS, 1.0)
+    # the learning-rate check's runs (seed 99, each recursive arm): a plain run trains them, --best-rates reads them
+    checks = {arm: [_job(setup, arm, cfg, rec, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
+              for arm, rec in arm_recipe.items()} if not setup.quick and setup.lr_factor == 1.0 else {}
     if args.best_rates:
-        seed = common.LR_CHECK_SEED
-        factor.update(best_factors({
-            CONVERTED: {f: _cached_loss(setup, _converted_job(setup, cfg, up, seed, f))
-                        for f in common.LR_CHECK_FACTORS},
-            **{arm: {f: _cached_loss(setup, runs.make_jobs({arm: cfg}, setup, arm_recipe[arm].with_lr_factor(f),
-                                                             seeds=[seed])[0]) for f in common.LR_CHECK_FACTORS}
-               for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}}))
+        factor.update(best_factors({arm: {f: _cached_loss(setup, j) for f, j in zip(common.LR_CHECK_FACTORS, jobs,
+                                                                                    strict=True)}
+                                    for arm, jobs in checks.items()}))
         print("each arm at its learning-rate check's optimum (x the recipe's rate): "
               + ", ".join(f"{a} x{f:g}" for a, f in factor.items()))
-    check = not setup.quick and setup.lr_factor == 1.0 and not args.best_rates
+        checks = {}  # no check around a moved rate (as with --lr-factor)
+    check = bool(checks)
     dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
     djobs = dense_jobs(setup, dense_cfg, dseeds)
-    cjobs = [_converted_job(setup, cfg, up, s, factor[CONVERTED]) for s in setup.seeds]
-    if check:
-        cjobs += [_converted_job(setup, cfg, up, common.LR_CHECK_SEED, f) for f in common.LR_CHECK_FACTORS]
-    scratch_jobs = {arm: runs.arm_jobs({arm: cfg}, setup, arm_recipe[arm].with_lr_factor(factor[arm]))
-                    for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
-    if args.best_rates:  # no check around a moved rate (as with --lr-factor)
-        scratch_jobs = {arm: (jobs, []) for arm, (jobs, _) in scratch_jobs.items()}
+    cjobs = [_job(setup, CONVERTED, cfg, up, s, factor[CONVERTED]) for s in setup.seeds] + checks.get(CONVERTED, [])
+    scratch_jobs = {arm: [_job(setup, arm, cfg, arm_recipe[arm], s, factor[arm]) for s in setup.seeds]
+                    + checks.get(arm, []) for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
     if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
-        scratch = [j for parts in scratch_jobs.values() for part in parts for j in part]
+        scratch = [j for jobs in scratch_jobs.values() for j in jobs]
         runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True)
         again = _forget_dense_without_weights(setup, djobs, cjobs, cfg, dry=True)
         if again:
@@ -222,8 +218,7 @@ def main() -> None:
     for j in cjobs:
         j["init_weights"] = weights[j["recipe"]["seed"]]
     converted = runs.run_jobs(cjobs, setup.workers, setup.cache)
-    scratch = {arm: runs.run_jobs(jobs + checks, setup.workers, setup.cache)
-               for arm, (jobs, checks) in scratch_jobs.items()}
+    scratch = {arm: runs.run_jobs(jobs, setup.workers, setup.cache) for arm, jobs in scratch_jobs.items()}
     main_seeds = set(setup.seeds)
     results = [r for r in dense + converted + scratch[SCRATCH_UP] + scratch[SCRATCH_LINEAGE]
                if r["seed"] in main_seeds]
@@ -236,9 +231,11 @@ def main() -> None:
     report_results(setup, results, acc, at0, steps, factor)
 
 
-def _converted_job(setup: common.Setup, cfg: ArchConfig, up: Recipe, seed: int, factor: float) -> dict[str, Any]:
-    job = runs.make_jobs({CONVERTED: cfg}, setup, up.with_lr_factor(factor), seeds=[seed])[0]
-    job["init_weights"] = ""  # set once the dense model exists (the cache key does not depend on it)
+def _job(setup: common.Setup, arm: str, cfg: ArchConfig, recipe: Recipe, seed: int, factor: float) -> dict[str, Any]:
+    """One recursive arm's run on ``seed`` at ``factor`` x the recipe's rate (the check's jobs are these too)."""
+    job = runs.make_jobs({arm: cfg}, setup, recipe.with_lr_factor(factor), seeds=[seed])[0]
+    if arm == CONVERTED:
+        job["init_weights"] = ""  # set once the dense model exists (the cache key does not depend on it)
     return job
 
 
