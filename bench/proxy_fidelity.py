@@ -10,6 +10,13 @@ never reads), under both the ``fair`` parameterization and the old ``uniform`` o
 Kendall's tau between the two rankings with a 95% bootstrap interval over candidates, tau among the
 5 best proxy candidates beside it, and the long runs' seed noise.
 
+Where a miss comes from, two rows beside the verdict: the *ceiling*, tau between the rankings of two
+long seeds (no proxy can be expected to predict the long ranking better than another long seed
+does), and, for the default parameterization, the proxy repeated on the seeds ``npas search
+--repeats R`` trains (``--proxy-repeats``, default 3) and scored by their mean, as such a study
+scores: if that row passes where the single seed misses, the proxy's ranking is seed noise that
+repeats buy off; if it misses too, the short horizon itself misranks.
+
 Target: tau >= 0.7 with the lower 95% bound above 0.3 over all candidates (PASS/MISS; INCOMPLETE
 while runs are missing).
 
@@ -51,6 +58,7 @@ from npas.allocation.space import Space  # noqa: E402
 from npas.allocation.space_parser import load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
 from npas.service.fidelity import BOOTSTRAP, rank_correlation  # noqa: E402
+from npas.service.outcome import repeat_seeds  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
@@ -64,6 +72,7 @@ LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
 TOP = 5  # tau among the best proxy candidates, where a user actually chooses
 TARGET_TAU, TARGET_LOW = 0.7, 0.3
 SAMPLER_SEED = 0
+DEFAULT_PAR = PARAMETERIZATIONS[0]  # the parameterization a search uses: the only one the proxy repeats
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Setup:
     long_seeds: tuple[int, ...]
     out: Path
     workers: int
+    proxy_seeds: tuple[int, ...]  # the seeds `npas search --repeats R` trains: the proxy's own first
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,8 @@ def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
     """Every run, ordered so a time-boxed session completes whole tables: per long seed, per
     parameterization (the default, fair, first), the candidates cheapest first (FLOPs per token), each
     with its proxy run (first pass only) and long run. tau needs every candidate, so one complete
-    fair table on one long seed says more than both parameterizations on two thirds of the candidates."""
+    fair table on one long seed says more than both parameterizations on two thirds of the candidates.
+    The default parameterization's proxy repeats (a diagnostic, not the verdict) come last."""
     out: list[Job] = []
     by_cost = sorted(cands, key=lambda c: (c.flops, c.config.hash))
     for i, seed in enumerate(setup.long_seeds):
@@ -143,6 +154,8 @@ def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
                 if i == 0:
                     out.append(Job(c, "proxy", setup.proxy.seed, par))
                 out.append(Job(c, "long", seed, par))
+    for seed in setup.proxy_seeds[1:]:
+        out.extend(Job(c, "proxy", seed, DEFAULT_PAR) for c in by_cost)
     return out
 
 
@@ -324,7 +337,57 @@ def report(setup: Setup, cands: list[Candidate], version: str) -> dict[str, dict
     print()
     for par in PARAMETERIZATIONS:
         stats[par] = _stats(par, rows[par], cands, S)
+        names = [c.name for c in cands if rows[par][c.name][1]]
+        _print_noise(par, "the long runs", [rows[par][n][1] for n in names])
+        if S > 1:
+            stats[f"{par} ceiling"] = _ceiling(par, setup, [rows[par][n][1] for n in names])
+    if len(setup.proxy_seeds) > 1:
+        stats[f"{DEFAULT_PAR} x{len(setup.proxy_seeds)}"] = _repeats(setup, cands, res, rows[DEFAULT_PAR], S)
     return stats
+
+
+def _ceiling(par: str, setup: Setup, longs: list[list[float]]) -> dict:
+    """tau between the rankings of the first two long seeds: how well one long run predicts another,
+    the most a proxy can be asked for (scored on candidates with both seeds)."""
+    pairs = [v[:2] for v in longs if len(v) >= 2]
+    a, b = (ranked([v[i] for v in pairs]) for i in (0, 1))
+    iv = rank_correlation(a, b)
+    t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
+    s0, s1 = setup.long_seeds[:2]
+    print(f"{par:<8} ceiling: Kendall tau between long seeds {s0} and {s1} over {len(pairs)} candidates = {_num(t)} "
+          f"[95% bootstrap {_num(lo)}, {_num(hi)}]")
+    return {"tau": t, "low": lo, "high": hi, "n": len(pairs)}
+
+
+def _repeats(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
+             rows: dict[str, tuple[float | None, list[float]]], S: int) -> dict:
+    """The default parameterization's proxy scored by its mean over the seeds `npas search --repeats R`
+    trains, against the same long runs: does averaging seeds buy the ranking the single seed misses?"""
+    R = len(setup.proxy_seeds)
+    label = f"{DEFAULT_PAR} x{R}"
+    per = {c.name: {s: _loss(res[k], "val_loss") for s in setup.proxy_seeds
+                    if (k := (c.config.hash, "proxy", s, DEFAULT_PAR)) in res} for c in cands}
+    print(f"\nproxy repeated on seeds {list(setup.proxy_seeds)} (what `npas search --repeats {R}` scores: the mean), "
+          f"{DEFAULT_PAR}, validation loss; the long column as above")
+    print(f"{'candidate':<14}" + "".join(f"{'seed ' + str(s):>10}" for s in setup.proxy_seeds) + f"{'mean':>10}{'long':>10}")
+    for c in cands:
+        v, longs = per[c.name], rows[c.name][1]
+        mean = statistics.fmean(v.values()) if len(v) == R else None
+        print(f"{c.name:<14}" + "".join(f"{_cell(v.get(s)):>10}" for s in setup.proxy_seeds)
+              + f"{_cell(mean):>10}{_cell(statistics.fmean(longs) if longs else None):>10}")
+    print()
+    mean_rows = {n: (statistics.fmean(v.values()) if len(v) == R else None, rows[n][1]) for n, v in per.items()}
+    out = _stats(label, mean_rows, cands, S)
+    _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
+    return out
+
+
+def _print_noise(label: str, what: str, losses: list[list[float]]) -> None:
+    noise = _seed_noise(losses)
+    if noise is not None:
+        within, across, n = noise
+        print(f"{label:<8} seed noise of {what}: mean within-candidate std {within:.4f} nats over {n} "
+              f"candidates with >1 seed; std across candidates of their seed means {across:.4f}")
 
 
 def _cell(v: float | None) -> str:
@@ -350,17 +413,14 @@ def _stats(par: str, rows: dict[str, tuple[float | None, list[float]]], cands: l
     print(f"{par:<8} Kendall tau over {len(names)}/{len(cands)} candidates = {_num(t)} "
           f"[95% bootstrap {_num(lo)}, {_num(hi)}; {BOOTSTRAP} resamples] | tau among the {min(TOP, len(top))} "
           f"best proxy = {_num(t_top)} | target tau >= {TARGET_TAU} and lower bound > {TARGET_LOW}: {verdict}")
-    noise = _seed_noise(rows, names)
-    if noise is not None:
-        within, across, n = noise
-        print(f"{par:<8} seed noise of the long runs: mean within-candidate std {within:.4f} nats over {n} "
-              f"candidates with >1 seed; std across candidates of their seed means {across:.4f}")
     return {"tau": t, "low": lo, "high": hi, "tau_top": t_top, "n": len(names), "complete": complete,
             "verdict": verdict}
 
 
-def _seed_noise(rows: dict[str, tuple[float | None, list[float]]], names: list[str]) -> tuple | None:
-    multi = [rows[n][1] for n in names if len(rows[n][1]) > 1 and all(math.isfinite(v) for v in rows[n][1])]
+def _seed_noise(losses: list[list[float]]) -> tuple | None:
+    """(mean within-candidate std, std across candidates of their means, candidates) over the
+    candidates with more than one seed, all finite."""
+    multi = [v for v in losses if len(v) > 1 and all(math.isfinite(x) for x in v)]
     if not multi:
         return None
     within = statistics.fmean(statistics.stdev(v) for v in multi)
@@ -375,21 +435,22 @@ def _num(v: float) -> str:
 
 # ------------------------------------------------------------------------------------------ main
 def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, out: Path | None,
-               workers: int) -> Setup:
+               workers: int, proxy_repeats: int | None = None) -> Setup:
     if quick:
         smoke = load_recipe("smoke")
         proxy = Recipe.from_dict({**smoke.to_dict(), "name": "smoke-quick", "steps": 6, "warmup_steps": 2,
                                   "eval_every": 6, "eval_batches": 1, "batch_size": 4, "seq_len": 32})
-        n, seeds, workers = n_candidates or 4, long_seeds or 1, 1
+        n, seeds, repeats, workers = n_candidates or 4, long_seeds or 1, proxy_repeats or 1, 1
         out = out or Path(tempfile.mkdtemp(prefix="npas-proxy-fidelity-"))
     else:
         proxy = load_recipe("proxy")
-        n, seeds, out = n_candidates or 12, long_seeds or 2, out or RESULTS
+        n, seeds, repeats, out = n_candidates or 12, long_seeds or 2, proxy_repeats or 3, out or RESULTS
     long = Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{LONG_FACTOR}",
                              "steps": proxy.steps * LONG_FACTOR, "eval_every": proxy.steps * LONG_FACTOR})
     seeds_t = tuple(LONG_SEED_BASE + i for i in range(seeds))
-    assert proxy.seed not in seeds_t, "a long run must never reuse the proxy's seed"
-    return Setup(proxy, long, n, seeds_t, out, max(1, workers))
+    proxy_seeds = repeat_seeds(proxy.seed, repeats)
+    assert not set(proxy_seeds) & set(seeds_t), "a long run must never reuse a proxy seed"
+    return Setup(proxy, long, n, seeds_t, out, max(1, workers), proxy_seeds)
 
 
 REFERENCE: list[Any] = []  # the space's reference chassis, set where the space is loaded
@@ -422,21 +483,27 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__.split("\n\n")[0], "4 candidates, smoke recipe at 6 steps, temp dir", RESULTS)
     p.add_argument("--candidates", type=int, default=None, help="candidates (default 12; 4 quick)")
     p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
+    p.add_argument("--proxy-repeats", type=int, default=None,
+                   help=f"proxy seeds per candidate under {DEFAULT_PAR}, those `npas search --repeats R` trains, "
+                        "for the repeats row (default 3; 1 quick)")
     p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this many minutes")
     a = p.parse_args(argv)
     if a.candidates is not None and a.candidates < 3:
         p.error("--candidates must be at least 3 (a rank correlation needs them); try 12")
     if a.long_seeds is not None and a.long_seeds < 1:
         p.error("--long-seeds must be at least 1")
+    if a.proxy_repeats is not None and not 1 <= a.proxy_repeats <= 10:
+        p.error("--proxy-repeats must be from 1 to 10 (1: no repeats row); try 3")
     if a.max_minutes is not None and a.max_minutes < 0:
         p.error("--max-minutes must be >= 0")
-    setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers)
+    setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers, a.proxy_repeats)
     space, cands = load_candidates(setup)
     version = version_to_read(p, a, code_version(setup))
     print(f"[proxy_fidelity] space {SPACE.relative_to(ROOT)} (frozen copy of full.yaml), {len(cands)} candidates "
           f"({sum(c.name in space.baselines() for c in cands)} baselines) | proxy {setup.proxy.name}: "
           f"{setup.proxy.steps} steps x {setup.proxy.tokens_per_step} tokens, seed {setup.proxy.seed} | long: "
-          f"{setup.long.steps} steps, seeds {list(setup.long_seeds)} | parameterizations {list(PARAMETERIZATIONS)}",
+          f"{setup.long.steps} steps, seeds {list(setup.long_seeds)} | parameterizations {list(PARAMETERIZATIONS)} | "
+          f"proxy repeats ({DEFAULT_PAR}): seeds {list(setup.proxy_seeds)}",
           flush=True)
     if a.plan:
         plan(setup, cands, version)

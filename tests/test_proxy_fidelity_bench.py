@@ -77,7 +77,7 @@ def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
 
 
 def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
-    setup = pf.make_setup(False, None, 2, tmp_path, 2)
+    setup = pf.make_setup(False, None, 2, tmp_path, 2, proxy_repeats=1)
     space = pf.load_space(pf.SPACE).bind(vocab_size=68)
     cands = pf.candidates(space, 12)
     assert len(cands) == 12 and len({c.config.hash for c in cands}) == 12
@@ -95,6 +95,58 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     # all of the first long seed's runs come before any of the second's
     order = [j.seed for j in jobs if j.kind == "long"]
     assert order == sorted(order)
+
+
+def test_proxy_repeats_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
+    from npas.service.outcome import repeat_seeds
+
+    setup = pf.make_setup(False, None, 2, tmp_path, 2)  # the full bench's default: 3 proxy seeds
+    assert setup.proxy_seeds == repeat_seeds(setup.proxy.seed, 3) == (0, 2, 4)
+    space = pf.load_space(pf.SPACE).bind(vocab_size=68)
+    cands = pf.candidates(space, 12)
+    jobs = pf.jobs_of(setup, cands)
+    main = pf.jobs_of(pf.make_setup(False, None, 2, tmp_path, 2, proxy_repeats=1), cands)
+    assert jobs[:len(main)] == main  # the verdict's table first, untouched: its cache keys are unchanged
+    extra = jobs[len(main):]
+    assert len(extra) == 12 * 2 and {(j.kind, j.parameterization) for j in extra} == {("proxy", "fair")}
+    assert [j.seed for j in extra] == [2] * 12 + [4] * 12
+    assert [j.cand.flops for j in extra[:12]] == sorted(c.flops for c in cands)
+    assert len({j.key(setup, "v") for j in jobs}) == len(jobs)  # no two runs share a cache file
+
+
+def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
+    out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
+    recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(recs) == 4 * 2 * 3 + 4  # + one more fair proxy seed per candidate
+    extra = [r for r in recs if r["kind"] == "proxy" and r["seed"] == 2]
+    assert len(extra) == 4 and {r["parameterization"] for r in extra} == {"fair"}
+    assert "proxy repeats (fair): seeds [0, 2]" in out
+    for par in ("fair", "uniform"):
+        assert re.search(rf"^{par}\s+ceiling: Kendall tau between long seeds 1000 and 1001 over 4 candidates = "
+                         r"\S+ \[95% bootstrap \S+, \S+\]$", out, re.M), out
+    # each candidate's row: seed 0, seed 2, their mean, the long mean; the mean is the printed seeds' mean
+    by = {(r["candidate"], r["seed"]): r for r in recs if r["kind"] == "proxy" and r["parameterization"] == "fair"}
+    table = out.split("proxy repeated on seeds [0, 2]")[1]
+    for name in ("narrow_untied", "full_tying", "cycle_tying"):
+        row = re.search(rf"^{name}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", table, re.M)
+        assert row, table
+        s0, s2, mean = (float(row[i]) for i in (1, 2, 3))
+        assert (s0, s2) == (round(by[name, 0]["val_loss"], 4), round(by[name, 2]["val_loss"], 4))
+        assert mean == pytest.approx((by[name, 0]["val_loss"] + by[name, 2]["val_loss"]) / 2, abs=1e-4)
+    assert re.search(r"^fair x2\s+Kendall tau over 4/4 candidates = .*: (PASS|MISS)$", out, re.M), out
+    assert re.search(r"^fair x2\s+seed noise of the proxy: mean within-candidate std \d\.\d{4} nats over 4 ",
+                     out, re.M), out
+
+
+def test_ceiling_is_tau_between_the_long_seeds(pf, capsys):
+    setup = types.SimpleNamespace(long_seeds=(1000, 1001))
+    same = pf._ceiling("fair", setup, [[float(i), float(i) + 0.1] for i in range(6)])
+    assert same["tau"] == pytest.approx(1.0) and same["n"] == 6
+    flipped = pf._ceiling("fair", setup, [[float(i), -float(i)] for i in range(6)])
+    assert flipped["tau"] == pytest.approx(-1.0)
+    one_seed = pf._ceiling("fair", setup, [[1.0], [2.0], [0.5, 0.6], [3.0, 2.0], [1.0, 1.5]])
+    assert one_seed["n"] == 3  # candidates missing a seed are left out, not guessed
+    assert "ceiling: Kendall tau between long seeds 1000 and 1001 over 6 candidates = +1.000" in capsys.readouterr().out
 
 
 def _synthetic(pf, longs_of):
