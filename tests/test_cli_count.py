@@ -88,3 +88,23 @@ def test_count_prints_the_expert_pool_stored_and_activated(tmp_path, capsys):
     # stored minus the pools and routers, plus what each layer runs: its router over its pool and k experts
     runs = sum(d * e.pool_sizes[q] + e.top_k * per_expert for q in e.pool_of_layer)
     assert act == stored - built + runs < stored
+
+
+def test_seq_len_sets_the_memory_estimate_and_leaves_the_parameters_alone(tmp_path, capsys):
+    """`--seq-len` is the T of the training-memory and FLOP estimates: the JSON is npas.count's at that
+    T (not the chassis context's), and the parameter counts do not move."""
+    import json
+
+    cfg = _config()
+    _count(tmp_path, cfg, "--format", "json", "--seq-len", "8", "--batch-size", "4")
+    short = json.loads(capsys.readouterr().out)["accounting"]
+    _count(tmp_path, cfg, "--format", "json", "--batch-size", "4")
+    full = json.loads(capsys.readouterr().out)["accounting"]
+    assert short == npas.count(cfg, batch_size=4, seq_len=8).to_dict()
+    assert full == npas.count(cfg, batch_size=4, seq_len=CH.context).to_dict()
+    assert short["train_memory_bytes"] < full["train_memory_bytes"]
+    assert short["stored_params"] == full["stored_params"] == cfg_numel(cfg)
+
+
+def cfg_numel(cfg: ArchConfig) -> int:
+    return sum(p.numel() for p in npas.build_model(cfg).parameters())

@@ -230,6 +230,37 @@ def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_pa
     assert len(capsys.readouterr().out) >= 30
 
 
+def test_cli_tie_init_quiet_and_sample_temperature(dense, dense_dir: Path, tmp_path: Path, capsys) -> None:
+    """`--tie-init` reaches the conversion (the shared weight is layer 1's or the mean of its layers),
+    `--quiet` drops the per-tensor provenance but keeps the summary, and `npas sample --temperature 0`
+    is greedy (the seed no longer matters) where the default temperature samples."""
+    cycle = _alloc(block_of_layer=tuple(i % 2 for i in range(L)))
+    path = tmp_path / "cycle.yaml"
+    path.write_text(cycle.to_yaml())
+    want = _dense_weights(dense)
+    mean = torch.stack([want[i]["attn_o"] for i in range(1, L, 2)]).mean(0)
+    shared = {}
+    for mode in ("average", "stepwise"):
+        out = tmp_path / mode
+        assert main(["convert", str(dense_dir), "--to", str(path), "--out", str(out), "--tie-init", mode,
+                     "--quiet"]) == 0
+        printed = capsys.readouterr().out
+        assert "provenance (tensor" not in printed and "blocks.1.attn_o" not in printed
+        assert "tensors derived" in printed and f"wrote {out}/" in printed
+        shared[mode] = load_trained(out)[0].blocks[1].attn_o.detach()
+    assert torch.allclose(shared["average"], mean) and not torch.equal(shared["average"], want[1]["attn_o"])
+    assert torch.equal(shared["stepwise"], want[1]["attn_o"])
+    assert main(["convert", str(dense_dir), "--to", str(path), "--out", str(tmp_path / "loud")]) == 0
+    assert "provenance (tensor" in capsys.readouterr().out  # without --quiet every tensor is listed
+
+    def sample(*args: str) -> str:
+        assert main(["sample", str(tmp_path / "average"), "--tokens", "40", "--prompt", "ROMEO:", *args]) == 0
+        return capsys.readouterr().out
+
+    assert sample("--temperature", "0", "--seed", "1") == sample("--temperature", "0", "--seed", "2")
+    assert sample("--seed", "1") != sample("--seed", "2")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"n_layers": 6}, "keeps the depth"),
     ({"d_model": 128}, "wider than the trained model"),

@@ -128,6 +128,33 @@ def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsy
     assert optuna.load_study(study_name="rep", storage=url).user_attrs[StudyAttr.REPEATS] == 2
 
 
+def test_resume_with_a_changed_space_needs_allow_space_change(repeated, tmp_path, monkeypatch, capsys):
+    """`npas resume --space F` with another space is refused in one line that names the flag; with
+    `--allow-space-change` the resumed trials are sampled from the new space, not the stored one."""
+    from npas.service import driver
+
+    st, url = repeated
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(TINY.read_text().replace("ratio: 3.0", "ratio: 2.0"))
+    spaces = []
+
+    def run_trials(searcher, **kw):
+        spaces.append(searcher.space)
+        searcher.finished = True
+        return True
+
+    monkeypatch.setattr(driver, "run_trials", run_trials)
+    assert cli(["resume", "rep", "--storage", url, "--space", str(changed)]) == 2
+    err = capsys.readouterr().err
+    assert "space file differs" in err and "--allow-space-change" in err and len(err.strip().splitlines()) == 1
+    assert not spaces  # refused before anything ran
+    assert cli(["resume", "rep", "--storage", url, "--space", str(TINY)]) == 0  # the same text needs no flag
+    assert cli(["resume", "rep", "--storage", url, "--space", str(changed), "--allow-space-change"]) == 0
+    stored, new = spaces
+    assert "ratio: 2.0" in new.text and "ratio: 3.0" in stored.text
+    assert new.hash != stored.hash
+
+
 @pytest.mark.parametrize("value, fragment", [("0", "0 is out of range"), ("two", "'two' is not a whole number"),
                                              ("1.5", "'1.5' is not a whole number"), ("65", "65 is out of range")])
 def test_bad_repeats_is_one_line_exit_2_and_writes_nothing(value, fragment, tmp_path, capsys):

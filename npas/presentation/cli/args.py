@@ -60,6 +60,19 @@ def fraction_of_devices(text: str) -> float:
     return v
 
 
+def temperature(text: str) -> float:
+    """A sampling temperature: 0 (greedy) or a finite positive number. NaN would pass a `< 0` check
+    and turn every probability into NaN deep inside torch.multinomial."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give 0 (greedy) or e.g. 0.8") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range; give 0 (greedy) or a positive number such "
+                                         f"as 0.8")
+    return v
+
+
 def text_arg(what: str) -> Callable[[str], str]:
     """A non-empty string without NUL bytes (which no file system or database name accepts)."""
 

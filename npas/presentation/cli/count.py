@@ -111,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         cfg = ArchConfig.from_yaml(text)
+    if args.seq_len is not None and args.seq_len > cfg.chassis.context:
+        raise ConfigError(f"--seq-len {args.seq_len} is longer than the chassis context {cfg.chassis.context}: the "
+                          f"model cannot read such a sequence; give at most {cfg.chassis.context}")
     acc = count(cfg, batch_size=args.batch_size, seq_len=args.seq_len)
     out.update({"allocation": cfg.summary(), "hash": cfg.hash, "accounting": acc.to_dict()})
     if args.format == "json":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
 from npas.files import read_text
-from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, add_data_args, int_in
+from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, add_data_args, int_in, temperature
 from npas.service.runner import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prompt", default="\n", help="text to continue (characters must be in the vocabulary)")
     s.add_argument("--tokens", type=int_in(0, COUNT_MAX, 300), default=300,
                    help="tokens to generate (default: 300)")
-    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more varied")
+    s.add_argument("--temperature", type=temperature, default=0.8, help="0 = greedy; higher = more varied")
     s.add_argument("--seed", type=SEED, default=0, help="sampling seed, for reproducible output")
     s.add_argument("--device", default="cpu", help="device to sample on (default: cpu)")
     s.set_defaults(func=run_sample)
