@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -53,11 +52,11 @@ import optuna  # noqa: E402
 
 import npas  # noqa: E402
 from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
+from bench.proxy_fidelity_report import DEFAULT_PAR, report  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
 from npas.allocation.space_parser import load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
-from npas.service.fidelity import BOOTSTRAP, rank_correlation  # noqa: E402
 from npas.service.outcome import repeat_seeds  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
 
@@ -69,10 +68,7 @@ VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npa
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
-TOP = 5  # tau among the best proxy candidates, where a user actually chooses
-TARGET_TAU, TARGET_LOW = 0.7, 0.3
 SAMPLER_SEED = 0
-DEFAULT_PAR = PARAMETERIZATIONS[0]  # the parameterization a search uses: the only one the proxy repeats
 
 
 @dataclass(frozen=True)
@@ -284,14 +280,6 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
           f"{setup.workers} workers ({1 - left / max(total, 1e-9):.0%} cached)")
 
 
-# ------------------------------------------------------------------------------------------ statistics
-def ranked(values: list[float]) -> list[float]:
-    """Failed runs (inf/None) rank last, tied with each other; finite values kept as they are."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    worst = (max(finite) + 1.0) if finite else 1.0
-    return [v if v is not None and math.isfinite(v) else worst for v in values]
-
-
 # ------------------------------------------------------------------------------------------ report
 def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict]:
     out = {}
@@ -301,136 +289,6 @@ def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict
             out[j.cand.config.hash, j.kind, j.seed, j.parameterization] = json.loads(path.read_text())
     return out
 
-
-def _loss(rec: dict, field: str) -> float:
-    v = rec.get(field) if rec.get("status") == "ok" else None
-    return float(v) if v is not None else math.inf
-
-
-def report(setup: Setup, cands: list[Candidate], version: str) -> dict[str, dict]:
-    """Print the side-by-side table and the statistics; return the statistics per parameterization."""
-    res = load(setup, cands, version)
-    S = len(setup.long_seeds)
-    rows: dict[str, dict[str, tuple[float | None, list[float]]]] = {p: {} for p in PARAMETERIZATIONS}
-    for c in cands:
-        for par in PARAMETERIZATIONS:
-            p = res.get((c.config.hash, "proxy", setup.proxy.seed, par))
-            longs = [_loss(res[k], "test_loss") for s in setup.long_seeds
-                     if (k := (c.config.hash, "long", s, par)) in res]
-            rows[par][c.name] = (None if p is None else _loss(p, "val_loss"), longs)
-    print(f"\nproxy = {setup.proxy.name} recipe ({setup.proxy.steps} steps, seed {setup.proxy.seed}), validation "
-          f"loss; long = {setup.long.steps} steps ({LONG_FACTOR}x, same lr), test-split loss, mean over seeds "
-          f"{list(setup.long_seeds)}; nats/char; '-' = not run yet, 'div' = failed")
-    head = f"{'proxy':>8}{'long':>8}{'n':>3}"
-    print(f"{'candidate':<14}{'fwd FLOPs/tok':>14}   {'fair':^19}   {'uniform':^19}")
-    print(f"{'':<14}{'':>14}   {head}   {head}")
-    for c in cands:
-        cells = []
-        for par in PARAMETERIZATIONS:
-            p, longs = rows[par][c.name]
-            mean = statistics.fmean(longs) if longs else None
-            cells.append(f"{_cell(p)}{_cell(mean)}{len(longs):>3}")
-        mark = "" if all(rows[q][c.name][0] is not None and len(rows[q][c.name][1]) == S
-                         for q in PARAMETERIZATIONS) else "  incomplete"
-        print(f"{c.name:<14}{c.flops:>14,}   {cells[0]}   {cells[1]}{mark}")
-    stats = {}
-    print()
-    for par in PARAMETERIZATIONS:
-        stats[par] = _stats(par, rows[par], cands, S)
-        names = [c.name for c in cands if rows[par][c.name][1]]
-        _print_noise(par, "the long runs", [rows[par][n][1] for n in names])
-        if S > 1:
-            stats[f"{par} ceiling"] = _ceiling(par, setup, [rows[par][n][1] for n in names])
-    if len(setup.proxy_seeds) > 1:
-        stats[f"{DEFAULT_PAR} x{len(setup.proxy_seeds)}"] = _repeats(setup, cands, res, rows[DEFAULT_PAR], S)
-    return stats
-
-
-def _ceiling(par: str, setup: Setup, longs: list[list[float]]) -> dict:
-    """tau between the rankings of the first two long seeds: how well one long run predicts another,
-    the most a proxy can be asked for (scored on candidates with both seeds)."""
-    pairs = [v[:2] for v in longs if len(v) >= 2]
-    a, b = (ranked([v[i] for v in pairs]) for i in (0, 1))
-    iv = rank_correlation(a, b)
-    t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
-    s0, s1 = setup.long_seeds[:2]
-    print(f"{par:<8} ceiling: Kendall tau between long seeds {s0} and {s1} over {len(pairs)} candidates = {_num(t)} "
-          f"[95% bootstrap {_num(lo)}, {_num(hi)}]")
-    return {"tau": t, "low": lo, "high": hi, "n": len(pairs)}
-
-
-def _repeats(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
-             rows: dict[str, tuple[float | None, list[float]]], S: int) -> dict:
-    """The default parameterization's proxy scored by its mean over the seeds `npas search --repeats R`
-    trains, against the same long runs: does averaging seeds buy the ranking the single seed misses?"""
-    R = len(setup.proxy_seeds)
-    label = f"{DEFAULT_PAR} x{R}"
-    per = {c.name: {s: _loss(res[k], "val_loss") for s in setup.proxy_seeds
-                    if (k := (c.config.hash, "proxy", s, DEFAULT_PAR)) in res} for c in cands}
-    print(f"\nproxy repeated on seeds {list(setup.proxy_seeds)} (what `npas search --repeats {R}` scores: the mean), "
-          f"{DEFAULT_PAR}, validation loss; the long column as above")
-    print(f"{'candidate':<14}" + "".join(f"{'seed ' + str(s):>10}" for s in setup.proxy_seeds) + f"{'mean':>10}{'long':>10}")
-    for c in cands:
-        v, longs = per[c.name], rows[c.name][1]
-        mean = statistics.fmean(v.values()) if len(v) == R else None
-        print(f"{c.name:<14}" + "".join(f"{_cell(v.get(s)):>10}" for s in setup.proxy_seeds)
-              + f"{_cell(mean):>10}{_cell(statistics.fmean(longs) if longs else None):>10}")
-    print()
-    mean_rows = {n: (statistics.fmean(v.values()) if len(v) == R else None, rows[n][1]) for n, v in per.items()}
-    out = _stats(label, mean_rows, cands, S)
-    _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
-    return out
-
-
-def _print_noise(label: str, what: str, losses: list[list[float]]) -> None:
-    noise = _seed_noise(losses)
-    if noise is not None:
-        within, across, n = noise
-        print(f"{label:<8} seed noise of {what}: mean within-candidate std {within:.4f} nats over {n} "
-              f"candidates with >1 seed; std across candidates of their seed means {across:.4f}")
-
-
-def _cell(v: float | None) -> str:
-    if v is None:
-        return f"{'-':>8}"
-    return f"{v:>8.4f}" if math.isfinite(v) else f"{'div':>8}"
-
-
-def _stats(par: str, rows: dict[str, tuple[float | None, list[float]]], cands: list[Candidate], S: int) -> dict:
-    """tau over the candidates with a proxy score and at least one long seed; a verdict only when all
-    candidates have every seed."""
-    names = [c.name for c in cands if rows[c.name][0] is not None and rows[c.name][1]]
-    complete = len(names) == len(cands) and all(len(rows[n][1]) == S for n in names)
-    proxy = ranked([rows[n][0] for n in names])
-    long = ranked([statistics.fmean(rows[n][1]) for n in names])
-    iv = rank_correlation(proxy, long)  # the statistic `npas validate` reports, bootstrapped over candidates
-    t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
-    top = sorted(range(len(names)), key=proxy.__getitem__)[:TOP]
-    t_top = rank_correlation([proxy[i] for i in top], [long[i] for i in top], n_boot=0).value
-    t_top = math.nan if t_top is None else t_top
-    ok = math.isfinite(t) and t >= TARGET_TAU and math.isfinite(lo) and lo > TARGET_LOW
-    verdict = ("PASS" if ok else "MISS") if complete else "INCOMPLETE"
-    print(f"{par:<8} Kendall tau over {len(names)}/{len(cands)} candidates = {_num(t)} "
-          f"[95% bootstrap {_num(lo)}, {_num(hi)}; {BOOTSTRAP} resamples] | tau among the {min(TOP, len(top))} "
-          f"best proxy = {_num(t_top)} | target tau >= {TARGET_TAU} and lower bound > {TARGET_LOW}: {verdict}")
-    return {"tau": t, "low": lo, "high": hi, "tau_top": t_top, "n": len(names), "complete": complete,
-            "verdict": verdict}
-
-
-def _seed_noise(losses: list[list[float]]) -> tuple | None:
-    """(mean within-candidate std, std across candidates of their means, candidates) over the
-    candidates with more than one seed, all finite."""
-    multi = [v for v in losses if len(v) > 1 and all(math.isfinite(x) for x in v)]
-    if not multi:
-        return None
-    within = statistics.fmean(statistics.stdev(v) for v in multi)
-    means = [statistics.fmean(v) for v in multi]
-    across = statistics.stdev(means) if len(means) > 1 else math.nan
-    return within, across, len(multi)
-
-
-def _num(v: float) -> str:
-    return f"{v:+.3f}" if math.isfinite(v) else "n/a"
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -510,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.report:
         run_missing(setup, cands, version, a.max_minutes)
-    report(setup, cands, version)
+    report(setup, cands, load(setup, cands, version))
     return 0
 
 

@@ -41,6 +41,12 @@ def pf():
         sys.modules.pop("proxy_fidelity", None)
 
 
+@pytest.fixture(scope="module")
+def pfr(pf):
+    """The bench's report module (statistics and tables), importable once the bench put ROOT on the path."""
+    return importlib.import_module("bench.proxy_fidelity_report")
+
+
 def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
@@ -138,44 +144,44 @@ def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
                      out, re.M), out
 
 
-def test_ceiling_is_tau_between_the_long_seeds(pf, capsys):
+def test_ceiling_is_tau_between_the_long_seeds(pfr, capsys):
     setup = types.SimpleNamespace(long_seeds=(1000, 1001))
-    same = pf._ceiling("fair", setup, [[float(i), float(i) + 0.1] for i in range(6)])
+    same = pfr._ceiling("fair", setup, [[float(i), float(i) + 0.1] for i in range(6)])
     assert same["tau"] == pytest.approx(1.0) and same["n"] == 6
-    flipped = pf._ceiling("fair", setup, [[float(i), -float(i)] for i in range(6)])
+    flipped = pfr._ceiling("fair", setup, [[float(i), -float(i)] for i in range(6)])
     assert flipped["tau"] == pytest.approx(-1.0)
-    one_seed = pf._ceiling("fair", setup, [[1.0], [2.0], [0.5, 0.6], [3.0, 2.0], [1.0, 1.5]])
+    one_seed = pfr._ceiling("fair", setup, [[1.0], [2.0], [0.5, 0.6], [3.0, 2.0], [1.0, 1.5]])
     assert one_seed["n"] == 3  # candidates missing a seed are left out, not guessed
     assert "ceiling: Kendall tau between long seeds 1000 and 1001 over 6 candidates = +1.000" in capsys.readouterr().out
 
 
-def _synthetic(pf, longs_of):
+def _synthetic(pfr, longs_of):
     """12 candidates whose proxy losses are fixed and whose long runs (2 seeds) come from `longs_of`,
     scored by the bench's own reporting path (`_stats`): tau, its interval and the verdict."""
     rng = np.random.default_rng(1)
     proxy = list(rng.normal(size=12))
     cands = [types.SimpleNamespace(name=f"c{i}") for i in range(12)]
     rows = {c.name: (p, longs_of(p, rng)) for c, p in zip(cands, proxy, strict=True)}
-    return pf._stats("fair", rows, cands, 2)
+    return pfr._stats("fair", rows, cands, 2)
 
 
-def test_statistics_planted_order_passes_and_pure_noise_misses(pf, capsys):
-    planted = _synthetic(pf, lambda p, rng: [2 * p + 0.01, 2 * p + 0.02])  # same order: tau 1, interval at 1
+def test_statistics_planted_order_passes_and_pure_noise_misses(pfr, capsys):
+    planted = _synthetic(pfr, lambda p, rng: [2 * p + 0.01, 2 * p + 0.02])  # same order: tau 1, interval at 1
     assert planted["tau"] == pytest.approx(1.0) and planted["tau_top"] == pytest.approx(1.0)
     assert planted["low"] == pytest.approx(1.0) and planted["high"] == pytest.approx(1.0)
     assert planted["complete"] and planted["verdict"] == "PASS"
-    noise = _synthetic(pf, lambda p, rng: list(rng.normal(size=2)))  # unrelated to the proxy
+    noise = _synthetic(pfr, lambda p, rng: list(rng.normal(size=2)))  # unrelated to the proxy
     assert noise["low"] < 0 < noise["high"] and noise["high"] - noise["low"] > 0.4
     assert noise["verdict"] == "MISS"
-    assert _synthetic(pf, lambda p, rng: list(rng.normal(size=2))) == noise  # seeded: same data, same interval
+    assert _synthetic(pfr, lambda p, rng: list(rng.normal(size=2))) == noise  # seeded: same data, same interval
     out = capsys.readouterr().out
     assert re.search(r"^fair\s+Kendall tau over 12/12 candidates = \+1\.000 \[95% bootstrap \+1\.000, \+1\.000; "
                      r"2000 resamples\].*: PASS$", out, re.M), out
 
 
-def test_failed_runs_rank_last(pf):
-    assert pf.ranked([1.0, math.inf, 0.5, None]) == [1.0, 2.0, 0.5, 2.0]
-    one_sided = _synthetic(pf, lambda p, rng: [1.0, 1.0])  # every long run tied: no ranking to compare
+def test_failed_runs_rank_last(pfr):
+    assert pfr.ranked([1.0, math.inf, 0.5, None]) == [1.0, 2.0, 0.5, 2.0]
+    one_sided = _synthetic(pfr, lambda p, rng: [1.0, 1.0])  # every long run tied: no ranking to compare
     assert math.isnan(one_sided["tau"]) and one_sided["verdict"] == "MISS"
 
 
