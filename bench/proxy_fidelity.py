@@ -10,12 +10,13 @@ never reads), under both the ``fair`` parameterization and the old ``uniform`` o
 Kendall's tau between the two rankings with a 95% bootstrap interval over candidates, tau among the
 5 best proxy candidates beside it, and the long runs' seed noise.
 
-Where a miss comes from, two rows beside the verdict: the *ceiling*, tau between the rankings of two
-long seeds (no proxy can be expected to predict the long ranking better than another long seed
-does), and, for the default parameterization, the proxy repeated on the seeds ``npas search
---repeats R`` trains (``--proxy-repeats``, default 3) and scored by their mean, as such a study
-scores: if that row passes where the single seed misses, the proxy's ranking is seed noise that
-repeats buy off; if it misses too, the short horizon itself misranks.
+Where a miss comes from, three rows beside the verdict: the *ceiling*, tau between the rankings of
+two long seeds (no proxy can be expected to predict the long ranking better than another long seed
+does); for the default parameterization, the proxy repeated on the seeds ``npas search --repeats R``
+trains (``--proxy-repeats``, default 2) and scored by their mean, as such a study scores (if it
+passes where one seed misses, the miss was seed noise that repeats buy off); and the proxy at 2x its
+steps on its own seed (if tau grows with the horizon, the miss is learning curves that cross after
+the proxy ends, and only a longer proxy or ``npas validate`` sees past it).
 
 Target: tau >= 0.7 with the lower 95% bound above 0.3 over all candidates (PASS/MISS; INCOMPLETE
 while runs are missing).
@@ -67,6 +68,7 @@ RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on
 VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
              "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
+MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
 SAMPLER_SEED = 0
 
@@ -75,6 +77,7 @@ SAMPLER_SEED = 0
 class Setup:
     proxy: Recipe  # the search's recipe, on its own seed
     long: Recipe  # LONG_FACTOR x the steps, same base lr; the seed is set per run
+    mid: Recipe  # MID_FACTOR x the steps, same base lr, on the proxy's seed: the horizon row
     n_candidates: int
     long_seeds: tuple[int, ...]
     out: Path
@@ -93,12 +96,12 @@ class Candidate:
 @dataclass(frozen=True)
 class Job:
     cand: Candidate
-    kind: str  # "proxy" | "long"
+    kind: str  # "proxy" | "mid" | "long"
     seed: int
     parameterization: str
 
     def recipe(self, setup: Setup) -> Recipe:
-        base = setup.proxy if self.kind == "proxy" else setup.long
+        base = {"proxy": setup.proxy, "mid": setup.mid, "long": setup.long}[self.kind]
         return Recipe.from_dict({**base.to_dict(), "seed": self.seed, "parameterization": self.parameterization})
 
     def key(self, setup: Setup, version: str) -> str:
@@ -141,7 +144,8 @@ def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
     parameterization (the default, fair, first), the candidates cheapest first (FLOPs per token), each
     with its proxy run (first pass only) and long run. tau needs every candidate, so one complete
     fair table on one long seed says more than both parameterizations on two thirds of the candidates.
-    The default parameterization's proxy repeats (a diagnostic, not the verdict) come last."""
+    The default parameterization's diagnostics come last: the proxy's repeats, then the proxy at
+    MID_FACTOR x its steps (neither is part of the verdict)."""
     out: list[Job] = []
     by_cost = sorted(cands, key=lambda c: (c.flops, c.config.hash))
     for i, seed in enumerate(setup.long_seeds):
@@ -152,6 +156,7 @@ def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
                 out.append(Job(c, "long", seed, par))
     for seed in setup.proxy_seeds[1:]:
         out.extend(Job(c, "proxy", seed, DEFAULT_PAR) for c in by_cost)
+    out.extend(Job(c, "mid", setup.proxy.seed, DEFAULT_PAR) for c in by_cost)
     return out
 
 
@@ -302,13 +307,13 @@ def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, ou
         out = out or Path(tempfile.mkdtemp(prefix="npas-proxy-fidelity-"))
     else:
         proxy = load_recipe("proxy")
-        n, seeds, repeats, out = n_candidates or 12, long_seeds or 2, proxy_repeats or 3, out or RESULTS
-    long = Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{LONG_FACTOR}",
-                             "steps": proxy.steps * LONG_FACTOR, "eval_every": proxy.steps * LONG_FACTOR})
+        n, seeds, repeats, out = n_candidates or 12, long_seeds or 2, proxy_repeats or 2, out or RESULTS
+    long, mid = (Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{f}", "steps": proxy.steps * f,
+                                   "eval_every": proxy.steps * f}) for f in (LONG_FACTOR, MID_FACTOR))
     seeds_t = tuple(LONG_SEED_BASE + i for i in range(seeds))
     proxy_seeds = repeat_seeds(proxy.seed, repeats)
     assert not set(proxy_seeds) & set(seeds_t), "a long run must never reuse a proxy seed"
-    return Setup(proxy, long, n, seeds_t, out, max(1, workers), proxy_seeds)
+    return Setup(proxy, long, mid, n, seeds_t, out, max(1, workers), proxy_seeds)
 
 
 REFERENCE: list[Any] = []  # the space's reference chassis, set where the space is loaded
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
     p.add_argument("--proxy-repeats", type=int, default=None,
                    help=f"proxy seeds per candidate under {DEFAULT_PAR}, those `npas search --repeats R` trains, "
-                        "for the repeats row (default 3; 1 quick)")
+                        "for the repeats row (default 2; 1 quick)")
     p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this many minutes")
     a = p.parse_args(argv)
     if a.candidates is not None and a.candidates < 3:
@@ -351,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.long_seeds is not None and a.long_seeds < 1:
         p.error("--long-seeds must be at least 1")
     if a.proxy_repeats is not None and not 1 <= a.proxy_repeats <= 10:
-        p.error("--proxy-repeats must be from 1 to 10 (1: no repeats row); try 3")
+        p.error("--proxy-repeats must be from 1 to 10 (1: no repeats row); try 2")
     if a.max_minutes is not None and a.max_minutes < 0:
         p.error("--max-minutes must be >= 0")
     setup = make_setup(a.quick, a.candidates, a.long_seeds, a.out, a.workers, a.proxy_repeats)

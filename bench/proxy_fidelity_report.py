@@ -70,8 +70,7 @@ def report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict]) -> dict
         _print_noise(par, "the long runs", [rows[par][n][1] for n in names])
         if S > 1:
             stats[f"{par} ceiling"] = _ceiling(par, setup, [rows[par][n][1] for n in names])
-    if len(setup.proxy_seeds) > 1:
-        stats[f"{DEFAULT_PAR} x{len(setup.proxy_seeds)}"] = _repeats(setup, cands, res, rows[DEFAULT_PAR], S)
+    stats.update(_diagnostics(setup, cands, res, rows[DEFAULT_PAR], S))
     return stats
 
 
@@ -88,26 +87,38 @@ def _ceiling(par: str, setup: Setup, longs: list[list[float]]) -> dict:
     return {"tau": t, "low": lo, "high": hi, "n": len(pairs)}
 
 
-def _repeats(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
-             rows: dict[str, tuple[float | None, list[float]]], S: int) -> dict:
-    """The default parameterization's proxy scored by its mean over the seeds `npas search --repeats R`
-    trains, against the same long runs: does averaging seeds buy the ranking the single seed misses?"""
-    R = len(setup.proxy_seeds)
-    label = f"{DEFAULT_PAR} x{R}"
+def _diagnostics(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
+                 rows: dict[str, tuple[float | None, list[float]]], S: int) -> dict[str, dict]:
+    """Where the default parameterization's miss comes from, against the same long runs: the proxy
+    scored by its mean over the seeds `npas search --repeats R` trains (does averaging seeds buy the
+    ranking one seed misses? then the miss was noise), and the proxy at `mid` steps on its own seed
+    (does the ranking improve with the horizon? then the miss is curves that cross later)."""
+    R, mid = len(setup.proxy_seeds), setup.mid
     per = {c.name: {s: _loss(res[k], "val_loss") for s in setup.proxy_seeds
                     if (k := (c.config.hash, "proxy", s, DEFAULT_PAR)) in res} for c in cands}
-    print(f"\nproxy repeated on seeds {list(setup.proxy_seeds)} (what `npas search --repeats {R}` scores: the mean), "
-          f"{DEFAULT_PAR}, validation loss; the long column as above")
-    print(f"{'candidate':<14}" + "".join(f"{'seed ' + str(s):>10}" for s in setup.proxy_seeds) + f"{'mean':>10}{'long':>10}")
+    mids = {c.name: _loss(res[k], "val_loss") if (k := (c.config.hash, "mid", setup.proxy.seed, DEFAULT_PAR)) in res
+            else None for c in cands}
+    x = mid.steps // setup.proxy.steps
+    print(f"\n{DEFAULT_PAR}, validation loss: the proxy on seeds {list(setup.proxy_seeds)}"
+          + (f" and their mean (what `npas search --repeats {R}` scores)" if R > 1 else "")
+          + f"; the proxy at {x}x its steps ({mid.steps}, seed {setup.proxy.seed}, same lr); the long column as above")
+    head = "".join(f"{'seed ' + str(s):>10}" for s in setup.proxy_seeds) + (f"{'mean':>10}" if R > 1 else "")
+    print(f"{'candidate':<14}{head}{f'{x}x steps':>10}{'long':>10}")
     for c in cands:
         v, longs = per[c.name], rows[c.name][1]
         mean = statistics.fmean(v.values()) if len(v) == R else None
         print(f"{c.name:<14}" + "".join(f"{_cell(v.get(s)):>10}" for s in setup.proxy_seeds)
-              + f"{_cell(mean):>10}{_cell(statistics.fmean(longs) if longs else None):>10}")
+              + (f"{_cell(mean):>10}" if R > 1 else "")
+              + f"{_cell(mids[c.name]):>10}{_cell(statistics.fmean(longs) if longs else None):>10}")
     print()
-    mean_rows = {n: (statistics.fmean(v.values()) if len(v) == R else None, rows[n][1]) for n, v in per.items()}
-    out = _stats(label, mean_rows, cands, S)
-    _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
+    out = {}
+    if R > 1:
+        label = f"{DEFAULT_PAR} R={R}"
+        mean_rows = {n: (statistics.fmean(v.values()) if len(v) == R else None, rows[n][1]) for n, v in per.items()}
+        out[label] = _stats(label, mean_rows, cands, S)
+        _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
+    label = f"{DEFAULT_PAR} {x}x"
+    out[label] = _stats(label, {n: (m, rows[n][1]) for n, m in mids.items()}, cands, S)
     return out
 
 

@@ -50,16 +50,18 @@ def pfr(pf):
 def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
-    assert len(runs) == 4 * 2 * 2  # 4 candidates x {fair, uniform} x {proxy, 1 long seed}
-    assert "ran 16, cached 0" in out
+    assert len(runs) == 4 * 2 * 2 + 4  # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x
+    assert "ran 20, cached 0" in out
     recs = [json.loads(p.read_text()) for p in runs]
     assert {"candidate", "kind", "seed", "parameterization", "val_loss", "test_loss", "code_version",
             "allocation", "recipe"} <= set(recs[0])
+    mids = [r for r in recs if r["kind"] == "mid"]
+    assert len(mids) == 4 and {(r["parameterization"], r["seed"]) for r in mids} == {("fair", 0)}
     proxy_seeds = {r["seed"] for r in recs if r["kind"] == "proxy"}
     long_seeds = {r["seed"] for r in recs if r["kind"] == "long"}
     assert proxy_seeds and long_seeds and not proxy_seeds & long_seeds  # fresh seeds for the long run
     steps = {r["kind"]: r["recipe"]["steps"] for r in recs}
-    assert steps["long"] == 4 * steps["proxy"]
+    assert steps["long"] == 4 * steps["proxy"] and steps["mid"] == 2 * steps["proxy"]
     assert {r["recipe"]["lr"] for r in recs} == {recs[0]["recipe"]["lr"]}  # same base lr
     assert all(r["test_loss"] is not None for r in recs if r["status"] == "ok" and r["kind"] == "long")
     for name in ("narrow_untied", "full_tying", "cycle_tying"):  # the space's baselines are candidates
@@ -69,17 +71,17 @@ def test_quick_runs_caches_and_reruns_nothing(tmp_path):
                          r"(\S+), (\S+); 2000 resamples\] \| tau among the 4 best proxy = \S+ \| target tau "
                          r">= 0\.7 and lower bound > 0\.3: (PASS|MISS)$", out, re.M), out
     again = _bench("--quick", "--out", str(tmp_path))
-    assert "ran 0, cached 16" in again
-    assert len(list(tmp_path.glob("*.json"))) == 16
+    assert "ran 0, cached 20" in again
+    assert len(list(tmp_path.glob("*.json"))) == 20
     assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
 
 
 def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
     assert not list(tmp_path.glob("*.json"))
-    assert "ran 0, cached 0; time box of 0 min: 16 runs not started" in out
+    assert "ran 0, cached 0; time box of 0 min: 20 runs not started" in out
     assert len(re.findall(r"  incomplete$", out, re.M)) == 4
-    assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 2
+    assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 3  # fair, uniform and the 2x-steps row
 
 
 def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
@@ -89,7 +91,7 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     assert len(cands) == 12 and len({c.config.hash for c in cands}) == 12
     assert [c.name for c in cands[:3]] == list(space.baselines())
     jobs = pf.jobs_of(setup, cands)
-    assert len(jobs) == 12 * 2 * 3
+    assert len(jobs) == 12 * 2 * 3 + 12  # + the 2x-steps row
     assert all(j.seed != setup.proxy.seed for j in jobs if j.kind == "long")
     assert setup.long.steps == 4 * setup.proxy.steps and setup.long.lr == setup.proxy.lr
     fair = [j.cand.flops for j in jobs if j.kind == "proxy" and j.parameterization == "fair"]
@@ -103,44 +105,49 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     assert order == sorted(order)
 
 
-def test_proxy_repeats_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
+def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
     from npas.service.outcome import repeat_seeds
 
-    setup = pf.make_setup(False, None, 2, tmp_path, 2)  # the full bench's default: 3 proxy seeds
-    assert setup.proxy_seeds == repeat_seeds(setup.proxy.seed, 3) == (0, 2, 4)
+    setup = pf.make_setup(False, None, 2, tmp_path, 2)  # the full bench's default: 2 proxy seeds
+    assert setup.proxy_seeds == repeat_seeds(setup.proxy.seed, 2) == (0, 2)
+    assert setup.mid.steps == 2 * setup.proxy.steps and setup.mid.lr == setup.proxy.lr
     space = pf.load_space(pf.SPACE).bind(vocab_size=68)
     cands = pf.candidates(space, 12)
     jobs = pf.jobs_of(setup, cands)
     main = pf.jobs_of(pf.make_setup(False, None, 2, tmp_path, 2, proxy_repeats=1), cands)
-    assert jobs[:len(main)] == main  # the verdict's table first, untouched: its cache keys are unchanged
-    extra = jobs[len(main):]
-    assert len(extra) == 12 * 2 and {(j.kind, j.parameterization) for j in extra} == {("proxy", "fair")}
-    assert [j.seed for j in extra] == [2] * 12 + [4] * 12
-    assert [j.cand.flops for j in extra[:12]] == sorted(c.flops for c in cands)
+    extra = [j for j in jobs if j not in main]
+    # the verdict's table first, untouched (its cache keys are unchanged), then the repeats, then the 2x row
+    assert jobs[:72] == main[:72] and jobs[-12:] == main[-12:] and len(jobs) == len(main) + 12
+    assert len(extra) == 12 and {(j.kind, j.parameterization, j.seed) for j in extra} == {("proxy", "fair", 2)}
+    assert [j.cand.flops for j in extra] == sorted(c.flops for c in cands)
+    assert {(j.kind, j.parameterization, j.seed) for j in jobs[-12:]} == {("mid", "fair", setup.proxy.seed)}
     assert len({j.key(setup, "v") for j in jobs}) == len(jobs)  # no two runs share a cache file
 
 
 def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
-    assert len(recs) == 4 * 2 * 3 + 4  # + one more fair proxy seed per candidate
+    assert len(recs) == 4 * 2 * 3 + 4 + 4  # + one more fair proxy seed per candidate, + fair at 2x steps
     extra = [r for r in recs if r["kind"] == "proxy" and r["seed"] == 2]
     assert len(extra) == 4 and {r["parameterization"] for r in extra} == {"fair"}
     assert "proxy repeats (fair): seeds [0, 2]" in out
     for par in ("fair", "uniform"):
         assert re.search(rf"^{par}\s+ceiling: Kendall tau between long seeds 1000 and 1001 over 4 candidates = "
                          r"\S+ \[95% bootstrap \S+, \S+\]$", out, re.M), out
-    # each candidate's row: seed 0, seed 2, their mean, the long mean; the mean is the printed seeds' mean
-    by = {(r["candidate"], r["seed"]): r for r in recs if r["kind"] == "proxy" and r["parameterization"] == "fair"}
-    table = out.split("proxy repeated on seeds [0, 2]")[1]
+    # each candidate's row: seed 0, seed 2, their mean, 2x steps, the long mean (the printed seeds' mean)
+    by = {(r["candidate"], r["kind"], r["seed"]): r for r in recs if r["parameterization"] == "fair"}
+    table = out.split("fair, validation loss: the proxy on seeds [0, 2] and their mean")[1]
     for name in ("narrow_untied", "full_tying", "cycle_tying"):
-        row = re.search(rf"^{name}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", table, re.M)
+        row = re.search(rf"^{name}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", table, re.M)
         assert row, table
-        s0, s2, mean = (float(row[i]) for i in (1, 2, 3))
-        assert (s0, s2) == (round(by[name, 0]["val_loss"], 4), round(by[name, 2]["val_loss"], 4))
-        assert mean == pytest.approx((by[name, 0]["val_loss"] + by[name, 2]["val_loss"]) / 2, abs=1e-4)
-    assert re.search(r"^fair x2\s+Kendall tau over 4/4 candidates = .*: (PASS|MISS)$", out, re.M), out
-    assert re.search(r"^fair x2\s+seed noise of the proxy: mean within-candidate std \d\.\d{4} nats over 4 ",
+        s0, s2, mean, mid = (float(row[i]) for i in (1, 2, 3, 4))
+        p0, p2 = by[name, "proxy", 0]["val_loss"], by[name, "proxy", 2]["val_loss"]
+        assert (s0, s2) == (round(p0, 4), round(p2, 4))
+        assert mean == pytest.approx((p0 + p2) / 2, abs=1e-4)
+        assert mid == round(by[name, "mid", 0]["val_loss"], 4)
+    assert re.search(r"^fair 2x\s+Kendall tau over 4/4 candidates = .*: (PASS|MISS)$", out, re.M), out
+    assert re.search(r"^fair R=2\s+Kendall tau over 4/4 candidates = .*: (PASS|MISS)$", out, re.M), out
+    assert re.search(r"^fair R=2\s+seed noise of the proxy: mean within-candidate std \d\.\d{4} nats over 4 ",
                      out, re.M), out
 
 
