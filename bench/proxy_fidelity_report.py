@@ -1,5 +1,6 @@
 """The proxy-fidelity bench's report: its side-by-side table, Kendall tau with the verdict, and the
-rows that say where a miss comes from (the long seeds' ceiling, the proxy's repeats).
+rows that say where a miss comes from (the long seeds' ceiling, the proxy's repeats, the proxy at
+2x its steps).
 
 Only statistics and printing live here; ``bench/proxy_fidelity.py`` chooses the candidates, trains
 and caches the runs, and hands this module the cached records. tau and its bootstrap interval are
@@ -98,6 +99,7 @@ def _diagnostics(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
                     if (k := (c.config.hash, "proxy", s, DEFAULT_PAR)) in res} for c in cands}
     mids = {c.name: _loss(res[k], "val_loss") if (k := (c.config.hash, "mid", setup.proxy.seed, DEFAULT_PAR)) in res
             else None for c in cands}
+    means = {n: statistics.fmean(v.values()) if len(v) == R else None for n, v in per.items()}
     x = mid.steps // setup.proxy.steps
     print(f"\n{DEFAULT_PAR}, validation loss: the proxy on seeds {list(setup.proxy_seeds)}"
           + (f" and their mean (what `npas search --repeats {R}` scores)" if R > 1 else "")
@@ -106,16 +108,14 @@ def _diagnostics(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
     print(f"{'candidate':<14}{head}{f'{x}x steps':>10}{'long':>10}")
     for c in cands:
         v, longs = per[c.name], rows[c.name][1]
-        mean = statistics.fmean(v.values()) if len(v) == R else None
         print(f"{c.name:<14}" + "".join(f"{_cell(v.get(s)):>10}" for s in setup.proxy_seeds)
-              + (f"{_cell(mean):>10}" if R > 1 else "")
+              + (f"{_cell(means[c.name]):>10}" if R > 1 else "")
               + f"{_cell(mids[c.name]):>10}{_cell(statistics.fmean(longs) if longs else None):>10}")
     print()
     out = {}
     if R > 1:
         label = f"{DEFAULT_PAR} R={R}"
-        mean_rows = {n: (statistics.fmean(v.values()) if len(v) == R else None, rows[n][1]) for n, v in per.items()}
-        out[label] = _stats(label, mean_rows, cands, S)
+        out[label] = _stats(label, {n: (m, rows[n][1]) for n, m in means.items()}, cands, S)
         _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
     label = f"{DEFAULT_PAR} {x}x"
     out[label] = _stats(label, {n: (m, rows[n][1]) for n, m in mids.items()}, cands, S)

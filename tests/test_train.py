@@ -93,6 +93,9 @@ def test_sample_is_seeded_and_names_unknown_characters(trained, capsys):
     assert len(a) == 40 and set(a) <= set(tok.chars)
     assert sample(model, tok, "ROMEO:", tokens=40, temperature=1.0, seed=3) == a
     assert sample(model, tok, "ROMEO:", tokens=40, temperature=1.0, seed=4) != a
+    for bad in (float("nan"), -0.5):  # the Python API refuses what the CLI's parser refuses
+        with pytest.raises(DataError, match="--temperature must be a finite number >= 0"):
+            sample(model, tok, "ROMEO:", tokens=5, temperature=bad)
     greedy = sample(model, tok, "", tokens=10, temperature=0)
     assert greedy == sample(model, tok, "", tokens=10, temperature=0, seed=99)
     assert sample(model, tok, "x" * 100, tokens=5)  # prompts longer than the context are cropped

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,8 @@ def sample(model: nn.Module, tokenizer: Tokenizer, prompt: str, tokens: int = 20
     """
     if tokens < 0:
         raise DataError(f"--tokens must be >= 0, got {tokens}")
-    if temperature < 0:
-        raise DataError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:  # NaN passes `< 0` and poisons every probability
+        raise DataError(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
     ids = tokenizer.encode(prompt)
     if not ids:  # an empty prompt starts from a line break, the most neutral character
         try:
