@@ -122,7 +122,7 @@ def recipe_for(setup: Setup, job: Job) -> Recipe:
 def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
     """Every run, seed-major so a partial cache holds whole sweeps, and within a seed the cheapest arms
     first (FLOPs per token), so a time-boxed session measures the most arms; the reference runs once
-    (fair and uniform train it identically: all its multipliers are 1, tests/test_parameterization.py)."""
+    (fair and uniform train it identically: all its multipliers are 1, tests/training/test_parameterization.py)."""
     names = sorted(configs, key=lambda n: (n != "reference", npas.count(configs[n]).flops_per_token))
     out = []
     for seed in setup.seeds:

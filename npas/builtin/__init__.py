@@ -3,7 +3,7 @@
 The YAML files live here, in the package, so a non-editable `pip install` carries them and `npas search
 full --recipe smoke` works from any directory. The checkout's `search_spaces/` (a link to `spaces/`) and
 `trials/*.yaml` (links to `recipes/*.yaml`) are the same files under the paths the README uses, never
-copies; `tests/test_packaging.py` fails if they drift apart.
+copies; `tests/stories/test_packaging.py` fails if they drift apart.
 """
 
 from __future__ import annotations

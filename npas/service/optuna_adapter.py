@@ -4,7 +4,7 @@ Optuna's public surface has no way to get a study's storage or id back from a `S
 storage id from a `Trial`, the ids of trials whose heartbeat is stale without failing them (the
 public `optuna.storages.fail_stale_trials` fails them at once, before npas has recorded why), or an
 exact hypervolume. npas needs each of these, so they are read here and nowhere else.
-`tests/test_optuna_adapter.py` pins them to the Optuna range in pyproject.toml: an Optuna upgrade
+`tests/service/test_optuna_adapter.py` pins them to the Optuna range in pyproject.toml: an Optuna upgrade
 that moves one fails that test with the name of the accessor, not a search in the field.
 """
 

@@ -1,0 +1,48 @@
+"""bench/recipe_lr.py: --quick trains the space's baselines at x0.5, x1, x2 of the recipe's rate, caches
+each run, reruns nothing the second time, and its verdict follows the printed grid."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+BENCH = ROOT / "bench" / "recipe_lr.py"
+CELL = r"\s+(\d\.\d{4}|div)"
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(tmp_path):
+    first = _bench("--quick", "--out", str(tmp_path))
+    assert first.returncode == 0, first.stdout + first.stderr
+    recs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert len(recs) == 2 * 3  # narrow_untied and cycle_tying x {0.5, 1, 2} x 1 seed
+    base = {r["recipe"]["lr"] / r["factor"] for r in recs}
+    assert len(base) == 1  # every rate is factor x the one recipe rate, the floor scaled with it
+    assert all(r["recipe"]["min_lr"] / r["recipe"]["lr"] == recs[0]["recipe"]["min_lr"] / recs[0]["recipe"]["lr"]
+               for r in recs)
+    assert {r["recipe"]["parameterization"] for r in recs} == {"fair"} and {r["seed"] for r in recs} == {20}
+    bests = []
+    for arm in ("narrow_untied", "cycle_tying"):
+        m = re.search(rf"^{arm}{CELL}{CELL}{CELL}\s+x(\S+)\s+x\S+$", first.stdout, re.M)
+        assert m, first.stdout
+        losses = [float(v) if v != "div" else float("inf") for v in m.group(1, 2, 3)]
+        assert float(m[4]) == (0.5, 1.0, 2.0)[losses.index(min(losses))]  # the printed best is the grid's
+        bests.append(float(m[4]))
+    verdict = "PASS" if bests == [1.0, 1.0] else "MISS"
+    assert re.search(rf"^target: every arm's optimum at x1 of the recipe's rate \(\S+\): {verdict}$", first.stdout, re.M)
+    again = _bench("--quick", "--out", str(tmp_path))
+    assert again.returncode == 0 and "runs: 0 to train, 6 cached" in again.stdout, again.stdout
+    assert len(list(tmp_path.glob("*.json"))) == 6
+
+
+def test_an_unknown_arm_is_refused_in_one_line_before_anything_trains(tmp_path):
+    proc = _bench("--quick", "--out", str(tmp_path), "--arms", "narrow_untied,bogus")
+    assert proc.returncode == 2 and "choose from narrow_untied" in proc.stderr.splitlines()[-1]
+    assert not list(tmp_path.iterdir())

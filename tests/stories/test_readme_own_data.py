@@ -1,0 +1,44 @@
+"""The README's "Search your own data" section runs as written, on a small generated JSONL corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+from npas.training.corpora import bundled_text
+from tests.conftest import ROOT
+
+
+def own_data_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Search your own data", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_searches_a_users_jsonl_with_bpe(tmp_path):
+    commands = own_data_commands()
+    assert [shlex.split(c)[:2] for c in commands] == [["npas", "search"], ["npas", "export"], ["npas", "train"],
+                                                       ["npas", "sample"]]
+    assert "--tokenizer bpe:" in commands[0] and "my_corpus.jsonl" in commands[0]
+    paragraphs = [p for p in bundled_text()[:150_000].split("\n\n") if p.strip()]
+    with open(tmp_path / "my_corpus.jsonl", "w", encoding="utf-8") as fh:
+        for i, p in enumerate(paragraphs):
+            fh.write(json.dumps({"id": i, "text": p}) + "\n")
+    env = {**os.environ, "NPAS_STORAGE": f"sqlite:///{tmp_path}/npas.db", "NPAS_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    outputs = []
+    for command in commands:
+        argv = [sys.executable, "-m", "npas", *shlex.split(command)[1:]]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+        outputs.append(proc.stdout)
+    tok = json.loads((tmp_path / "best.tokenizer.json").read_text())
+    assert tok["model"]["type"] == "BPE" and len(tok["model"]["vocab"]) == 512
+    assert (tmp_path / "my_model" / "tokenizer.json").read_text() == (tmp_path / "best.tokenizer.json").read_text()
+    metrics = json.loads((tmp_path / "my_model" / "metrics.json").read_text())
+    assert metrics["data"]["tokenizer_fingerprint"] and metrics["result"]["val_bpb"] > 0
+    sample = outputs[-1]
+    assert sample.startswith("The ") and len(sample) > len("The ") + 20  # 40 BPE tokens decoded back to text
