@@ -1,10 +1,11 @@
 """`npas convert` on disk: read a `npas train` directory, write the converted model beside its record.
 
-The output is a `npas train` directory (model.safetensors, vocab.json, config.yaml, metrics.json), so
-`npas sample`, `load_trained` and a later `npas train --init-from` read it like any trained model,
-plus provenance.json, the origin of every tensor. metrics.json holds the converted model's validation
+The output is a `npas train` directory (model.safetensors, tokenizer.json, config.yaml, metrics.json), so
+`npas sample`, `load_trained`, `npas search --init-from` and `npas train OUT` (which continues from its
+weights) read it like any trained model, plus provenance.json, the origin of every tensor. metrics.json holds the converted model's validation
 loss before any training, measured on the source's own validation batches (its recipe and corpus),
-next to the source's, so the two numbers are comparable; narrower MLPs are fitted on a few thousand
+next to the source's, so the two numbers are comparable, and the reference chassis the source trained
+against (its own, unless it recorded another), which further training scales against; narrower MLPs are fitted on a few thousand
 tokens of the corpus's training split (`calibration`). Everything a user can get wrong (paths, the
 allocation, an incompatible chassis, an occupied --out) is checked before anything is written.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +29,16 @@ from npas.files import read_text
 from npas.training.data import Corpus, load_corpus, load_known_corpus
 from npas.training.proxy import eval_batches, evaluate, pick_device
 from npas.training.recipe import Recipe
-from npas.training.train import METRICS_FILE, MODEL_FILE, load_trained, read_metrics, save_trained
+from npas.training.tokenizers import Tokenizer
+from npas.training.train import (
+    METRICS_FILE,
+    MODEL_FILE,
+    REFERENCE_KEY,
+    load_trained,
+    read_chassis,
+    read_metrics,
+    save_trained,
+)
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -58,14 +68,20 @@ def read_allocation(path: str | Path) -> ArchConfig:
     return ArchConfig.from_yaml(read_text(p, "allocation file"))
 
 
-def source_corpus(metrics: dict, recipe: Recipe, data: str | None) -> Corpus:
-    """The corpus the source was trained on (refused if its text changed), or `data` when given."""
-    if data is not None:
-        return load_corpus(data, val_fraction=recipe.val_fraction, test_fraction=recipe.test_fraction)
+def source_corpus(metrics: dict, recipe: Recipe, data: str | None, tokenizer: Tokenizer | None = None) -> Corpus:
+    """The corpus the source was trained on (refused if its text changed), or `data` when given, read
+    with the source's own `tokenizer` (a BPE model's ids mean nothing under a character vocabulary)."""
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
+
     described = metrics.get("data") or {}
+    glob, field = described.get("glob") or DEFAULT_GLOB, described.get("text_field") or DEFAULT_TEXT_FIELD
+    if data is not None:
+        return load_corpus(data, val_fraction=recipe.val_fraction, test_fraction=recipe.test_fraction,
+                           tokenizer=tokenizer, glob=glob, text_field=field)
     try:
         return load_known_corpus(described.get("source"), recipe.val_fraction, recipe.test_fraction,
-                                 described.get("fingerprint", ""))
+                                 described.get("fingerprint", ""),
+                                 None if tokenizer is None else tokenizer.to_json(), glob, field)
     except DataError as err:
         raise DataError(f"{err}; pass --data with the text the model was trained on") from None
 
@@ -89,10 +105,12 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         recipe = Recipe.from_dict(metrics.get("recipe"), f"{dense_dir}/{METRICS_FILE} recipe")
     except ConfigError as err:
         raise DataError(f"{err}; retrain the source with `npas train`") from None
-    corpus = source_corpus(metrics, recipe, data)
-    if corpus.vocab_size != tokenizer.vocab_size or corpus.tokenizer.chars != tokenizer.chars:
-        raise DataError(f"the corpus {corpus.source} has a different character vocabulary than {dense_dir}; "
+    corpus = source_corpus(metrics, recipe, data, tokenizer)
+    if corpus.vocab_size != tokenizer.vocab_size or corpus.tokenizer.fingerprint != tokenizer.fingerprint:
+        raise DataError(f"the corpus {corpus.source} reads into other tokens than {dense_dir}'s tokenizer; "
                         "pass --data with the text the model was trained on")
+    ref = metrics.get(REFERENCE_KEY)  # further training scales against what the source trained against
+    reference = asdict(src_cfg.chassis) if ref is None else asdict(read_chassis(ref, f"{dense_dir}/{METRICS_FILE}"))
 
     calibration = calibration_ids(corpus, recipe.seq_len)  # training text only: never the validation split
     conversion = convert_model(source, cfg, tie_init=tie_init, seed=seed, calibration=calibration)
@@ -116,7 +134,8 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
             "provenance": conversion.provenance.counts(), "calibration_tokens": calibration.numel(),
             "max_weight_error": max(conversion.errors.values(), default=0.0),
         },
-        "recipe": recipe.to_dict(), "data": corpus.describe(), "npas_version": __version__,
+        "recipe": recipe.to_dict(), "data": corpus.describe(), REFERENCE_KEY: reference,
+        "npas_version": __version__,
     }
     save_trained(conversion.model, cfg, tokenizer, out)
     (out / PROVENANCE_FILE).write_text(json.dumps(conversion.provenance.to_dict(), indent=1) + "\n",

@@ -1,10 +1,12 @@
 """`npas search --init-from DENSE_DIR`: every trial starts from the trained model, converted.
 
-A study records which model its trials start from (`describe_source`: the directory and a fingerprint
-of its weights), because a trial's result depends on it as much as on its recipe; `resume` and
-joining drivers refuse a directory whose weights differ. In a worker, `initial_state` loads the model
-once per process (checking the fingerprint again: every node must start from the same weights) and
-converts it into each trial's allocation; the proxy recipe then trains from those weights.
+The model's tokenizer.json becomes the study's tokenizer (`source_tokenizer`), so a model trained on
+BPE tokens is searched on those tokens; another --tokenizer is refused. A study records which model
+its trials start from (`describe_source`: the directory and a fingerprint of its weights), because a
+trial's result depends on it as much as on its recipe; `resume` and joining drivers refuse a directory
+whose weights differ. In a worker, `initial_state` loads the model once per process (checking the
+fingerprint again: every node must start from the same weights) and converts it into each trial's
+allocation; the proxy recipe then trains from those weights.
 """
 
 from __future__ import annotations
@@ -32,10 +34,29 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    if tokenizer.chars != corpus.tokenizer.chars:
-        raise DataError(f"--init-from {dense_dir} was trained on another character vocabulary than {corpus.source}; "
-                        "search on the text it was trained on (--data)")
+    if tokenizer.fingerprint != corpus.tokenizer.fingerprint:
+        raise DataError(f"--init-from {dense_dir} reads text with its own tokenizer ({tokenizer.name}, "
+                        f"{tokenizer.vocab_size} tokens, fingerprint {tokenizer.fingerprint}), not the study's "
+                        f"({corpus.tokenizer.name}, {corpus.tokenizer.vocab_size} tokens, fingerprint "
+                        f"{corpus.tokenizer.fingerprint}); drop --tokenizer to search with the model's, and --data "
+                        "to search on the text it was trained on")
     return {"dir": str(d), "weights": fingerprint_weights(d), "config_hash": cfg.hash}
+
+
+def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
+    """The tokenizer a study starting from `dense_dir` searches with: the model's own tokenizer.json
+    (its embeddings index those tokens) when none is given; a given one is kept, and `describe_source`
+    refuses it unless it is that very tokenizer. A directory that cannot be read is left to
+    `describe_source` to refuse, with its own message."""
+    if tokenizer is not None:
+        return tokenizer
+    from npas.training.train import TOKENIZER_FILE, VOCAB_FILE
+
+    d = Path(dense_dir).expanduser()
+    for name in (TOKENIZER_FILE, VOCAB_FILE):
+        if (d / name).is_file():
+            return str(d / name)
+    return None
 
 
 def check_same_source(study_name: str, stored: dict | None, given: dict | None) -> None:

@@ -51,7 +51,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     Options left as None take the study's stored value when joining, and the defaults when creating.
     `repeats` trains every trial on that many seeds and ranks it by their mean (default 1).
     `init_from`: a `npas train` directory every trial is converted from before its proxy run.
-    `tokenizer` is char (default), bpe:N (trained on the training split) or a tokenizer.json path;
+    `tokenizer` is char (default), bpe:N (trained on the training split) or a tokenizer.json path
+    (with `init_from`: default the model's own tokenizer.json, and no other is accepted);
     the tokenizer made here is stored in the study, and every later driver and worker loads it.
     `corpus` is that corpus already loaded with these settings (the CLI's preflight has it)."""
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
@@ -62,6 +63,10 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     check_repeats(repeats)
     if launch.ray_address:
         check_address_reachable(launch.ray_address)
+    if init_from is not None:  # the study reads text as the starting model does: with its tokenizer.json
+        from npas.conversion.init_from import source_tokenizer
+
+        tokenizer = source_tokenizer(init_from, tokenizer)
     rec = load_recipe(recipe or space.recipe)
     glob, field = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
     if corpus is None:

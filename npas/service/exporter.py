@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
 import optuna
 import yaml
 
 from npas.allocation.config import ArchConfig
-from npas.errors import StudyError
+from npas.errors import NpasError, StudyError
 from npas.service.picks import objective_names
 from npas.service.picks import pick as choose
 from npas.service.record import StudyAttr, TrialAttr
-from npas.training.train import tokenizer_beside
+from npas.training.train import REFERENCE_KEY, tokenizer_beside
+
+log = logging.getLogger(__name__)
+
+
+def reference_chassis(study: optuna.Study) -> dict | None:
+    """The chassis the study's proxy runs scaled every trial's learning rates and init against (its
+    space's reference, bound to the study's vocabulary and budget as at launch), or None when the
+    study does not record its space. `npas train` of the export passes it on, as the runner did."""
+    from npas.allocation.space_parser import parse_space
+
+    attrs = study.user_attrs
+    text = attrs.get(StudyAttr.SPACE_TEXT)
+    if not text:
+        return None
+    over = attrs.get(StudyAttr.OVERRIDES) or {}
+    try:
+        space = parse_space(text, attrs.get(StudyAttr.SPACE_SOURCE) or study.study_name).bind(
+            vocab_size=over.get("vocab_size"), budget=over.get("budget"), budget_scope=over.get("budget_scope"))
+    except NpasError as err:  # a space an older npas wrote and this one no longer reads
+        log.warning("study %s: its space no longer parses (%s); the export records no reference chassis",
+                    study.study_name, str(err).splitlines()[0])
+        return None
+    return dataclasses.asdict(space.reference_chassis)
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:
@@ -34,6 +59,7 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
         "allocation": cfg.to_dict(),
         "hash": cfg.hash,
         "summary": cfg.summary(),
+        REFERENCE_KEY: reference_chassis(study),  # what the trial's learning rates and init were scaled against
         "study": study.study_name,
         "trial": trial.number,
         "pick": pick,

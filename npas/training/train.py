@@ -6,8 +6,12 @@ that produced it:
   tokenizer.json     the tokenizer the model reads (Hugging Face tokenizer.json, or npas's character
                      vocabulary); directories from older npas hold vocab.json instead, still loadable
   config.yaml        the allocation (ArchConfig.to_yaml), which rebuilds the exact module
-  metrics.json       the ProxyResult, the recipe and the data fingerprint it was trained with
+  metrics.json       the ProxyResult, the recipe, the data fingerprint and the reference chassis it was
+                     trained with (and the directory it continued from, if any)
 ``metrics.json`` is written last, so its presence marks a complete directory.
+
+A directory is also a starting point (``load_start``): ``npas train MODEL_DIR`` continues from its
+weights, with the reference chassis it recorded, so a converted or trained model is not thrown away.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
-from npas.errors import DataError
+from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
 from npas.training.proxy import Progress, ProxyResult, Report, train_model
@@ -43,21 +48,31 @@ OUTPUT_FILES = (MODEL_FILE, TOKENIZER_FILE, CONFIG_FILE, METRICS_FILE)
 
 def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Path,
                      device: str | torch.device | None = None, progress: Progress | None = None,
-                     report: Report | None = None) -> ProxyResult:
+                     report: Report | None = None, reference: Any = None,
+                     init_state: dict[str, torch.Tensor] | None = None,
+                     started_from: str | Path | None = None) -> ProxyResult:
     """Train ``cfg`` under ``recipe`` and write the four output files to ``out_dir``.
 
-    A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth nothing);
-    the caller decides whether that is an error.
+    ``reference`` is the chassis the fair parameterization scales learning rates and init against
+    (default ``cfg.chassis``): pass the search space's reference chassis, as the search's runner does,
+    and an exported trial trains exactly as it did in its study. ``init_state`` starts from given
+    weights (``load_start``) instead of a fresh init; ``started_from`` names where they came from, for
+    the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
+    nothing); the caller decides whether that is an error.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress)
+    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
+                                reference=reference, init_state=init_state)
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
         for name in (MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE, CONFIG_FILE):  # never leave stale weights beside new metrics
             (out / name).unlink(missing_ok=True)
-    write_metrics(out, result, recipe, corpus)
+    extra: dict[str, Any] = {"reference": asdict(reference if reference is not None else cfg.chassis)}
+    if started_from is not None:
+        extra["started_from"] = str(started_from)
+    write_metrics(out, result, recipe, corpus, extra)
     return result
 
 
@@ -86,10 +101,84 @@ def exported_tokenizer(config_path: str | Path) -> str | None:
     return str(p) if p.is_file() else None
 
 
-def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus) -> dict:
+REFERENCE_KEY = "reference"  # in an export and in metrics.json: the chassis the fair parameterization scaled against
+
+
+def read_chassis(d: Any, where: str) -> Any:
+    """A recorded reference chassis (a mapping of Chassis fields), refused in one line if malformed."""
+    from npas.allocation.config import Chassis
+
+    names = [f.name for f in fields(Chassis)]
+    if (not isinstance(d, dict) or set(d) - set(names) or any(n not in d for n in names if n != "activation")
+            or any(isinstance(d[n], bool) or not isinstance(d[n], int) for n in names[:-1])):
+        raise ConfigError(f"{where}: {REFERENCE_KEY} must be a chassis mapping with integer keys {names[:-1]} "
+                          f"(and activation), got {d!r}; export or train it again")
+    chassis = Chassis(**d)
+    problems = chassis.problems()
+    if problems:
+        raise ConfigError(f"{where}: {REFERENCE_KEY} {problems[0]}; export or train it again")
+    return chassis
+
+
+@dataclass(frozen=True)
+class AllocationFile:
+    """What ``npas train`` reads from an allocation YAML: the allocation, and, for an ``npas export``,
+    the reference chassis its study scaled learning rates and init against."""
+
+    cfg: Any  # ArchConfig
+    reference: Any  # Chassis | None: None for a bare allocation or an export from before it was recorded
+    exported: bool  # the file is an `npas export` document (an `allocation:` mapping with its record beside it)
+
+
+def read_allocation_file(path: str | Path) -> AllocationFile:
+    import yaml
+
+    from npas.allocation.config import ArchConfig
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"allocation file {p} does not exist; write one with `npas export NAME --out best.yaml`")
+    text = read_text(p, "allocation file")
+    cfg = ArchConfig.from_yaml(text)  # refuses YAML that does not parse, with its own message
+    doc = yaml.safe_load(text)
+    exported = isinstance(doc, dict) and "allocation" in doc
+    ref = doc.get(REFERENCE_KEY) if exported else None
+    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A model directory (``npas train --out`` or ``npas convert --out``) as the start of more training."""
+
+    dir: Path
+    cfg: Any  # ArchConfig
+    tokenizer: Tokenizer
+    state: dict[str, torch.Tensor]
+    reference: Any  # Chassis | None: the one its metrics.json records; None: the allocation's own chassis
+    data: dict  # its metrics.json's description of the corpus it was trained (or converted) on
+    val_loss: float | None  # its validation loss as recorded (a conversion's: before any training)
+
+
+def load_start(model_dir: str | Path) -> Start:
+    """The weights, tokenizer and record of ``model_dir``, to continue training from (``train_allocation``'s
+    ``init_state``). A converted directory records its validation loss under ``conversion``."""
+    d = Path(model_dir)
+    model, tokenizer, cfg = load_trained(d)
+    metrics = read_metrics(d)
+    ref = metrics.get(REFERENCE_KEY)
+    val = (metrics.get("result") or {}).get("val_loss")
+    if val is None:
+        val = (metrics.get("conversion") or {}).get("val_loss")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # train_model copies into fp32
+    return Start(d, cfg, tokenizer, state, None if ref is None else read_chassis(ref, str(d / METRICS_FILE)),
+                 metrics.get("data") or {}, val)
+
+
+def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus,
+                  extra: dict | None = None) -> dict:
     from npas import __version__
 
-    doc = {"result": result.to_dict(), "recipe": recipe.to_dict(), "data": corpus.describe(),
+    doc = {"result": result.to_dict(), "recipe": recipe.to_dict(), "data": corpus.describe(), **(extra or {}),
            "npas_version": __version__}
     (Path(out_dir) / METRICS_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc

@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "weights derived from it (tying, LoRA, banks, widths)")
     p.add_argument("dense_dir", help="the --out directory of `npas train` (e.g. the untied reference)")
     p.add_argument("--to", required=True, dest="alloc", help="allocation YAML, e.g. from `npas export`")
-    p.add_argument("--out", required=True, help="output directory (a `npas train`-style model directory)")
+    p.add_argument("--out", required=True, help="output directory (a `npas train`-style model directory; "
+                   "`npas train OUT` continues from its weights)")
     p.add_argument("--tie-init", choices=("auto", "average", "stepwise"), default="auto",
                    help="shared weights: mean of the layers that use them (average), the first such layer's "
                         "(stepwise), or auto: average where LoRA relaxes them, else stepwise")
@@ -43,6 +44,6 @@ def run_convert(args: argparse.Namespace) -> int:
     print(f"converted {args.dense_dir} -> {conv.cfg.hash} ({conv.cfg.summary()}, {n:,} params): "
           f"{counts['derived']} tensors derived, {counts['partly fresh']} partly fresh, {counts['fresh']} fresh")
     print(f"val_loss before training {res.val_loss:.4f} nats (source {src}); wrote {res.out}/ "
-          f"(model.safetensors, vocab.json, config.yaml, metrics.json, provenance.json); try "
-          f"`npas sample {res.out}` or `npas train {res.out}/config.yaml`")
+          f"(model.safetensors, tokenizer.json, config.yaml, metrics.json, provenance.json); try "
+          f"`npas sample {res.out}`, or continue training from these weights with `npas train {res.out}`")
     return 0

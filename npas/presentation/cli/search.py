@@ -204,8 +204,13 @@ def _preflight(space, args: argparse.Namespace):
     glob, field = args.data_glob or DEFAULT_GLOB, args.text_field or DEFAULT_TEXT_FIELD
     if not is_bundled(data):
         check_source(data, glob, field)  # the cheap checks first: path, glob, field
+    tokenizer = args.tokenizer
+    if args.init_from is not None:  # the starting model's tokenizer.json, unless one is given
+        from npas.conversion.init_from import source_tokenizer
+
+        tokenizer = source_tokenizer(args.init_from, tokenizer)
     corpus = load_corpus(data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
-                         tokenizer=args.tokenizer, glob=glob, text_field=field)
+                         tokenizer=tokenizer, glob=glob, text_field=field)
     context = space.reference_chassis.context
     if rec.seq_len > context:  # first: it is cheap, and bounds the corpus check below
         raise SpaceError(space.source, [f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > chassis.context "

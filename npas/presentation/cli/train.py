@@ -1,4 +1,5 @@
-"""`npas train CONFIG.yaml` and `npas sample DIR`: train an exported allocation for real, then use it.
+"""`npas train CONFIG.yaml|MODEL_DIR` and `npas sample DIR`: train an exported allocation for real (or
+continue a trained or converted model), then use it.
 
 Only this module prints; the work lives in ``npas.training.train`` so the Python API does the same thing.
 """
@@ -11,7 +12,6 @@ import sys
 from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
-from npas.files import read_text
 from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, add_data_args, int_in, temperature
 from npas.service.runner import RUNS_DIR
 
@@ -19,12 +19,15 @@ DEFAULT_RECIPE = "long"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an exported allocation and save it (safetensors + tokenizer.json)")
-    p.add_argument("config", help="allocation YAML, e.g. from `npas export NAME --out best.yaml`")
+    p = sub.add_parser("train", help="train an exported allocation, or continue a trained or converted model, and "
+                       "save it (safetensors + tokenizer.json)")
+    p.add_argument("config", help="allocation YAML, e.g. from `npas export NAME --out best.yaml` (fresh init), or "
+                   "a model directory from `npas train --out` / `npas convert --out` (continues from its weights)")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
                    help=f"recipe name in trials/ or a YAML path (default: {DEFAULT_RECIPE})")
-    add_data_args(p, default_note="the recipe's data, else bundled Shakespeare; --tokenizer defaults to "
-                  "the tokenizer.json `npas export` wrote beside CONFIG, else char")
+    add_data_args(p, default_note="a model directory's own text, else the recipe's data, else bundled Shakespeare; "
+                  "--tokenizer defaults to a model directory's tokenizer.json or the one `npas export` wrote "
+                  "beside CONFIG, else char")
     p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>)")
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -45,26 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from npas.allocation.config import ArchConfig
-    from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
     from npas.training.train import MODEL_FILE, train_allocation
 
     path = Path(args.config)
-    if not path.is_file():
-        raise ConfigError(f"allocation file {path} does not exist; write one with "
-                          "`npas export NAME --out best.yaml`")
-    cfg = ArchConfig.from_yaml(read_text(path, "allocation file"))
     recipe = load_recipe(args.recipe)
     if args.steps is not None:
         recipe = recipe.with_steps(args.steps)
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.train import exported_tokenizer
-
-    tokenizer = args.tokenizer or exported_tokenizer(path)
-    corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction,
-                         test_fraction=recipe.test_fraction, tokenizer=tokenizer,
-                         glob=args.data_glob or DEFAULT_GLOB, text_field=args.text_field or DEFAULT_TEXT_FIELD)
+    if path.is_dir():  # a trained or converted model: continue from its weights
+        cfg, corpus, reference, start, what = _continue_from(path, recipe, args)
+    else:
+        cfg, corpus, reference, what = _from_allocation(path, recipe, args)
+        start = None
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
@@ -72,7 +67,7 @@ def run_train(args: argparse.Namespace) -> int:
     from npas.allocation.budget import count
 
     acc = count(cfg)
-    print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params) on {corpus.source}, "
+    print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params){what} on {corpus.source}, "
           f"recipe {recipe.name}: {recipe.steps} steps x {recipe.tokens_per_step:,} tokens -> {out}")
     bar = tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
     post: dict[str, str] = {}
@@ -88,7 +83,9 @@ def run_train(args: argparse.Namespace) -> int:
         return False
 
     try:
-        result = train_allocation(cfg, recipe, corpus, out, device=args.device, progress=progress, report=report)
+        result = train_allocation(cfg, recipe, corpus, out, device=args.device, progress=progress, report=report,
+                                  reference=reference, init_state=None if start is None else start.state,
+                                  started_from=None if start is None else start.dir.resolve())
     finally:
         bar.close()
     if result.status == "failed":
@@ -98,6 +95,57 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"wrote {out}/ (model.safetensors, tokenizer.json, config.yaml, metrics.json); try "
           f"`npas sample {out} --prompt 'ROMEO:'`")
     return 0
+
+
+def _load_corpus(args: argparse.Namespace, recipe, data, tokenizer, glob=None, text_field=None):
+    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
+    from npas.training.data import load_corpus
+
+    return load_corpus(data, val_fraction=recipe.val_fraction, test_fraction=recipe.test_fraction,
+                       tokenizer=tokenizer, glob=args.data_glob or glob or DEFAULT_GLOB,
+                       text_field=args.text_field or text_field or DEFAULT_TEXT_FIELD)
+
+
+def _from_allocation(path: Path, recipe, args: argparse.Namespace):
+    """An allocation file: fresh init, scaled against the reference chassis its export records, so an
+    exported trial trains as its search trained it."""
+    from npas.training.train import exported_tokenizer, read_allocation_file
+
+    alloc = read_allocation_file(path)
+    if alloc.exported and alloc.reference is None:
+        print(f"npas train: note: {path} was exported before npas recorded the search's reference chassis; "
+              f"scaling learning rates and init against its own chassis instead (a narrowed d_model then trains "
+              f"unlike its trial); export it again to match the search", file=sys.stderr)
+    tokenizer = args.tokenizer or exported_tokenizer(path)
+    corpus = _load_corpus(args, recipe, args.data if args.data is not None else recipe.data, tokenizer)
+    return alloc.cfg, corpus, alloc.reference, ""
+
+
+def _continue_from(path: Path, recipe, args: argparse.Namespace):
+    """A model directory (`npas train --out`, `npas convert --out`): its weights, its tokenizer, its
+    reference chassis and, unless --data says otherwise, the text it was trained on."""
+    from npas.training.data import is_bundled
+    from npas.training.train import load_start
+
+    start = load_start(path)
+    recorded = start.data.get("source")
+    if args.data is not None:
+        data = args.data
+    elif recorded is None:  # a directory that does not say what it was trained on
+        data = recipe.data
+    else:
+        data = None if is_bundled(recorded) else recorded
+    if args.tokenizer is not None:  # it must be the model's own: its embeddings index those tokens
+        corpus = _load_corpus(args, recipe, data, args.tokenizer, start.data.get("glob"),
+                              start.data.get("text_field"))
+        if corpus.tokenizer.fingerprint != start.tokenizer.fingerprint:
+            raise ConfigError(f"--tokenizer {args.tokenizer} is not the tokenizer the model in {path} reads "
+                              f"({start.tokenizer.name}); drop --tokenizer to use its tokenizer.json")
+    else:
+        corpus = _load_corpus(args, recipe, data, start.tokenizer, start.data.get("glob"),
+                              start.data.get("text_field"))
+    loss = "" if start.val_loss is None else f", val_loss {start.val_loss:.4f} before training"
+    return start.cfg, corpus, start.reference, start, f" from the weights in {path}{loss}"
 
 
 def run_sample(args: argparse.Namespace) -> int:
