@@ -31,15 +31,14 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
 
     d = Path(dense_dir).expanduser().resolve()
     _, tokenizer, cfg = load_trained(d)
+    if tokenizer.fingerprint != corpus.tokenizer.fingerprint:  # first: another vocabulary size follows from it
+        raise DataError(f"--init-from {dense_dir} reads text with its own {tokenizer.name} ({tokenizer.vocab_size} "
+                        f"tokens, fingerprint {tokenizer.fingerprint}), not with tokenizer {corpus.tokenizer.name} "
+                        f"({corpus.tokenizer.vocab_size} tokens, fingerprint {corpus.tokenizer.fingerprint}); drop "
+                        "--tokenizer: a study that starts from this model searches with the model's tokenizer")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    if tokenizer.fingerprint != corpus.tokenizer.fingerprint:
-        raise DataError(f"--init-from {dense_dir} reads text with its own tokenizer ({tokenizer.name}, "
-                        f"{tokenizer.vocab_size} tokens, fingerprint {tokenizer.fingerprint}), not the study's "
-                        f"({corpus.tokenizer.name}, {corpus.tokenizer.vocab_size} tokens, fingerprint "
-                        f"{corpus.tokenizer.fingerprint}); drop --tokenizer to search with the model's, and --data "
-                        "to search on the text it was trained on")
     return {"dir": str(d), "weights": fingerprint_weights(d), "config_hash": cfg.hash}
 
 

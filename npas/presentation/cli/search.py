@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
                    "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
     p.add_argument("--init-from", metavar="DENSE_DIR", help="start every trial from this `npas train` model, "
-                   "converted into the candidate (npas convert), instead of a fresh init")
+                   "converted into the candidate (npas convert), instead of a fresh init; the study reads text "
+                   "with the model's tokenizer.json (another --tokenizer is refused)")
     p.set_defaults(func=run_search)
 
     p = sub.add_parser("resume", help="continue a study from its database after any stop")
