@@ -1,11 +1,12 @@
 """`npas convert` on disk: read a `npas train` directory, write the converted model beside its record.
 
-The output is a `npas train` directory (model.safetensors, tokenizer.json, config.yaml, metrics.json), so
-`npas sample`, `load_trained`, `npas search --init-from` and `npas train OUT` (which continues from its
-weights) read it like any trained model, plus provenance.json, the origin of every tensor. metrics.json holds the converted model's validation
-loss before any training, measured on the source's own validation batches (its recipe and corpus),
-next to the source's, so the two numbers are comparable, and the reference chassis the source trained
-against (its own, unless it recorded another), which further training scales against; narrower MLPs are fitted on a few thousand
+The output is a `npas train` directory (model.safetensors, tokenizer.json, config.yaml, metrics.json),
+so `npas sample`, `load_trained`, `npas search --init-from` and `npas train OUT` (which continues from
+its weights) read it like any trained model, plus provenance.json, the origin of every tensor.
+metrics.json holds the converted model's validation loss before any training, measured on the
+source's own validation batches (its recipe, corpus and tokenizer), next to the source's, so the two
+numbers are comparable, and the reference chassis the source trained against (its own, unless it
+recorded another), which further training scales against; narrower MLPs are fitted on a few thousand
 tokens of the corpus's training split (`calibration`). Everything a user can get wrong (paths, the
 allocation, an incompatible chassis, an occupied --out) is checked before anything is written.
 """
