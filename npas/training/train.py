@@ -137,7 +137,8 @@ def read_allocation_file(path: str | Path) -> AllocationFile:
 
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"allocation file {p} does not exist; write one with `npas export NAME --out best.yaml`")
+        raise ConfigError(f"allocation file {p} does not exist; write one with `npas export NAME --out best.yaml`, "
+                          "or pass a model directory to continue training it")
     text = read_text(p, "allocation file")
     cfg = ArchConfig.from_yaml(text)  # refuses YAML that does not parse, with its own message
     doc = yaml.safe_load(text)

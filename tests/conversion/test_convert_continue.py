@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,19 @@ def test_train_continues_a_trained_model_directory(dense_dir: Path, quick: str, 
     assert main(["train", str(dense_dir), "--steps", "1", "--out", str(out), "--device", "cpu", "--recipe", quick]) == 0
     first, _ = _first_step(out)
     assert abs(first - dense_val) < 0.3, (first, dense_val)
+
+
+def test_continuing_without_out_never_writes_over_the_source(dense_dir: Path, quick: str, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default --out is relative: trials/runs/...
+    cfg_hash = read_metrics(dense_dir)["result"]["config_hash"]
+    source = tmp_path / "trials" / "runs" / f"train-{cfg_hash}"  # where `npas train` put it by default
+    source.parent.mkdir(parents=True)
+    shutil.copytree(dense_dir, source)
+    before = (source / "model.safetensors").read_bytes()
+    assert main(["train", str(source), "--steps", "1", "--device", "cpu", "--recipe", quick]) == 0
+    (out,) = [p for p in source.parent.iterdir() if p.name.startswith(f"train-{cfg_hash}-from-")]
+    assert _first_step(out)[1] > 0 and (source / "model.safetensors").read_bytes() == before
 
 
 def test_train_refuses_another_tokenizer_for_a_model_directory(dense_dir: Path, tmp_path: Path, capsys) -> None:

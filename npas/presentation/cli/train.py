@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, default_note="a model directory's own text, else the recipe's data, else bundled Shakespeare; "
                   "--tokenizer defaults to a model directory's tokenizer.json or the one `npas export` wrote "
                   "beside CONFIG, else char")
-    p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>)")
+    p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>, or "
+                   "train-<hash>-from-<weights> when continuing a model directory)")
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
@@ -61,6 +62,10 @@ def run_train(args: argparse.Namespace) -> int:
         cfg, corpus, reference, what = _from_allocation(path, recipe, args)
         start = None
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
+    if start is not None and not args.out:  # never the source's own default directory: keep what it continues
+        from npas.conversion.directory import fingerprint_weights
+
+        out = RUNS_DIR / f"train-{cfg.hash}-from-{fingerprint_weights(start.dir)[:8]}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
 
