@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.config import ArchConfig, Bank, Chassis
 from npas.allocation.transformer import build_model
 from npas.conversion import convert_model
 from npas.conversion.convert import Conversion, _read_weights
