@@ -318,11 +318,28 @@ class Space:
             out[name] = vals
         experts = [e for e in self.knobs["experts_per_layer"].options() if e > 0] if "experts_per_layer" in self.knobs \
             else []
-        if experts:  # the natural baseline of an expert pool: each layer its own E experts, nothing shared
-            out["per_layer_moe"] = {**BASELINES["narrow_untied"], "width_fit": self.width_fit,
-                                    "experts_per_layer": max(experts), "expert_scope": "window", "expert_window": 1,
-                                    "expert_pool_fraction": 1.0}
+        if experts and (moe := self._per_layer_moe(max(experts))) is not None:
+            out["per_layer_moe"] = moe
         return out
+
+    def _per_layer_moe(self, most: int) -> dict[str, Any] | None:
+        """The natural baseline of an expert pool, as a careful person would hand-build it at this budget:
+        each layer its own experts, nothing shared, top-1 routing (the space's sparsest top-k), and the
+        most experts per layer (at most the space's largest E) whose fitted width is still at least
+        d_model / 2. Splitting a budget into ever narrower experts (width 4 at d_model 104 was what the
+        fixed E gave at full.yaml's 0.25x) makes a strawman, not a baseline; where not even
+        top_k + 1 experts per layer keep that width, there is no per-layer MoE to compare with (None).
+        The width is judged on the reference chassis, the one every baseline is counted on."""
+        topk = self.knobs.get("experts_topk")
+        k = min(topk.options()) if topk is not None else int(value({}, "experts_topk"))
+        chassis = {name: knob.default for name, knob in self.chassis.items()}
+        for e in range(most, k, -1):
+            vals = {**BASELINES["narrow_untied"], "width_fit": self.width_fit, "experts_per_layer": e,
+                    "expert_scope": "window", "expert_window": 1, "expert_pool_fraction": 1.0, "experts_topk": k}
+            cfg = self.candidate({**chassis, **vals}).config
+            if cfg is not None and 2 * cfg.experts.d_expert >= cfg.chassis.d_model:
+                return vals
+        return None
 
 
 # ---- budgets -------------------------------------------------------------------------------

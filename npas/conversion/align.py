@@ -8,6 +8,12 @@ assignment on the cosine similarity of each unit's concatenated input rows and o
 weight-matching model merging), so the average combines units that compute similar features and the
 LoRA deltas have less left to repair. Members of different widths read nested prefixes of the block
 (ordered by importance), so those blocks are left as they are.
+
+New units of a widened layer (random inputs, see `widths`) carry no trained feature: matching on
+them would make the permutation, and everything averaged or fitted after it, depend on the seed
+that drew them. So a new unit's similarity is a constant: 0 to another new unit and -2 (below any
+cosine) to a trained one, which matches trained units among themselves exactly as without new units
+and keeps the new ones together, at the tail.
 """
 
 from __future__ import annotations
@@ -26,9 +32,17 @@ def unit_features(ws: dict[str, Tensor]) -> Tensor:
     return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def match_units(reference: dict[str, Tensor], other: dict[str, Tensor]) -> Tensor:
-    """perm such that other's unit perm[k] is matched to reference's unit k (maximum total similarity)."""
+NEW_TO_TRAINED = -2.0  # similarity of a new (random) unit to a trained one: below any cosine
+
+
+def match_units(reference: dict[str, Tensor], other: dict[str, Tensor], reference_new: Tensor | None = None,
+                other_new: Tensor | None = None) -> Tensor:
+    """perm such that other's unit perm[k] is matched to reference's unit k (maximum total similarity).
+    ``*_new``: (units,) True for a layer's new units, whose similarities are constants (module doc)."""
     sim = unit_features(reference) @ unit_features(other).T  # (units, units)
+    if reference_new is not None and other_new is not None and bool(reference_new.any() or other_new.any()):
+        a, b = reference_new[:, None], other_new[None, :]
+        sim = torch.where(a & b, 0.0, torch.where(a | b, NEW_TO_TRAINED, sim))
     rows, cols = linear_sum_assignment(sim.double().numpy(), maximize=True)
     perm = torch.empty(len(rows), dtype=torch.long)
     perm[torch.as_tensor(rows)] = torch.as_tensor(cols)

@@ -8,6 +8,11 @@ Order of work, each step reading only what the previous ones settled:
      banks (`banks`), attention atoms (`atoms`); norms and embeddings copied (averaged when tied);
   4. with those loaded, each relaxed layer's LoRA delta from what sharing lost (`lora`).
 Every state-dict entry gets a provenance record; an entry without one is a bug and raises.
+
+The seed only draws what provenance declares fresh: the input rows of a widened MLP's new units
+(`widths`) and the init of elements nothing is fitted to. Every fit leaves the new units' random rows
+out (unit matching, shared weights, banks, LoRA residuals and the reported errors see the trained
+units only), so a tensor labelled "derived" is bit for bit the same whatever the seed.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
 from npas.conversion.source import SourceModel, read_source
-from npas.conversion.tying import TIE_INITS, TieInit, shared_weight
-from npas.conversion.widths import resize_mlp
+from npas.conversion.tying import TIE_INITS, TieInit, fresh_only, shared_weight
+from npas.conversion.widths import fresh_elements, resize_mlp
 from npas.errors import ConfigError
 
 
@@ -70,10 +75,11 @@ def convertible_problems(src: ArchConfig, dst: ArchConfig) -> list[str]:
 
 
 def _targets(src: SourceModel, cfg: ArchConfig, plan: ResidualPlan, gen: torch.Generator,
-             inputs: list[Tensor] | None) -> tuple[list[dict[str, Tensor]], list[str | None], list[str]]:
-    """Per layer: the weights this allocation's layer should compute with, its fresh-element note
-    and how its MLP width was changed ("" when it was not)."""
-    targets, notes, how = [], [], []
+             inputs: list[Tensor] | None
+             ) -> tuple[list[dict[str, Tensor]], list[str | None], list[str], list[Tensor]]:
+    """Per layer: the weights this allocation's layer should compute with, its fresh-element note,
+    how its MLP width was changed ("" when it was not) and which of its MLP units are new."""
+    targets, notes, how, new = [], [], [], []
     for i, ws in enumerate(src.layers):
         narrowed = {slot: narrow_slot(plan, slot, w.value) for slot, w in ws.items()}
         h = None if inputs is None else narrow_vector(plan, inputs[i])
@@ -81,19 +87,22 @@ def _targets(src: SourceModel, cfg: ArchConfig, plan: ResidualPlan, gen: torch.G
         targets.append(resized)
         notes.append(note)
         how.append(method)
-    return targets, notes, how
+        new.append(torch.arange(resized["mlp_down"].shape[1]) >= narrowed["mlp_down"].shape[1])  # appended
+    return targets, notes, how, new
 
 
-def _align_tied_mlps(cfg: ArchConfig, targets: list[dict[str, Tensor]]) -> None:
-    """Permute each tied layer's MLP units to match its block's first layer (see `align`); in place.
-    A permutation changes nothing a layer computes, so every target stays exact."""
+def _align_tied_mlps(cfg: ArchConfig, targets: list[dict[str, Tensor]], new: list[Tensor]) -> None:
+    """Permute each tied layer's MLP units to match its block's first layer (see `align`); in place,
+    the new-unit masks along. A permutation changes nothing a layer computes: every target stays exact."""
     for b in range(cfg.n_blocks):
         members = cfg.members_of(b)
         if len(members) < 2 or len({cfg.mlp_widths[i] for i in members}) > 1:
             continue
         first = targets[members[0]]
         for i in members[1:]:
-            targets[i] = permute_units(targets[i], match_units(first, targets[i]))
+            perm = match_units(first, targets[i], new[members[0]], new[i])
+            targets[i] = permute_units(targets[i], perm)
+            new[i] = new[i][perm]
 
 
 def _readers(cfg: ArchConfig, block: int, slot: str) -> list[int]:
@@ -145,9 +154,12 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
     gen = torch.Generator().manual_seed(seed)
     narrows = any(w < n for w, n in zip(cfg.mlp_widths, source.cfg.mlp_widths, strict=True))
     inputs = mlp_inputs(source, calibration) if calibration is not None and narrows else None
-    targets, notes, resized = _targets(src, cfg, plan, gen, inputs)
+    targets, notes, resized, new = _targets(src, cfg, plan, gen, inputs)
     if align:
-        _align_tied_mlps(cfg, targets)
+        _align_tied_mlps(cfg, targets, new)
+    # per layer and slot, the target's fresh (seed-drawn) elements, None where it has none: every fit
+    # below leaves them out, so what it derives does not depend on the seed
+    fresh_at = [{slot: None for slot in ws} | fresh_elements(ws, new[i]) for i, ws in enumerate(targets)]
     torch.manual_seed(seed)  # the few elements kept fresh (declared in provenance) are reproducible
     model = build_model(cfg).float()
     prov = ProvenanceRecord()
@@ -169,6 +181,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
 
     # ---- shared and direct block weights ------------------------------------------------------
     block_target: dict[tuple[int, str], Tensor] = {}
+    block_fresh: dict[tuple[int, str], Tensor | None] = {}  # elements only fresh target elements cover
     block_sources: dict[tuple[int, str], list[str]] = {}
     for b in range(cfg.n_blocks):
         for slot in block_slots(cfg.chassis.activation):
@@ -176,7 +189,9 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                 continue
             readers = _readers(cfg, b, slot)
             mode = tie_mode(cfg, readers, slot, tie_init)
-            block_target[b, slot] = shared_weight(cfg.slot_shape(b, slot), [targets[i][slot] for i in readers], mode)
+            shape, ws, fs = cfg.slot_shape(b, slot), [targets[i][slot] for i in readers], [fresh_at[i][slot] for i in readers]
+            block_target[b, slot] = shared_weight(shape, ws, mode, fs)
+            block_fresh[b, slot] = fresh_only(shape, ws, fs)
             block_sources[b, slot] = srcs(readers, slot)
             name = f"blocks.{b}.{slot}"
             if name in params:
@@ -186,6 +201,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                          fresh_of(readers, slot))
     for k, (bank_cfg, bank) in enumerate(zip(cfg.banks, model.banks, strict=True)):
         members = [block_target[m] for m in bank_cfg.members]
+        members_fresh = [block_fresh[m] for m in bank_cfg.members]
         sources = [s for m in bank_cfg.members for s in block_sources[m]]
         layers = sorted({i for b, s in bank_cfg.members for i in _readers(cfg, b, s)})
         mlp_notes = "; ".join(sorted({n for b, s in bank_cfg.members
@@ -193,7 +209,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
         if bank_cfg.generator == "template_mix":
             relaxed = any(_relaxed(cfg, i, s) for b, s in bank_cfg.members for i in _readers(cfg, b, s))
             mode = tie_init if tie_init != "auto" else "average" if relaxed else "stepwise"
-            weight, coef, spare = fit_template_bank(bank, members, mode)
+            weight, coef, spare = fit_template_bank(bank, members, mode, members_fresh)
             bank.weight.copy_(weight)
             bank.coef.copy_(coef)
             fresh = "; ".join(x for x in (f"{spare} template(s) beyond the members' rank (zero coefficients)"
@@ -203,7 +219,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
             prov.add(f"banks.{k}.weight", sources, f"template_mix {how} of {len(members)} members{narrowed}", fresh)
             prov.add(f"banks.{k}.coef", sources, "template_mix least squares coefficients")
         else:
-            weight, unread = fit_copy_bank(bank, members)
+            weight, unread = fit_copy_bank(bank, members, members_fresh)
             bank.weight.copy_(weight)
             fresh = "; ".join(x for x in (f"{unread} elements no member reads" if unread else None, mlp_notes)
                               if x) or None
@@ -278,12 +294,12 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
     read = _read_weights(model)
     for i, layer in enumerate(model.h):
         for slot, lora in layer.lora.items():
-            target = targets[i][slot]
-            residual = target - read[i][slot]
+            target = _trained(targets[i][slot], fresh_at[i][slot])
+            residual = target - _trained(read[i][slot], fresh_at[i][slot])  # fitted to the trained units only
             B, A, k = lora_factors(residual, lora.A.shape[0], lora.scale, lora.A.detach())
             lora.A.copy_(A)
             lora.B.copy_(B)
-            errors[f"{i}.{slot}"] = relative_error(target, read[i][slot] + lora.delta())
+            errors[f"{i}.{slot}"] = relative_error(target, _trained(read[i][slot] + lora.delta(), fresh_at[i][slot]))
             r = lora.A.shape[0]
             names = srcs([i], slot) + [s for b in {cfg.block_of_layer[i]} for s in block_sources.get((b, slot), [])]
             fresh = f"{r - k} of {r} components with nothing left to fit (A fresh, B zero)" if k < r else None
@@ -292,11 +308,17 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                          f"shared one (scale {lora.scale:g})", fresh)
     for i, ws in enumerate(_read_weights(model)):
         for slot, w in ws.items():
-            errors.setdefault(f"{i}.{slot}", relative_error(targets[i][slot], w))
+            f = fresh_at[i][slot]
+            errors.setdefault(f"{i}.{slot}", relative_error(_trained(targets[i][slot], f), _trained(w, f)))
     missing = prov.missing(model.state_dict())
     if missing:
         raise RuntimeError(f"conversion wrote no provenance for {missing}")  # a bug, never a user error
     return Conversion(model, cfg, prov, errors)
+
+
+def _trained(w: Tensor, fresh: Tensor | None) -> Tensor:
+    """w with its fresh elements zeroed: what a fit against the trained units sees."""
+    return w if fresh is None else torch.where(fresh, 0.0, w)
 
 
 @torch.no_grad()

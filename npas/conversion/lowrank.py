@@ -2,9 +2,9 @@
 
 Both mechanisms generate m weights as coef (m, k) @ basis (k, n). Given the m target weights as rows
 of X, the least-squares best `coef @ basis` of rank k is the truncated SVD (Eckart-Young); with
-k >= m it reproduces X exactly. Template pools also have rows that only cover a prefix of the basis
-(members shorter than the templates): those entries are unobserved, and alternating least squares
-over the observed entries, started from the SVD, fits them. The factors are balanced so each
+k >= m it reproduces X exactly. Template pools also have entries a row does not observe (members
+shorter than the templates cover a prefix; a widened member's fresh new-unit elements are left out):
+alternating least squares over the observed entries, started from the SVD, fits them. The factors are balanced so each
 coefficient has the RMS of the model's init (1/sqrt(k)), putting the scale in the basis.
 
 `pick_low_rank` is the "stepwise" counterpart: the basis is k of the rows themselves (the first k),
@@ -40,46 +40,45 @@ def low_rank(X: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def masked_low_rank(X: Tensor, observed: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """As `low_rank`, fitting only entries where `observed` (m, n) is True. Each row's observed
-    entries must be a prefix (row j covers columns [0, n_j)); unobserved entries of X are ignored."""
+    """As `low_rank`, fitting only entries where `observed` (m, n) is True; unobserved entries of X
+    are ignored. A row may observe any subset of the columns: a member shorter than the templates
+    observes a prefix, one with fresh elements (new MLP units) misses those."""
     X = X.double()
-    m, n = X.shape
+    m = X.shape[0]
     if bool(observed.all()):
         return low_rank(X, k)
     coef, basis = low_rank(torch.where(observed, X, torch.zeros((), dtype=X.dtype)), k)
     coef, basis = coef.double(), basis.double()
-    lengths = observed.sum(1)
-    # columns grouped by which rows observe them: boundaries at each row's prefix length
-    cuts = sorted({0, n, *[int(v) for v in lengths]})
+    # columns grouped by which rows observe them (for prefixes: the runs between rows' lengths), so
+    # each group's basis columns are one least-squares solve over the rows that observe them
+    patterns, group = torch.unique(observed.T, dim=0, return_inverse=True)
     for _ in range(ALS_ITERS):
         for j in range(m):
-            c = int(lengths[j])
-            if c:
-                coef[j] = torch.linalg.lstsq(basis[:, :c].T, X[j, :c, None]).solution[:, 0]
-        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-            if hi <= lo:
-                continue
-            rows = (lengths >= hi).nonzero()[:, 0]
+            cols = observed[j]
+            if bool(cols.any()):
+                coef[j] = torch.linalg.lstsq(basis[:, cols].T, X[j, cols, None]).solution[:, 0]
+        for g in range(len(patterns)):
+            rows = patterns[g].nonzero()[:, 0]
             if rows.numel():
-                basis[:, lo:hi] = torch.linalg.lstsq(coef[rows], X[rows, lo:hi]).solution
+                cols = group == g
+                basis[:, cols] = torch.linalg.lstsq(coef[rows], X[rows][:, cols]).solution
     coef, basis = _balance(coef, basis)
     return coef.float(), basis.float()
 
 
 def pick_low_rank(X: Tensor, observed: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(coef (m, r), basis (r, n)): basis = the first r = min(k, m) rows of X (unobserved entries 0),
-    each row's coefficients by least squares over its observed prefix."""
+    each row's coefficients by least squares over its observed entries."""
     X = X.double()
     m = X.shape[0]
     r = min(k, m)
     basis = torch.where(observed[:r], X[:r], torch.zeros((), dtype=X.dtype))
     coef = torch.zeros(m, r, dtype=X.dtype)
-    lengths = observed.sum(1)
     for j in range(m):
-        c = int(lengths[j])
+        cols = observed[j]
         if j < r:
             coef[j, j] = 1.0  # exact: this row is a basis row
-        elif c:
-            coef[j] = torch.linalg.lstsq(basis[:, :c].T, X[j, :c, None]).solution[:, 0]
+        elif bool(cols.any()):
+            coef[j] = torch.linalg.lstsq(basis[:, cols].T, X[j, cols, None]).solution[:, 0]
     coef, basis = _balance(coef, basis)
     return coef.float(), basis.float()

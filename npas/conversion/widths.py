@@ -11,7 +11,10 @@ are ordered most important first, so the layers of a tied block that read a nest
 the best ones. Wider: every trained unit
 is kept in place and the new units get random input weights (std INIT_STD) and **zero** output
 (down-projection) columns: they start silent, so the converted model computes exactly what the narrower
-one did, and gradients still reach them through their non-zero inputs.
+one did, and gradients still reach them through their non-zero inputs. Those random input rows are
+the only seed-dependent elements of a resized MLP (`fresh_elements`): whatever conversion derives
+from the targets (shared weights, bank fits, LoRA deltas) leaves them out, so it is the same for
+every seed.
 """
 
 from __future__ import annotations
@@ -81,3 +84,15 @@ def resize_mlp(ws: dict[str, Tensor], width: int, gen: torch.Generator, inputs: 
             out[slot] = torch.cat([ws[slot], fresh])
     out["mlp_down"] = torch.cat([ws["mlp_down"], torch.zeros(d, extra)], dim=1)
     return out, f"{extra} new MLP units (random inputs, zero outputs: silent at start)", f"widened {n}->{width}"
+
+
+def fresh_elements(ws: dict[str, Tensor], new: Tensor) -> dict[str, Tensor | None]:
+    """Per MLP slot of a resized layer, (out, in) bool of its fresh elements: the input rows (up and
+    gate) of the new units ``new`` ((units,) bool); None when there are none. The new units' zero
+    output columns are not fresh: they are the same for every seed."""
+    out: dict[str, Tensor | None] = {slot: None for slot in ws if slot.startswith("mlp")}
+    if bool(new.any()):
+        for slot in ("mlp_up", "mlp_gate"):
+            if slot in ws:
+                out[slot] = new[:, None].expand(ws[slot].shape).clone()
+    return out

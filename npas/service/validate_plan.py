@@ -1,9 +1,10 @@
 """What `npas validate` retrains: the plan, deterministic for a given study and options.
 
 - the K front points with the lowest loss (the loss objective found by name), the point `--pick`
-  chooses, and M other completed full-fidelity trials spread over the proxy-loss range (one per
-  equal-count stratum, the one nearest the stratum's middle); the hand-crafted baselines are always
-  among them;
+  chooses, every hand-crafted baseline, and on top of those M other completed full-fidelity trials
+  spread over the proxy-loss range (one per equal-count stratum, the one nearest the stratum's
+  middle), drawn from the trials none of the above already retrains: baselines never use up the
+  sample, so ``--sample M`` always adds M searched allocations where the study has them;
 - two matched baselines for the picked point: the dense untied model with equal stored parameters
   (the space's `narrow_untied` baseline is exactly that) and the dense untied model whose FLOPs per
   token come as close to the pick's as a uniform MLP width allows (the exact ratio is reported);
@@ -58,7 +59,7 @@ class Options:
 
     pick: str = "knee"
     top: int = 4  # front points with the lowest loss
-    sample: int = 4  # other completed trials, baselines included (all baselines even if more)
+    sample: int = 4  # other completed trials, not counting the baselines (always retrained on top)
     recipe: str = "long"
     seeds: int = 2  # fresh seeds per allocation; >= 2 so seed noise and SNR exist
     workers: int = 2  # concurrent retrainings on Ray; 0 runs them one by one in this process
@@ -188,7 +189,7 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     for t in baselines:
         add(t, "baseline", label=str(t.user_attrs[TrialAttr.BASELINE]))
     rest = sorted((t for t in done if _cfg_hash(t) not in targets), key=lambda t: (t.values[li], t.number))
-    m = min(len(rest), max(0, opts.sample - len(baselines)))
+    m = min(len(rest), opts.sample)  # baselines are already in: they come on top of the sample
     for k in range(m):  # the middle of each of m equal-count strata of the proxy-loss order
         add(rest[int((k + 0.5) * len(rest) / m)], "sample")
     narrow = next((t for t in baselines if t.user_attrs[TrialAttr.BASELINE] == "narrow_untied"), None)

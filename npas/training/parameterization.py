@@ -33,7 +33,17 @@ template coefficient  ``k**-SHARING_EXPONENT`` with ``k`` the mean uses of a mem
 expert (pool)         as a matrix of an MLP slot of width d_expert (``w = d_ff_ref /       std x
                       d_expert`` for down), ``k`` = readers x top_k / pool size: the       sqrt(w)
                       expected reads of one expert per token
+expert gate (SwiGLU)  as its sibling ``up`` of the same pool: same shape, same reads, and    std x
+                      the two multiply each other elementwise, so one rule keeps their      sqrt(w)
+                      steps in proportion (a gate at another rate would skew the product)
 router                as an input-slot matrix read by its layers (one, or a pool's)       std x sqrt(w)
+atom dictionary       as a template_mix bank whose templates are the K atoms (MASA): each  std x
+                      reading layer's weight mixes every atom, so every atom element is    sqrt(w)
+                      read by every layer that reads the slot, ``k`` = those layers; ``w``
+                      and ``d`` of the attention slot it generates
+atom coefficient      ``k**-SHARING_EXPONENT`` with ``k`` the mean layers reading one row   model's
+                      (1 for scope layer, a block's readers for scope block): a gain, like
+                      a template coefficient
 LoRA factor (A, B)    ``w**a * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
                       it); the rank's effect on step size is the model's alpha/r scaling
 norm gain             ``k**-SHARING_EXPONENT`` (vector-like: width- and depth-free); k > 1  model's
@@ -51,6 +61,10 @@ updates of the k reads would ask for 1/k; the geometric middle is the documented
 ``bench/lr_transfer.py`` measures whether the optimum of tied, pooled and relaxed models lands
 where the reference's does under it.
 
+Every parameter of every mechanism has a row above: ``RULES`` maps parameter names to them, and
+``rules`` raises ``UnruledParameter`` for a name no row matches (a new mechanism must add its row,
+with its reason, rather than train silently at the base rate).
+
 The ``uniform`` parameterization is the old behaviour: the model's own weight-decay groups, every
 multiplier 1, no re-initialisation.
 """
@@ -60,7 +74,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,21 +96,18 @@ WIDTH_EXPONENT = 0.5  # lr multiplier w**0.5 with w = fan_in_ref / fan_in
 DEPTH_EXPONENT = 0.5  # residual-output slots r**0.5, input slots r**0.25, with r = L_ref / L
 _OUTPUT_SLOTS = frozenset(RESIDUAL_SLOTS) | {"attn_out", "attn_o", "mlp_down"}  # old and new names
 
-_BLOCK = re.compile(r"blocks\.(\d+)\.(\w+)$")
-_BLOCK_NORM = re.compile(r"blocks\.(\d+)\.ln_[12]\.weight$")
-_BANK = re.compile(r"banks\.(\d+)\.(weight|coef)$")
-_LORA = re.compile(r"h\.(\d+)\.lora\.(\w+)\.([AB])$")
-_EXPERT = re.compile(r"experts\.pools\.(\d+)\.(up|down)$")
-_ROUTER = re.compile(r"experts\.routers\.(\d+)$")
-
-
 @dataclass(frozen=True)
 class Rule:
     """What the parameterization decided for one parameter: its group, lr multiplier and init scale."""
 
-    group: str  # embedding | norm | matrix | bank | coef | lora | expert | router
+    group: str  # embedding | norm | matrix | bank | coef | lora | expert | router | atom | atom_coef
     lr_mult: float
     init_scale: float = 1.0  # multiplies the model's draw once, before training (1: untouched)
+
+
+class UnruledParameter(LookupError):
+    """A model parameter that no row of ``RULES`` covers: a bug in npas (a mechanism added without its
+    learning-rate rule), not a user mistake, so it is not an NpasError."""
 
 
 def depth_factor(slot: str, depth_ratio: float) -> float:
@@ -130,62 +141,136 @@ def _use_factors(cfg: ArchConfig, ref: Chassis, uses: Iterable[tuple[int, str]])
     return total, wd / total, ww / total
 
 
-def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]:
-    """The fair rule of every named parameter of an npas model (``model.cfg`` is its allocation);
-    ``reference`` defaults to the model's own chassis, whose untied uniform model the base lr is for."""
-    cfg: ArchConfig = model.cfg
-    ref = reference or cfg.chassis
-    depth_ratio = ref.n_layers / cfg.chassis.n_layers
-    out: dict[str, Rule] = {}
-    for name, p in model.named_parameters():
-        if m := _BLOCK_NORM.match(name):
-            out[name] = Rule("norm", sharing_factor(len(cfg.members_of(int(m[1])))))
-        elif m := _BLOCK.match(name):
-            b, slot = int(m[1]), m[2]
-            read, wdf, w = _use_factors(cfg, ref, [(layer, slot) for layer in cfg.members_of(b)])
-            out[name] = Rule("matrix", sharing_factor(read / p.numel()) * wdf, math.sqrt(w))
-        elif m := _BANK.match(name):
-            bank = cfg.banks[int(m[1])]
-            uses = [(layer, slot) for b, slot in bank.members for layer in cfg.members_of(b)]
-            if m[2] == "coef":
-                k = sum(len(cfg.members_of(b)) for b, _ in bank.members) / len(bank.members)
-                out[name] = Rule("coef", sharing_factor(k))
-            else:
-                read, wdf, w = _use_factors(cfg, ref, uses)
-                out[name] = Rule("bank", sharing_factor(read / bank.size) * wdf, math.sqrt(w))
-        elif m := _LORA.match(name):
-            layer, slot = int(m[1]), m[2]
-            d_in = p.shape[1] if m[3] == "A" else model.h[layer].lora[slot].A.shape[1]
-            w = slot_shape(slot, ref.d_model, ref.d_ff)[1] / d_in
-            out[name] = Rule("lora", width_factor(w) * depth_factor(slot, depth_ratio))
-        elif m := _EXPERT.match(name):
-            out[name] = _expert_rule(cfg, ref, int(m[1]), m[2])
-        elif m := _ROUTER.match(name):
-            e = cfg.experts
-            readers = ([i for i, q in enumerate(e.pool_of_layer) if q == int(m[1])] if e.router == "shared"
-                       else [int(m[1])])
-            w = ref.d_model / cfg.chassis.d_model
-            out[name] = Rule("router", sharing_factor(len(readers)) * width_factor(w)
-                             * depth_factor("mlp_up", depth_ratio), math.sqrt(w))
-        elif ".ln_" in f".{name}":
-            out[name] = Rule("norm", 1.0)
-        elif name.startswith(("wte.", "wpe.")):
-            out[name] = Rule("embedding", 1.0)
-        else:  # a parameter kind this table does not know: base lr, and say so in the group name
-            out[name] = Rule("other", 1.0)
-    return out
+@dataclass(frozen=True)
+class _Scope:
+    """What every rule may read: the model, its allocation, the reference chassis, ``r = L_ref / L``."""
+
+    model: nn.Module
+    cfg: ArchConfig
+    ref: Chassis
+    depth_ratio: float
 
 
-def _expert_rule(cfg: ArchConfig, ref: Chassis, pool: int, which: str) -> Rule:
+def _shared_norm_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """A shared block's norm (norms tied with the block): a gain read by each of its layers."""
+    return Rule("norm", sharing_factor(len(s.cfg.members_of(int(m[1])))))
+
+
+def _matrix_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    b, slot = int(m[1]), m[2]
+    read, wdf, w = _use_factors(s.cfg, s.ref, [(layer, slot) for layer in s.cfg.members_of(b)])
+    return Rule("matrix", sharing_factor(read / p.numel()) * wdf, math.sqrt(w))
+
+
+def _bank_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    cfg = s.cfg
+    bank = cfg.banks[int(m[1])]
+    if m[2] == "coef":
+        k = sum(len(cfg.members_of(b)) for b, _ in bank.members) / len(bank.members)
+        return Rule("coef", sharing_factor(k))
+    uses = [(layer, slot) for b, slot in bank.members for layer in cfg.members_of(b)]
+    read, wdf, w = _use_factors(cfg, s.ref, uses)
+    return Rule("bank", sharing_factor(read / bank.size) * wdf, math.sqrt(w))
+
+
+def _lora_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    layer, slot = int(m[1]), m[2]
+    d_in = p.shape[1] if m[3] == "A" else s.model.h[layer].lora[slot].A.shape[1]
+    w = slot_shape(slot, s.ref.d_model, s.ref.d_ff)[1] / d_in
+    return Rule("lora", width_factor(w) * depth_factor(slot, s.depth_ratio))
+
+
+def _expert_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
     """A pool's stacked expert matrices: an MLP slot of width ``d_expert`` whose sharing count is the
-    expected reads of one expert per token, (layers reading the pool) x top_k / (experts in it)."""
+    expected reads of one expert per token, (layers reading the pool) x top_k / (experts in it).
+    A SwiGLU ``gate`` takes its sibling ``up``'s rule: same shape, same reads, and it multiplies
+    ``up``'s output elementwise, so the pair must step in proportion."""
+    cfg, ref, pool, which = s.cfg, s.ref, int(m[1]), m[2]
     e = cfg.experts
     readers = sum(q == pool for q in e.pool_of_layer)
     k = readers * e.top_k / e.pool_sizes[pool]
-    slot = "mlp_up" if which == "up" else "mlp_down"
-    w = (ref.d_model / cfg.chassis.d_model) if which == "up" else ref.d_ff / e.d_expert
-    d = depth_factor(slot, ref.n_layers / cfg.chassis.n_layers)
+    slot = "mlp_down" if which == "down" else "mlp_up"  # up and gate: input slots reading d_model
+    w = ref.d_ff / e.d_expert if which == "down" else ref.d_model / cfg.chassis.d_model
+    d = depth_factor(slot, s.depth_ratio)
     return Rule("expert", sharing_factor(k) * width_factor(w) * d, math.sqrt(w))
+
+
+def _router_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    cfg = s.cfg
+    e = cfg.experts
+    readers = ([i for i, q in enumerate(e.pool_of_layer) if q == int(m[1])] if e.router == "shared"
+               else [int(m[1])])
+    w = s.ref.d_model / cfg.chassis.d_model
+    return Rule("router", sharing_factor(len(readers)) * width_factor(w) * depth_factor("mlp_up", s.depth_ratio),
+                math.sqrt(w))
+
+
+def _atom_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """A MASA dictionary: like a template_mix bank whose templates are the K atoms. Every reading
+    layer's weight mixes all K atoms, so each atom element is read once per reading layer (k = the
+    layers reading the slot; its reads over one atom's d x d elements). The coefficients are gains
+    read by the layers of their row (one, or a block's readers with scope block)."""
+    cfg = s.cfg
+    spec = next(a for a in cfg.atoms if a.slot == m[1])
+    layers = [i for i in range(cfg.chassis.n_layers) if cfg.layer_reads(i, spec.slot)]
+    if m[2] == "coef":
+        return Rule("atom_coef", sharing_factor(len(layers) / len(cfg.atom_rows(spec))))
+    read, wdf, w = _use_factors(cfg, s.ref, [(layer, spec.slot) for layer in layers])
+    return Rule("atom", sharing_factor(read / (p.numel() / spec.n_atoms)) * wdf, math.sqrt(w))
+
+
+def _norm_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """A norm gain read by one layer (a layer's own norms, the final norm)."""
+    return Rule("norm", 1.0)
+
+
+def _embedding_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    return Rule("embedding", 1.0)
+
+
+# name pattern -> the rule of the table in the module docstring; the first pattern that matches a
+# parameter's full name decides (order matters: a shared block's norms before the block's matrices).
+# A parameter that matches none is refused by `rules` (UnruledParameter): add its row here and in
+# the docstring table, with its reason.
+RULES: tuple[tuple[re.Pattern[str], Callable[[_Scope, re.Match[str], nn.Parameter], Rule]], ...] = (
+    (re.compile(r"blocks\.(\d+)\.ln_[12]\.weight$"), _shared_norm_rule),
+    (re.compile(r"blocks\.(\d+)\.(\w+)$"), _matrix_rule),
+    (re.compile(r"banks\.(\d+)\.(weight|coef)$"), _bank_rule),
+    (re.compile(r"h\.(\d+)\.lora\.(\w+)\.([AB])$"), _lora_rule),
+    (re.compile(r"experts\.pools\.(\d+)\.(up|gate|down)$"), _expert_rule),
+    (re.compile(r"experts\.routers\.(\d+)$"), _router_rule),
+    (re.compile(r"atoms\.(\w+)\.(atoms|coef)$"), _atom_rule),
+    (re.compile(r"(?:h\.\d+\.)?ln_\w+\.weight$"), _norm_rule),
+    (re.compile(r"(?:wte|wpe)\.weight$"), _embedding_rule),
+)
+
+
+def _match(scope: _Scope, name: str, p: nn.Parameter) -> Rule | None:
+    for pattern, rule in RULES:
+        if m := pattern.match(name):
+            return rule(scope, m, p)
+    return None
+
+
+def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]:
+    """The fair rule of every named parameter of an npas model (``model.cfg`` is its allocation);
+    ``reference`` defaults to the model's own chassis, whose untied uniform model the base lr is for.
+    Raises UnruledParameter, naming them, for parameters no row of ``RULES`` covers."""
+    cfg: ArchConfig = model.cfg
+    ref = reference or cfg.chassis
+    scope = _Scope(model, cfg, ref, ref.n_layers / cfg.chassis.n_layers)
+    out: dict[str, Rule] = {}
+    unruled: list[str] = []
+    for name, p in model.named_parameters():
+        rule = _match(scope, name, p)
+        if rule is None:
+            unruled.append(name)
+        else:
+            out[name] = rule
+    if unruled:
+        raise UnruledParameter(f"no learning-rate rule for parameter(s) {', '.join(unruled)}: add a row to "
+                               "npas.training.parameterization.RULES (and its docstring table) with its reason")
+    return out
 
 
 def _decays(model: nn.Module, weight_decay: float) -> dict[int, float]:

@@ -183,16 +183,21 @@ def _full_space_candidates(n: int) -> list[ArchConfig]:
     return out
 
 
-def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -> None:
-    x, y = text_batch
+def _check_provenance(dense, cfgs: list[ArchConfig], x: torch.Tensor, y: torch.Tensor) -> set[str]:
+    """Every candidate converted with two seeds: each tensor has a provenance record, none is left as
+    drawn unless declared fresh, the model starts from what the dense one learned, and every tensor
+    labelled "derived" is bit for bit the same under both seeds (the seed draws only what is declared
+    fresh). Returns the mechanisms and conversions the candidates exercised."""
     from npas.conversion.calibration import calibration_ids
 
     cal = calibration_ids(load_corpus(None, 0.1, 0.1), 64, tokens=1024)
     seen: set[str] = set()
-    for k, cfg in enumerate(_full_space_candidates(20)):
-        conv = convert_model(dense, cfg, calibration=cal if k % 2 else None)  # both ways of narrowing MLPs
+    for k, cfg in enumerate(cfgs):
+        calibration = cal if k % 2 else None  # both ways of narrowing MLPs
+        conv = convert_model(dense, cfg, calibration=calibration)
+        other = convert_model(dense, cfg, calibration=calibration, seed=1)
         entries = conv.provenance.entries
-        state = conv.model.state_dict()
+        state, other_state = conv.model.state_dict(), other.model.state_dict()
         assert set(entries) == set(state), cfg.summary()
         torch.manual_seed(0)  # the init convert_model starts from: a tensor left as drawn would equal it
         init = build_model(cfg).state_dict()
@@ -202,13 +207,39 @@ def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -
             fully_fresh_lora = ".lora." in name and p.fresh and re.match(r"(\d+) of \1 ", p.fresh)
             if not fully_fresh_lora:
                 assert not torch.equal(state[name], init[name]), (cfg.summary(), name)
+            if p.kind == "derived":
+                assert torch.equal(state[name], other_state[name]), (cfg.summary(), name, "depends on the seed")
         with torch.no_grad():
             loss = float(conv.model.eval()(x, y)[1])
         assert loss < math.log(68) - 0.3, (cfg.summary(), loss)  # starts from what the dense model learned
         assert conv.model.num_params() == count(cfg).stored_params
         seen |= {w for w in ("banks", "atoms", "lora", "experts") if any(f"{w}." in k for k in entries)}
         seen |= {"narrow" if cfg.chassis.d_model < CHASSIS.d_model else "same d"}
-    assert {"banks", "atoms", "lora", "experts", "narrow"} <= seen  # the sample exercised every mechanism
+        if any(w > n for w, n in zip(cfg.mlp_widths, dense.cfg.mlp_widths, strict=True)):
+            seen.add("widened")
+            if any(".lora.mlp_" in n and p.kind == "derived" for n, p in entries.items()):
+                seen.add("widened, derived MLP LoRA")
+    return seen
+
+
+def _widened(cfg: ArchConfig) -> bool:
+    return any(w > CHASSIS.d_ff for w in cfg.mlp_widths) and any(cfg.lora_mlp)
+
+
+def test_no_silently_random_tensor_and_no_seed_in_derived_tensors(dense, text_batch) -> None:
+    """The fast variant: a handful of full-space candidates, half of them widened MLPs relaxed by LoRA
+    (the case whose derived LoRA factors used to depend on the seed)."""
+    pool = _full_space_candidates(60)
+    cfgs = [c for c in pool if _widened(c)][:2] + [c for c in pool if not _widened(c)][:2]
+    seen = _check_provenance(dense, cfgs, *text_batch)
+    assert {"widened, derived MLP LoRA", "lora"} <= seen
+
+
+@pytest.mark.slow  # 50 candidates, each converted twice: 1.5 CPU-minutes (5 wall-minutes on a busy box)
+def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -> None:
+    seen = _check_provenance(dense, _full_space_candidates(50), *text_batch)
+    # the sample exercised every mechanism
+    assert {"banks", "atoms", "lora", "experts", "narrow", "widened, derived MLP LoRA"} <= seen
 
 
 def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_path: Path, capsys) -> None:

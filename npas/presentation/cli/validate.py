@@ -17,9 +17,10 @@ Spearman rho with 95% bootstrap intervals (all trials and front points alone), r
 front points, seed noise, signal-to-noise (about 1 = noise), what FLOPs and size alone explain, and
 what the pick buys over dense untied models at equal memory and at about equal compute.
 
-Defaults (--top 4 --sample 4 --seeds 2 --recipe long --workers 2 --threads 1) retrain about 9-10
-allocations x 2 seeds, two at a time; at the proxy's ~0.5M-parameter scale on 2 CPU cores a long run
-takes ~9 minutes on one core, so about 1.5-2 hours in all. Stop it at any time: rerun the same
+Defaults (--top 4 --sample 4 --seeds 2 --recipe long --workers 2 --threads 1) retrain about 12
+allocations (the front points, the study's 3-4 baselines, 4 sampled trials and a FLOPs-matched dense
+model) x 2 seeds, two at a time; at the proxy's ~0.5M-parameter scale on 2 CPU cores a long run
+takes ~9 minutes on one core, so about 2 hours in all. Stop it at any time: rerun the same
 command and completed retrainings are not run again. Results are in the linked Optuna study
 NAME:validate and in the study's user attr fidelity_certificate."""
 
@@ -33,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "min-loss | max-memory=BYTES | trial=N (default knee)")
     p.add_argument("--top", type=int, default=4, help="front points with the lowest loss to retrain (default 4)")
     p.add_argument("--sample", type=int, default=4,
-                   help="other completed trials, spread over the proxy-loss range; baselines count toward it "
-                        "and are always included (default 4)")
+                   help="other completed trials, spread over the proxy-loss range; the baselines are always "
+                        "retrained on top of these (default 4)")
     p.add_argument("--recipe", default="long", help="training recipe: trials/NAME.yaml or a name (default long)")
     p.add_argument("--seeds", type=int, default=2, help="fresh seeds per allocation, >= 2 (default 2)")
     p.add_argument("--workers", type=int, default=2,
