@@ -215,8 +215,12 @@ def main() -> None:
                                                                                     strict=True)}
                                     for arm, jobs in checks.items()}))
         print("each arm at its learning-rate check's optimum (x the recipe's rate): "
-              + ", ".join(f"{a} " + ("x1 (as trained)" if a == DENSE else stats.optimum_words(f, common.LR_CHECK_FACTORS))
-                          for a, f in factor.items()))
+              + ", ".join(f"{a} x{f:g}" for a, f in factor.items()))
+        edges = [f"{a} x{f:g}" for a, f in factor.items()
+                 if a != DENSE and not stats.optimum_located(f, common.LR_CHECK_FACTORS)]
+        if edges:
+            print("at a grid edge, so the optimum is not located (the loss may fall further past it): "
+                  + ", ".join(edges))
         checks = {}  # no check around a moved rate (as with --lr-factor)
     check = bool(checks)
     dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
