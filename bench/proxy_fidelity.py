@@ -300,7 +300,9 @@ def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str,
     other = ", ".join(f"{n} of code version {v}" for v, n in sorted(others.items())) or "none"
     n_v = sum(is_verdict)
     h_v = sum(h for h, v in zip(have, is_verdict, strict=True) if v)
-    print(f"cache {setup.out}: {sum(have)} of {len(jobs)} runs at code version {version} ({h_v} of {n_v} for the "
+    where = setup.out.resolve()
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    print(f"cache {where}: {sum(have)} of {len(jobs)} runs at code version {version} ({h_v} of {n_v} for the "
           f"verdict rows, {sum(have) - h_v} of {len(jobs) - n_v} diagnostics); other files in the folder, not read: "
           f"{other}")
     return {"version": version, "cached": sum(have), "jobs": len(jobs), "other_versions": others}
