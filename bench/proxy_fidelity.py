@@ -286,6 +286,28 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ report
+def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str, Any]:
+    """What the report reads: runs cached at `version` out of the bench's jobs (the verdict rows' and the
+    diagnostics' apart), and the files of other code versions in the same folder, which it does not read."""
+    jobs = jobs_of(setup, cands)
+    have = [(setup.out / f"{j.key(setup, version)}.json").exists() for j in jobs]
+    is_verdict = [j.kind == "long" or (j.kind == "proxy" and j.seed == setup.proxy.seed) for j in jobs]
+    others: dict[str, int] = {}
+    for p in setup.out.glob("*.json"):
+        v = p.stem.rsplit("-", 1)[-1]
+        if v != version:
+            others[v] = others.get(v, 0) + 1
+    other = ", ".join(f"{n} of code version {v}" for v, n in sorted(others.items())) or "none"
+    n_v = sum(is_verdict)
+    h_v = sum(h for h, v in zip(have, is_verdict, strict=True) if v)
+    where = setup.out.resolve()
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    print(f"cache {where}: {sum(have)} of {len(jobs)} runs at code version {version} ({h_v} of {n_v} for the "
+          f"verdict rows, {sum(have) - h_v} of {len(jobs) - n_v} diagnostics); other files in the folder, not read: "
+          f"{other}")
+    return {"version": version, "cached": sum(have), "jobs": len(jobs), "other_versions": others}
+
+
 def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict]:
     out = {}
     for j in jobs_of(setup, cands):
@@ -373,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.report:
         run_missing(setup, cands, version, a.max_minutes)
+    print_cache(setup, cands, version)
     report(setup, cands, load(setup, cands, version))
     return 0
 

@@ -13,6 +13,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+import npas
 from npas.service.fidelity import BOOTSTRAP, rank_correlation
 from npas.training.recipe import PARAMETERIZATIONS
 
@@ -63,7 +64,7 @@ def report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict]) -> dict
         mark = "" if all(rows[q][c.name][0] is not None and len(rows[q][c.name][1]) == S
                          for q in PARAMETERIZATIONS) else "  incomplete"
         print(f"{c.name:<14}{c.flops:>14,}   {cells[0]}   {cells[1]}{mark}")
-    stats = {}
+    stats = {"flops_spread": _print_flops_spread(setup, cands)}
     print()
     for par in PARAMETERIZATIONS:
         stats[par] = _stats(par, rows[par], cands, S)
@@ -75,14 +76,35 @@ def report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict]) -> dict
     return stats
 
 
+def _print_flops_spread(setup: Setup, cands: list[Candidate]) -> dict:
+    """How far apart the candidates are in compute, at equal stored params: forward FLOPs per token at the
+    chassis' context (`npas.count(cfg)`, the table's column) and at the proxy's sequence length (what the
+    runs record; attention's share is smaller there). A ranking across a several-fold FLOPs spread is a
+    ranking of compute as much as of allocation."""
+    if not cands:
+        return {}
+    at_ctx = {c.name: c.flops for c in cands}
+    at_seq = {c.name: npas.count(c.config, seq_len=setup.proxy.seq_len).flops_per_token for c in cands}
+    lo, hi = min(at_ctx, key=at_ctx.get), max(at_ctx, key=at_ctx.get)
+    ratio_ctx = at_ctx[hi] / at_ctx[lo]
+    ratio_seq = max(at_seq.values()) / min(at_seq.values())
+    print(f"forward FLOPs per token spread across the {len(cands)} candidates (equal stored params): {at_ctx[lo]:,} "
+          f"({lo}) to {at_ctx[hi]:,} ({hi}) = {ratio_ctx:.1f}x at the chassis context; {ratio_seq:.1f}x at the "
+          f"proxy's seq_len {setup.proxy.seq_len}")
+    return {"min": at_ctx[lo], "max": at_ctx[hi], "ratio": ratio_ctx, "ratio_at_seq_len": ratio_seq}
+
+
 def _ceiling(par: str, setup: Setup, longs: list[list[float]]) -> dict:
     """tau between the rankings of the first two long seeds: how well one long run predicts another,
     the most a proxy can be asked for (scored on candidates with both seeds)."""
     pairs = [v[:2] for v in longs if len(v) >= 2]
+    s0, s1 = setup.long_seeds[:2]
+    if len(pairs) < 3:
+        print(f"{par:<8} ceiling: needs long seeds {s0} and {s1} on 3+ candidates; {len(pairs)} have both")
+        return {"tau": math.nan, "low": math.nan, "high": math.nan, "n": len(pairs)}
     a, b = (ranked([v[i] for v in pairs]) for i in (0, 1))
     iv = rank_correlation(a, b)
     t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
-    s0, s1 = setup.long_seeds[:2]
     print(f"{par:<8} ceiling: Kendall tau between long seeds {s0} and {s1} over {len(pairs)} candidates = {_num(t)} "
           f"[95% bootstrap {_num(lo)}, {_num(hi)}]")
     return {"tau": t, "low": lo, "high": hi, "n": len(pairs)}
@@ -119,6 +141,13 @@ def _diagnostics(setup: Setup, cands: list[Candidate], res: dict[tuple, dict],
         _print_noise(label, "the proxy", [list(v.values()) for v in per.values() if len(v) == R])
     label = f"{DEFAULT_PAR} {x}x"
     out[label] = _stats(label, {n: (m, rows[n][1]) for n, m in mids.items()}, cands, S)
+    names = [n for n, m in mids.items() if m is not None and rows[n][1] and rows[n][0] is not None]
+    if 3 <= len(names) < len(cands):  # a partial row is only comparable with the proxy on the same candidates
+        iv = rank_correlation(ranked([rows[n][0] for n in names]), ranked([statistics.fmean(rows[n][1]) for n in names]))
+        t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
+        print(f"{'':<8} on the same {len(names)} candidates the proxy at its own {setup.proxy.steps} steps gives "
+              f"tau {_num(t)} [95% bootstrap {_num(lo)}, {_num(hi)}]: the {x}x row is {'above' if out[label]['tau'] > t else 'not above'} it")
+        out[label]["proxy_tau_same_candidates"] = {"tau": t, "low": lo, "high": hi, "n": len(names)}
     return out
 
 

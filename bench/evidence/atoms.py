@@ -50,6 +50,19 @@ CLAIMS = (  # (arm, reference, kind, words)
 )
 
 
+# Runs trained at these code versions are stale for every claim here: atoms had no learning-rate rule of
+# their own in the fair parameterization (the parameterization defect fixed separately), so the atoms arm
+# trained at rates no rule chose. A rerun at the fixed code writes records of a new version, which clears it.
+STALE_VERSIONS = {"c8bd6d7bad": "measured while atoms had no learning-rate rule in the fair parameterization; "
+                                "rerun the arms at the fixed code"}
+
+
+def stale_reason(results: list[dict]) -> str | None:
+    """Why the claims read from ``results`` are stale, or None (quick runs carry no code version)."""
+    reasons = sorted({STALE_VERSIONS[v] for r in results if (v := r.get("code_version")) in STALE_VERSIONS})
+    return "; ".join(reasons) or None
+
+
 def n_atoms(L: int) -> int:
     return max(2, round(L / 3))
 
@@ -126,22 +139,36 @@ def main() -> None:
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
     extra = {n: {"attn params": f"{a['attention_params']:,}"} for n, a in acc.items()}
     print(report.result_table(summary, acc, REF, extra))
-    print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds")
+    stale = stale_reason(results)
+    print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds, validation "
+          "split (the test split beside it; a verdict needs both: `stats.split_verdict`)")
+    if stale:
+        print(f"STALE: every claim below was {stale}")
     claims, all_ok = [], True
     for arm, ref, kind, words in CLAIMS:
         iv = stats.paired_interval(results, arm, ref)
+        test_iv = stats.paired_interval(results, arm, ref, "test_loss")
         ok, why = stats.claim_verdict(iv, kind)
+        verdict = stats.split_verdict(results, arm, ref, kind)
+        ok = verdict == "reproduced"
         all_ok &= ok
         test = f"Δ < +{stats.PARITY_MARGIN} nats" if kind == "parity" else "Δ < 0"
+        detail = why
+        if test_iv.value is not None:
+            detail = f"validation: {why}; test split {report.fmt_interval(test_iv)}: {stats.claim_verdict(test_iv, kind)[1]}"
+            if verdict.startswith("unresolved (the splits disagree"):
+                detail += "; the splits disagree, so unresolved"
         print(f"claim {words} ({test}): Δ {report.fmt_interval(iv)} over {iv.n} seed(s): "
-              f"{'REPRODUCED' if ok else 'NOT REPRODUCED'} ({why})")
+              f"{'REPRODUCED' if ok else 'NOT REPRODUCED'} ({detail})" + (" [stale]" if stale else ""))
         claims.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
-                       "reproduced": ok, "why": why})
+                       "test_interval": test_iv.to_dict(), "reproduced": ok, "why": why, "verdict": verdict,
+                       "stale": stale})
     saving = acc["atoms"]["attention_saving"]
     print(f"seed claim (atoms at K={acc['atoms']['n_atoms']} of L={setup.chassis.n_layers}, {saving:.1%} fewer "
-          f"attention params): {'REPRODUCED' if all_ok else 'NOT REPRODUCED'}")
+          f"attention params): {'REPRODUCED' if all_ok else 'NOT REPRODUCED'}" + (f" [stale: {stale}]" if stale else ""))
     report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
-                             "claim_reproduced": all_ok, "plan": planned, "parity_margin": stats.PARITY_MARGIN})
+                             "claim_reproduced": all_ok, "plan": planned, "parity_margin": stats.PARITY_MARGIN,
+                             "stale": stale})
     plot(setup, summary, claims)
     report.finish(setup)
 

@@ -59,7 +59,12 @@ CLAIMS = (
      "the paper's: converting a trained model beats random init at equal uptraining steps"),
     (CONVERTED, SCRATCH_LINEAGE, "better",
      "our test: converted + uptraining beats random init at equal optimizer steps of the whole lineage"),
+    (CONVERTED, DENSE, "parity", "the paper's: the converted model reaches its dense parent (as trained, lr x1)"),
 )
+# The dense parent's twin in the other experiments: their `untied` arm is the same config and recipe (each
+# dense run reproduces it bit for bit), and relaxed.py / atoms.py ran its learning-rate check and its seeds at
+# --lr-factor 2, so the parent's own best checked rate is read from those cached runs (nothing trains).
+DENSE_TWIN = "untied"
 
 
 def relaxed_config(ch) -> ArchConfig:
@@ -151,6 +156,28 @@ def _cached_loss(setup: common.Setup, job: dict[str, Any]) -> float | None:
     return rec.get("val_loss") if rec.get("status") == "ok" else None
 
 
+def dense_at_its_best(setup: common.Setup, dense_cfg: ArchConfig) -> tuple[float | None, dict[float, float | None],
+                                                                             list[dict[str, Any]]]:
+    """The dense parent at its own best checked rate, from the cache only: (the factor, or None while the
+    twin's check is incomplete; the check's seed-99 losses; the reported seeds' records at that factor,
+    named ``dense xF``). The parent the converted model came from trained at x1, so "reaches the dense
+    model" at x1 compares with a parent below its best; this is the comparison at the parent's best."""
+    if setup.cache is None:
+        return None, {}, []
+    check = {f: _cached_loss(setup, runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(f),
+                                                   seeds=[common.LR_CHECK_SEED])[0])
+             for f in common.LR_CHECK_FACTORS}
+    if any(v is None for v in check.values()):
+        return None, check, []
+    best = min(check, key=lambda f: check[f])
+    recs = []
+    for j in runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(best)):
+        path = runs.cache_path(j, setup.cache, runs.device_kind(), runs.code_version())
+        if path.exists() and (rec := json.loads(path.read_text())).get("status") == "ok":
+            recs.append({**rec, "name": f"{DENSE} x{best:g}"})
+    return best, check, recs
+
+
 def main() -> None:
     parser = common.arg_parser(__doc__)
     parser.add_argument("--best-rates", action="store_true",
@@ -189,6 +216,11 @@ def main() -> None:
                                     for arm, jobs in checks.items()}))
         print("each arm at its learning-rate check's optimum (x the recipe's rate): "
               + ", ".join(f"{a} x{f:g}" for a, f in factor.items()))
+        edges = [f"{a} x{f:g}" for a, f in factor.items()
+                 if a != DENSE and not stats.optimum_located(f, common.LR_CHECK_FACTORS)]
+        if edges:
+            print("at a grid edge, so the optimum is not located (the loss may fall further past it): "
+                  + ", ".join(edges))
         checks = {}  # no check around a moved rate (as with --lr-factor)
     check = bool(checks)
     dseeds = list(setup.seeds) + ([common.LR_CHECK_SEED] if check else [])
@@ -228,7 +260,7 @@ def main() -> None:
         for arm, rec in ((SCRATCH_UP, up), (SCRATCH_LINEAGE, lineage)):
             rows = [r for r in scratch[arm] if r["seed"] == common.LR_CHECK_SEED]
             print(f"{arm}'s " + runs.lr_check_table(rows, [arm], rec.lr))
-    report_results(setup, results, acc, at0, steps, factor)
+    report_results(setup, results, acc, at0, steps, factor, dense_at_its_best(setup, dense_cfg))
 
 
 def _job(setup: common.Setup, arm: str, cfg: ArchConfig, recipe: Recipe, seed: int, factor: float) -> dict[str, Any]:
@@ -259,7 +291,8 @@ def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchCo
 
 
 def report_results(setup: common.Setup, results: list[dict[str, Any]], acc: dict[str, dict], at0: dict[int, float],
-                   steps: dict[str, int], factor: dict[str, float]) -> None:
+                   steps: dict[str, int], factor: dict[str, float],
+                   dense_best: tuple[float | None, dict[float, float | None], list[dict[str, Any]]]) -> None:
     summary = stats.summarize(results, list(ARMS), DENSE)
     print(f"\nresults: val loss, mean ± std over {len(setup.seeds)} seed(s); Δ is the paired same-seed difference "
           f"to {DENSE} (negative = better)")
@@ -283,12 +316,26 @@ def report_results(setup: common.Setup, results: list[dict[str, Any]], acc: dict
     claims = []
     for arm, ref, kind, words in CLAIMS:
         iv = stats.paired_interval(results, arm, ref)
-        verdict = stats.verdict_of(iv, kind)
+        verdict = stats.split_verdict(results, arm, ref, kind)
         claims.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
                        "verdict": verdict})
         print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdict}")
     iv = stats.paired_interval(results, CONVERTED, DENSE)
-    print(f"(no claim) converted - dense {report.fmt_interval(iv)} over {iv.n} seed(s)")
+    best, check, twin = dense_best
+    if best is not None and best != 1.0:
+        name, grid = f"{DENSE} x{best:g}", common.LR_CHECK_FACTORS
+        both = results + twin
+        biv = stats.paired_interval(both, CONVERTED, name)
+        verdict = stats.split_verdict(both, CONVERTED, name, "parity")
+        words = (f"the converted model reaches the dense model at the dense model's own best checked rate "
+                 f"({stats.optimum_words(best, grid)}; seed-99 check " + ", ".join(
+                     f"x{f:g} {v:.4f}" for f, v in check.items()) + f"; the cached `{DENSE_TWIN}` runs)")
+        claims.append({"arm": CONVERTED, "reference": name, "kind": "parity", "claim": words,
+                       "interval": biv.to_dict(), "verdict": verdict, "dense_factor": best,
+                       "dense_optimum_located": stats.optimum_located(best, grid)})
+        print(f"claim {words}: {CONVERTED} - {name} {report.fmt_interval(biv)} over {biv.n} seed(s): {verdict}")
+    elif best is None and setup.cache is not None:
+        print(f"(the dense model at its own best rate: the `{DENSE_TWIN}` arm's learning-rate check is not cached)")
     report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
                              "converted_before_uptraining": {str(s): at0[s] for s in seeds},
                              "recovered_fraction": {"mean": rec[0], "std": rec[1], "per_seed": recovered},
@@ -313,6 +360,8 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict], at0: floa
         b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4,
                    color="C1" if c["verdict"] == "reproduced" else "C3")
     b.axvline(0, color="k", lw=1)
+    b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
+    b.legend(fontsize=7)
     b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
     b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
     report.save_figure(setup, fig)

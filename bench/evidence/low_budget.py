@@ -86,9 +86,10 @@ def main() -> None:
     claims = []
     for budget in budgets:
         for arm in (a for a in arms if a != "pools_tmix"):
-            iv = stats.paired_interval(results, f"{budget} pools_tmix", f"{budget} {arm}")
+            pools, other = f"{budget} pools_tmix", f"{budget} {arm}"
+            iv = stats.paired_interval(results, pools, other)
             claims.append({"budget": budget, "against": arm, "delta": iv.value, "low": iv.low, "high": iv.high,
-                           "n": iv.n, "verdict": stats.verdict_of(iv, "better")})
+                           "n": iv.n, "verdict": stats.split_verdict(results, pools, other, "better")})
             print(f"claim {budget} pools_tmix beats {arm}: {report.fmt_interval(iv)} over {iv.n} seed(s): "
                   f"{claims[-1]['verdict']}")
     wins = sum(v == "pools_tmix" for v in verdict.values())

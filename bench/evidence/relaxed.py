@@ -118,7 +118,7 @@ def main() -> None:
         for arm, ref, kind, words in claims(U):
             iv = stats.paired_interval(results, arm, ref)
             verdicts.append({"arm": arm, "reference": ref, "claim": words, "delta": iv.value, "low": iv.low,
-                             "high": iv.high, "n": iv.n, "verdict": stats.verdict_of(iv, kind)})
+                             "high": iv.high, "n": iv.n, "verdict": stats.split_verdict(results, arm, ref, kind)})
             print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): "
                   f"{verdicts[-1]['verdict']}")
     report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "ranks": RANKS,

@@ -21,7 +21,7 @@ from typing import Any
 
 from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
 from report import format_table
-from stats import paired_interval, summarize
+from stats import optimum_words, paired_interval, summarize
 
 import npas
 from npas.allocation.config import ArchConfig
@@ -173,15 +173,15 @@ def _print_partial(results: list[dict[str, Any]], names: list[str]) -> None:
 
 
 def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: float) -> str:
-    """Per arm: loss at x0.5, x1, x2 of the base rate (seed 99) and whether the optimum moved."""
+    """Per arm: loss at x0.5, x1, x2 of the base rate (seed 99), whether the optimum moved, and whether it
+    was located (interior to the grid: `stats.optimum_located`); an edge optimum is "x2 or beyond"."""
     table = []
     for name in names:
         by_f = {round(r["lr"] / base_lr, 3): r.get("val_loss") for r in rows if r.get("name") == name}
         cells = [by_f.get(f) for f in LR_CHECK_FACTORS]
         ok = [(v, f) for v, f in zip(cells, LR_CHECK_FACTORS, strict=True) if v is not None]
         best = min(ok)[1] if len(ok) == len(LR_CHECK_FACTORS) else None
-        table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells),
-                      "incomplete" if best is None else (f"x{best:g}" + ("" if best == 1.0 else " (moved)"))])
+        table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells), optimum_words(best, LR_CHECK_FACTORS)])
     return f"learning-rate check (seed {LR_CHECK_SEED}, val loss):\n" + format_table(
         ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
 

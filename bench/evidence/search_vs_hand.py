@@ -3,6 +3,9 @@
     python bench/evidence/search_vs_hand.py --plan     # runs x tokens -> CPU-hours; trains nothing
     python bench/evidence/search_vs_hand.py            # report: 12 trials, evidence chassis, 5 fresh seeds
     python bench/evidence/search_vs_hand.py --quick    # smoke run: 5 trials, tiny chassis, 2 seeds
+    python bench/evidence/search_vs_hand.py --report --out bench/evidence/results/second_edition
+                                                       # the certificate and the comparisons from the saved
+                                                       # report's JSON: trains nothing, writes nothing
 
 Second edition: the product's own path, end to end, so the result is what a user would get.
 1. `npas.search` over search_spaces/full.yaml's knobs at its 0.25x budget on the evidence chassis
@@ -32,6 +35,8 @@ experiments (the search's allocations are not known in advance); the fair parame
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,10 @@ from npas.training.recipe import Recipe
 STUDY = "evidence-search-vs-hand-v2"
 EXTRA_BASELINE = "full_tying_tied_norms"  # not among npas's own baselines; added to this study
 PROXY_FRACTION = 4  # the proxy trains 1/4 of the evidence recipe's steps
+# A per-layer MoE baseline whose experts are narrower than this fraction of d_model is a strawman (experts
+# of width 1 or 4 hold almost nothing each); its comparisons are marked stale until a study re-runs it with
+# the fixed baseline (each expert at least d_model/2 wide).
+MIN_EXPERT_WIDTH = 0.5
 
 
 def main() -> None:
@@ -54,8 +63,21 @@ def main() -> None:
     p.add_argument("--top", type=int, default=None, help="front points to validate (default 3 full, 2 quick)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="where the study's SQLite file lives (default results/search_vs_hand, or a temp dir quick)")
+    p.add_argument("--report", action="store_true",
+                   help="print the certificate and the comparisons from the saved report (NAME.json in --out); "
+                        "trains nothing, writes nothing")
     args = p.parse_args()
     setup = common.setup_from(args, "search_vs_hand")
+    if args.report:
+        path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
+        if not path.exists():
+            raise SystemExit(f"--report: no saved report at {path}; run without --report first, or point --out at it")
+        from npas.presentation.cli.validate import format_table as certificate_table
+
+        cert = json.loads(path.read_text())["certificate"]
+        print(f"report from {path} (nothing trains)\n\n" + certificate_table(cert), flush=True)
+        compare(cert)
+        return
     trials = args.trials or (5 if setup.quick else 12)
     top = args.top or (2 if setup.quick else 3)
     seeds = len(setup.seeds) if args.seeds else (2 if setup.quick else common.FULL_SEEDS)
@@ -159,6 +181,16 @@ def run_validate(setup: common.Setup, score: Recipe, work: Path, url: str, top: 
     return cert, round(time.perf_counter() - t0, 1)
 
 
+def stale_baseline(row: dict[str, Any]) -> str | None:
+    """Why a comparison against this validated allocation is stale, or None: a per-layer MoE whose experts
+    are narrower than MIN_EXPERT_WIDTH x d_model (read from the allocation's summary, `d=.. experts=PxN:kK:wW`)."""
+    m = re.search(r"\bd=(\d+)\b.*\bexperts=\d+x\d+:k\d+:w(\d+)\b", row.get("summary") or "")
+    if m is None or int(m[2]) >= MIN_EXPERT_WIDTH * int(m[1]):
+        return None
+    return (f"stale: its experts are {m[2]} wide at d_model {m[1]} (below d_model/2), a strawman; re-run with the "
+            "fixed baseline")
+
+
 def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
     """Paired Δ (same fresh seeds, test split) of the knee pick and of the best validated front point
     against each baseline and the FLOPs-matched dense model; negative = the search's point is better."""
@@ -177,10 +209,11 @@ def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
             if b["hash"] == r["hash"]:
                 continue
             iv = paired_delta(r["test_losses"], b["test_losses"])
-            verdict = stats.verdict_of(iv, "better")
+            stale = stale_baseline(b)
+            verdict = stats.verdict_of(iv, "better") + (f" [{stale}]" if stale else "")
             name = b["label"] or ",".join(b["roles"])
             out.append({"search_point": who, "trial": r["trial"], "summary": r["summary"], "against": name,
-                        "delta": dataclasses.asdict(iv), "verdict": verdict,
+                        "delta": dataclasses.asdict(iv), "verdict": verdict, "stale": stale,
                         "flops_ratio": r["flops_per_token"] / b["flops_per_token"],
                         "stored_ratio": r["stored_params"] / b["stored_params"]})
             table.append([f"{who} (#{r['trial']})", name, report.fmt_interval(iv), f"{out[-1]['stored_ratio']:.3f}",

@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from report import fmt_interval
+
 
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
@@ -21,12 +23,12 @@ def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else math.nan)
 
 
-def by_name(results: Iterable[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """name -> seed -> val_loss."""
+def by_name(results: Iterable[dict[str, Any]], split: str = "val_loss") -> dict[str, dict[int, float]]:
+    """name -> seed -> loss on `split` ("val_loss", or "test_loss" where the run recorded it)."""
     out: dict[str, dict[int, float]] = {}
     for r in results:
-        if r["val_loss"] is not None:
-            out.setdefault(r["name"], {})[r["seed"]] = r["val_loss"]
+        if r.get(split) is not None:
+            out.setdefault(r["name"], {})[r["seed"]] = r[split]
     return out
 
 
@@ -55,12 +57,12 @@ def summarize(results: list[dict[str, Any]], names: Sequence[str], ref: str | No
 PARITY_MARGIN = 0.02
 
 
-def paired_interval(results: Iterable[dict[str, Any]], name: str, ref: str):
-    """loss(name) - loss(ref) over the seeds both ran, with the 95% t-interval of
+def paired_interval(results: Iterable[dict[str, Any]], name: str, ref: str, split: str = "val_loss"):
+    """loss(name) - loss(ref) on `split` over the seeds both ran, with the 95% t-interval of
     `npas.service.fidelity.paired_delta` (negative = `name` better)."""
     from npas.service.fidelity import paired_delta
 
-    losses = by_name(results)
+    losses = by_name(results, split)
     a, b = losses.get(name, {}), losses.get(ref, {})
     seeds = sorted(set(a) & set(b))
     return paired_delta([a[k] for k in seeds], [b[k] for k in seeds])
@@ -97,6 +99,41 @@ def verdict_of(interval, kind: str, margin: float = PARITY_MARGIN) -> str:
     if interval.low is None or interval.high is None:
         return "unresolved (too few seeds)"
     return f"unresolved at this scale (interval width {interval.high - interval.low:.3f})"
+
+
+def split_verdict(results: list[dict[str, Any]], name: str, ref: str, kind: str,
+                  margin: float = PARITY_MARGIN) -> str:
+    """`verdict_of` on the validation split, kept only if the test split (which every evidence run also
+    scores, on text no run selects by) gives the same verdict; otherwise "unresolved", naming both.
+
+    A verdict is a statement about the allocations, not about one set of windows: one whose interval
+    clears its bound on one split and not on the other (atoms - sequential tying at lr x2: lower bound
+    +0.0004 on validation, [-0.0007, +0.0224] on test) rests on where the text was cut. Runs without a
+    test loss leave the validation verdict as it is."""
+    val = verdict_of(paired_interval(results, name, ref), kind, margin)
+    test_iv = paired_interval(results, name, ref, "test_loss")
+    if test_iv.value is None:
+        return val
+    test = verdict_of(test_iv, kind, margin)
+    if test.split(" (")[0] == val.split(" (")[0]:
+        return val
+    return f"unresolved (the splits disagree: validation {val.split(' (')[0]}; test {fmt_interval(test_iv)}, {test.split(' (')[0]})"
+
+
+# The project's rule for a learning-rate check: an optimum counts as located only when it is interior to
+# its grid. At an edge the loss may go on falling past the last point tried, so "x2 is best of x0.5, x1,
+# x2" says the optimum is at x2 *or beyond*, and a comparison "at each arm's best rate" is then at a rate
+# no arm was shown to be best at.
+def optimum_located(best: float, grid: Sequence[float]) -> bool:
+    return min(grid) < best < max(grid)
+
+
+def optimum_words(best: float | None, grid: Sequence[float], base: float = 1.0) -> str:
+    """The check's optimum as the tables print it: `x1`, or `x2 (moved; grid edge: not located)`."""
+    if best is None:
+        return "incomplete"
+    notes = ([] if best == base else ["moved"]) + ([] if optimum_located(best, grid) else ["grid edge: not located"])
+    return f"x{best:g}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 

@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 import common  # noqa: E402  (bench/evidence is on sys.path when run as a script)
+import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
 from runs import device_module  # noqa: E402
 
@@ -106,6 +107,25 @@ def verdict(lo: float, hi: float, direction: int) -> str:
     return f"unresolved at this scale (interval width {hi - lo:.3f})"
 
 
+def survives(cpu: tuple, d256: tuple[float, float, float], direction: int, margin: float = stats.PARITY_MARGIN) -> str:
+    """Does a conclusion reproduced at CPU scale survive at d256? "survives" when d256 reproduces it too;
+    "does not survive" only when the d256 interval lies inside +-margin (the effect shown absent, at the
+    parity margin the evidence uses for "on par"); otherwise unresolved, with the end that is outside."""
+    if verdict(cpu[1], cpu[2], direction) != "reproduced":
+        return "-"  # no CPU conclusion to carry over
+    m, lo, hi = d256
+    if math.isnan(lo):
+        return "unresolved (too few seeds)"
+    if verdict(lo, hi, direction) == "reproduced":
+        return "survives"
+    if -margin < lo and hi < margin:
+        return f"does not survive: the d256 interval lies inside ±{margin:.2f}"
+    ends = [f"{name} end {e:+.4f}" for name, e in (("lower", lo), ("upper", hi)) if abs(e) >= margin]
+    return (f"unresolved at the ±{margin:.2f} margin: the effect shrank from {cpu[0]:+.3f} to {m:+.4f}, but the d256 "
+            f"interval [{lo:+.4f}, {hi:+.4f}] is not inside ±{margin:.2f} ({', '.join(ends)} outside), so it is "
+            "not shown to be gone")
+
+
 def load(v: str) -> dict[tuple, dict]:
     out = {}
     for r in runs():
@@ -166,9 +186,15 @@ def report(v: str) -> dict[str, Any]:
         sd = statistics.stdev(vals.values()) if len(vals) > 1 else math.nan
         rows.append([arm, f"{mean:.4f} ± {sd:.4f}", len(vals), "-" if arm == REF else f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}]",
                      verd, "-" if arm not in cpu else f"{cpu[arm][0]:+.3f} [{cpu[arm][1]:+.3f}, {cpu[arm][2]:+.3f}] {cpu_v}",
-                     "-" if best_f is None else f"x{best_f:g}" + ("" if best_f == 1.0 else " (moved)")])
+                     "-" if best_f is None else stats.optimum_words(best_f, LR_FACTORS)])
     print(format_table(["arm", "test loss (nats)", "seeds", f"paired Δ vs {REF}, 95% CI", "verdict (d256)",
                                "CPU d64: Δ, 95% CI, verdict", "lr optimum (seed 99)"], rows))
+    for arm, a in summary["arms"].items():
+        if arm in CLAIMS and arm in cpu:
+            a["cpu_conclusion_at_d256"] = survives(cpu[arm], (a["delta_mean"], *a["ci95"]), CLAIMS[arm])
+            if a["cpu_conclusion_at_d256"] != "-":
+                print(f"does the CPU conclusion ({arm} {'above' if CLAIMS[arm] > 0 else 'below'} {REF}) survive at "
+                      f"d{CHASSIS.d_model}? {a['cpu_conclusion_at_d256']}")
     fp32 = res.get((REF, SEEDS[0], base, "float32"))
     bf16 = res.get((REF, SEEDS[0], base, "bfloat16"))
     if fp32 and bf16:
