@@ -212,7 +212,6 @@ class _WsdRun(_proxy._Run):
     rung_losses: dict[int, float] = field(default_factory=dict)
     main_steps: int = 0  # steps the stable run itself trained (its own decay included)
     fork_steps: int = 0
-    fork_s: float = 0.0  # wall seconds spent in forks (their evaluation included)
 
 
 def _wsd_loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, report: Report | None,
@@ -240,7 +239,7 @@ def _wsd_loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.devic
             else:
                 f = time.perf_counter()
                 loss = fork_loss(tr, t, evals)
-                run.fork_s += time.perf_counter() - f
+                run.eval_s += time.perf_counter() - f  # like an evaluation, off the stable run's tokens/s
                 run.fork_steps += t - tr.step
             run.rung_losses[t] = loss
             run.curve.append((t, loss))
@@ -306,7 +305,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
     else:
         peak, source = acc.train_memory_bytes, "analytic"
     trained = run.main_steps + run.fork_steps
-    train_s = max(1e-9, run.train_s - run.eval_s - run.fork_s)
+    train_s = max(1e-9, run.train_s - run.eval_s)  # the stable run's own training time
     val = run.val_loss if run.status != "failed" else None
     result = ForkResult(
         status=run.status, val_loss=val, val_bpc=None if val is None else val / math.log(2),
