@@ -143,7 +143,7 @@ class Recipe:
         d = {**self.to_dict(), "steps": steps, "warmup_steps": min(self.warmup_steps, steps),
              "eval_every": min(self.eval_every, steps)}
         if self.rungs is not None:
-            d["rungs"] = [r for r in self.rungs if r <= steps]
+            d["rungs"] = [r for r in self.rungs if r <= steps] or None  # none left: the horizon's defaults
         return Recipe.from_dict(d)
 
     def with_lr_factor(self, factor: float) -> Recipe:
