@@ -136,3 +136,5 @@ def test_schedule_fields_are_validated_in_one_pass():
     assert text.splitlines()[0].endswith("6 problems")
     cut = WSD.with_steps(12)
     assert cut.rungs == (8,) and cut.steps == 12 and cut.fork_rungs() == (8, 12)
+    shorter = WSD.with_steps(5)  # every rung cut: the horizon's defaults (16/4 = 4) and the run's own end
+    assert shorter.rungs is None and shorter.fork_rungs() == (4, 5)
