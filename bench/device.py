@@ -128,7 +128,8 @@ def run_spec(spec: dict) -> dict:
     import torch
 
     from npas.allocation.config import ArchConfig, Chassis
-    from npas.training.proxy import eval_batches, evaluate, pick_device, train_model
+    from npas.training.forks import train_model  # cosine: npas.training.proxy's loop, as before
+    from npas.training.proxy import eval_batches, evaluate, pick_device
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_json(spec["config"])
@@ -167,7 +168,15 @@ def run_spec(spec: dict) -> dict:
             "wall_s": res.wall_s, "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
             "peak_memory_bytes": res.peak_memory_bytes, "device": res.device,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+            "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict(), **_forked(res, recipe)}
+
+
+def _forked(res, recipe) -> dict:
+    """A WSD run's rung losses and what it trained with its forks (whose tokens it cost); {} for cosine."""
+    if not hasattr(res, "rung_losses"):
+        return {}
+    return {"rung_losses": {str(t): v for t, v in res.to_dict()["rung_losses"].items()},
+            "steps_trained": res.steps_trained, "tokens": res.steps_trained * recipe.tokens_per_step}
 
 
 def write_record(path: Path, doc: dict) -> None:

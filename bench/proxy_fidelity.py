@@ -21,6 +21,15 @@ the proxy ends, and only a longer proxy or ``npas validate`` sees past it).
 Target: tau >= 0.7 with the lower 95% bound above 0.3 over all candidates (PASS/MISS; INCOMPLETE
 while runs are missing).
 
+That table runs over the first 12 candidates. The *horizon rows* (issue #33) run over 24 (the same
+seeded sampler's next 12 feasible samples, at the space's budget), all under ``fair``: the cosine
+proxy as above; one warmup-stable-decay run to T = the long length per candidate (seed 0, its
+recipe's ``schedule: wsd``, ``npas.training.forks``), whose cooldown forks give a finished-at-t loss
+at T/16 and T/4 and whose own end gives WSD at T; and the ceiling. Each row: Kendall tau with its
+bootstrap interval, tau over the pairs the long runs resolve (gap > 2 sigma), top-3 recall. Their
+target: the paired bootstrap interval of tau(fork at T/4) - tau(proxy) lies above 0. A WSD run's
+cache key adds the hash of forks.py and recipe.py, so the cosine runs keep their keys.
+
 Every finished run is cached as one JSON in ``bench/results/proxy_fidelity/`` keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
 never reruns. The code version hashes the npas files that decide a loss plus the base recipe, so a
@@ -53,7 +62,7 @@ import optuna  # noqa: E402
 
 import npas  # noqa: E402
 from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
-from bench.proxy_fidelity_report import DEFAULT_PAR, report  # noqa: E402
+from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
 from npas.allocation.space_parser import load_space  # noqa: E402
@@ -71,6 +80,11 @@ LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
 SAMPLER_SEED = 0
+N_FULL = 12  # the first 12 candidates carry the original table (both parameterizations, repeats, 2x row)
+N_CANDIDATES = 24  # the horizon rows (fair only) run over 24: 12 more samples of the same seeded sampler
+# WSD runs train through npas.training.forks and take their schedule from recipe.py: those files key
+# the WSD runs' cache as well (on top of VERSIONED), and only theirs, so the cosine runs keep their keys
+WSD_VERSIONED = ("npas/training/forks.py", "npas/training/recipe.py")
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,8 @@ class Setup:
     out: Path
     workers: int
     proxy_seeds: tuple[int, ...]  # the seeds `npas search --repeats R` trains: the proxy's own first
+    wsd: Recipe | None = None  # the horizon rows' WSD run to the long length T, forked at T/16 and T/4
+    n_full: int = N_FULL  # candidates (the first ones) that also get the original table's runs
 
 
 @dataclass(frozen=True)
@@ -96,21 +112,27 @@ class Candidate:
 @dataclass(frozen=True)
 class Job:
     cand: Candidate
-    kind: str  # "proxy" | "mid" | "long"
+    kind: str  # "proxy" | "mid" | "long" | "wsd"
     seed: int
     parameterization: str
 
     def recipe(self, setup: Setup) -> Recipe:
-        base = {"proxy": setup.proxy, "mid": setup.mid, "long": setup.long}[self.kind]
+        base = {"proxy": setup.proxy, "mid": setup.mid, "long": setup.long, "wsd": setup.wsd}[self.kind]
         return Recipe.from_dict({**base.to_dict(), "seed": self.seed, "parameterization": self.parameterization})
 
     def key(self, setup: Setup, version: str) -> str:
         r = self.recipe(setup)
+        if self.kind == "wsd":  # also keyed on the fork and schedule code (a cosine run's key is as it was)
+            version = f"{version}-{files_version(WSD_VERSIONED)}"
         return f"{self.cand.config.hash}-{r.name}-{r.steps}-s{self.seed}-{self.parameterization}-{version}"
 
     def tokens(self, setup: Setup) -> int:
+        """Training tokens of the run: a WSD run's forks decay on top of its own ``steps``."""
         r = self.recipe(setup)
-        return r.steps * r.tokens_per_step
+        steps = r.steps
+        if r.schedule == "wsd":
+            steps += sum(t - r.decay_start(t) for t in r.fork_rungs()[:-1])
+        return steps * r.tokens_per_step
 
 
 # ------------------------------------------------------------------------------------------ candidates
@@ -140,7 +162,30 @@ def candidates(space: Space, n: int) -> list[Candidate]:
 
 
 def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
-    """Every run, ordered so a time-boxed session completes whole tables: per long seed, per
+    """Every run: the original table's over the first ``n_full`` candidates (``_table_jobs``, in its
+    order and with its cache keys), then the horizon rows' (``_horizon_jobs``)."""
+    return _table_jobs(setup, cands[:setup.n_full]) + _horizon_jobs(setup, cands)
+
+
+def _horizon_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
+    """The horizon rows, all under the default parameterization: for the candidates past ``n_full``
+    the proxy and the first long seed, then one WSD run to T per candidate (its forks give the T/16
+    and T/4 rows, its end the WSD-at-T row), then the other long seeds of the added candidates (the
+    ceiling). Cheapest first in each group."""
+    if setup.wsd is None:
+        return []
+    extra = sorted(cands[setup.n_full:], key=lambda c: (c.flops, c.config.hash))
+    out: list[Job] = []
+    for c in extra:
+        out += [Job(c, "proxy", setup.proxy.seed, DEFAULT_PAR), Job(c, "long", setup.long_seeds[0], DEFAULT_PAR)]
+    out += [Job(c, "wsd", setup.proxy.seed, DEFAULT_PAR) for c in sorted(cands, key=lambda c: (c.flops, c.config.hash))]
+    for seed in setup.long_seeds[1:]:
+        out += [Job(c, "long", seed, DEFAULT_PAR) for c in extra]
+    return out
+
+
+def _table_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
+    """The original table's runs, ordered so a time-boxed session completes whole tables: per long seed, per
     parameterization (the default, fair, first), the candidates cheapest first (FLOPs per token), each
     with its proxy run (first pass only) and long run. tau needs every candidate, so one complete
     fair table on one long seed says more than both parameterizations on two thirds of the candidates.
@@ -185,7 +230,8 @@ def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     import torch
 
     from npas.allocation.config import Chassis
-    from npas.training.proxy import eval_batches, evaluate, pick_device, train_model
+    from npas.training.forks import train_model  # cosine: npas.training.proxy's loop, as before
+    from npas.training.proxy import eval_batches, evaluate, pick_device
 
     cfg = ArchConfig.from_json(cfg_json)
     recipe = Recipe.from_dict(json.loads(recipe_json))
@@ -197,11 +243,15 @@ def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     if res.status == "ok":
         test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
         test = test if math.isfinite(test) else None
+    forked = {"rung_losses": {str(t): v for t, v in res.to_dict()["rung_losses"].items()},
+              "steps_trained": res.steps_trained} if hasattr(res, "rung_losses") else {}
+    steps = forked.get("steps_trained", res.steps_done)  # what the run trained, its forks included
     return {"status": res.status if test is not None or res.status != "ok" else "failed",
             "val_loss": res.val_loss, "test_loss": test, "failure_reason": res.failure_reason,
-            "steps": res.steps_done, "tokens": res.steps_done * recipe.tokens_per_step,
+            "steps": res.steps_done, "tokens": steps * recipe.tokens_per_step,
             "tokens_per_s": res.tokens_per_s, "wall_s": res.wall_s, "stored_params": res.stored_params,
-            "flops_per_token": res.flops_per_token, "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+            "flops_per_token": res.flops_per_token, "allocation": cfg.to_dict(), "recipe": recipe.to_dict(),
+            **forked}
 
 
 def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes: float | None) -> tuple[int, int]:
@@ -279,6 +329,11 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
         total, left = total + secs, left + miss
         print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{len(js):>6}{sum(j.tokens(setup) for j in js):>14,}"
               f"{secs / 3600:>11.2f}")
+    for kind in ("proxy", "long", "mid", "wsd"):
+        js = [j for j in jobs if j.kind == kind]
+        have = sum((setup.out / f"{j.key(setup, version)}.json").exists() for j in js)
+        print(f"  {kind:<6}{len(js):>4} runs, {have:>4} cached, {sum(j.tokens(setup) for j in js) / 1e6:>8.1f}M tokens"
+              f" ({', '.join(sorted({j.parameterization for j in js}))}; seeds {sorted({j.seed for j in js})})")
     tokens = sum(j.tokens(setup) for j in jobs)
     print(f"plan: {len(jobs)} runs, {tokens / 1e6:.0f}M training tokens -> ~{total / 3600:.1f} CPU-hours "
           f"(3x forward FLOPs, evaluation excluded); ~{left / 3600 / setup.workers:.1f} h wall left on "
@@ -326,16 +381,27 @@ def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, ou
         proxy = Recipe.from_dict({**smoke.to_dict(), "name": "smoke-quick", "steps": 6, "warmup_steps": 2,
                                   "eval_every": 6, "eval_batches": 1, "batch_size": 4, "seq_len": 32})
         n, seeds, repeats, workers = n_candidates or 4, long_seeds or 1, proxy_repeats or 1, 1
+        n_full = min(n, N_FULL)
         out = out or Path(tempfile.mkdtemp(prefix="npas-proxy-fidelity-"))
     else:
         proxy = load_recipe("proxy")
-        n, seeds, repeats, out = n_candidates or 12, long_seeds or 2, proxy_repeats or 2, out or RESULTS
+        n, seeds, repeats, out = n_candidates or N_CANDIDATES, long_seeds or 2, proxy_repeats or 2, out or RESULTS
+        n_full = min(n, N_FULL)
     long, mid = (Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{f}", "steps": proxy.steps * f,
                                    "eval_every": proxy.steps * f}) for f in (LONG_FACTOR, MID_FACTOR))
     seeds_t = tuple(LONG_SEED_BASE + i for i in range(seeds))
     proxy_seeds = repeat_seeds(proxy.seed, repeats)
     assert not set(proxy_seeds) & set(seeds_t), "a long run must never reuse a proxy seed"
-    return Setup(proxy, long, mid, n, seeds_t, out, max(1, workers), proxy_seeds)
+    return Setup(proxy, long, mid, n, seeds_t, out, max(1, workers), proxy_seeds, wsd_recipe(proxy, long), n_full)
+
+
+def wsd_recipe(proxy: Recipe, long: Recipe) -> Recipe:
+    """The proxy's recipe as a WSD run to the long length T at its horizon, rungs T/16, T/4 and T (a
+    rung must clear the warmup): one run per candidate gives the two fork rows and the WSD-at-T row."""
+    T = long.steps
+    rungs = sorted({max(proxy.warmup_steps + 1, T // 16), T // 4, T})
+    return Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-wsd", "steps": T, "horizon": T,
+                             "eval_every": T, "schedule": "wsd", "rungs": rungs})
 
 
 REFERENCE: list[Any] = []  # the space's reference chassis, set where the space is loaded
@@ -366,7 +432,8 @@ def device_specs() -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__.split("\n\n")[0], "4 candidates, smoke recipe at 6 steps, temp dir", RESULTS)
-    p.add_argument("--candidates", type=int, default=None, help="candidates (default 12; 4 quick)")
+    p.add_argument("--candidates", type=int, default=None,
+                   help=f"candidates (default {N_CANDIDATES}: the first {N_FULL} with the full table; 4 quick)")
     p.add_argument("--long-seeds", type=int, default=None, help="fresh seeds per long run (default 2; 1 quick)")
     p.add_argument("--proxy-repeats", type=int, default=None,
                    help=f"proxy seeds per candidate under {DEFAULT_PAR}, those `npas search --repeats R` trains, "
@@ -396,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.report:
         run_missing(setup, cands, version, a.max_minutes)
     print_cache(setup, cands, version)
-    report(setup, cands, load(setup, cands, version))
+    res = load(setup, cands, version)
+    report(setup, cands[:setup.n_full], res)
+    horizon_report(setup, cands, res)
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from typing import TYPE_CHECKING
 
 import npas
@@ -200,3 +201,141 @@ def _seed_noise(losses: list[list[float]]) -> tuple | None:
 
 def _num(v: float) -> str:
     return f"{v:+.3f}" if math.isfinite(v) else "n/a"
+
+
+# ------------------------------------------------------------------------------------------ horizon rows
+TOP_RECALL = 3  # top-k recall: how many of the long runs' k best the row also puts in its k best
+RESOLVE_SIGMAS = 2.0  # a pair is resolvable when its long-run gap exceeds this many std of the gap
+
+
+def horizon_report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict]) -> dict[str, dict]:
+    """The horizon rows over every candidate, all under the default parameterization, against the long
+    cosine runs' mean test loss: today's cosine proxy; WSD forks at T/16 and T/4 (finished-at-t
+    validation losses of the one WSD run per candidate); that run's own end at T (test loss: the
+    long runs' split) against cosine at T; and the ceiling, long seed against long seed. Each row:
+    Kendall tau with its bootstrap interval, tau over the pairs the long runs resolve, top-3 recall.
+    The target line: a paired bootstrap (candidates resampled, the same draw for both rows) of
+    tau(fork at T/4) - tau(proxy), whose interval must lie above 0."""
+    if setup.wsd is None:
+        return {}
+    par, seed0 = DEFAULT_PAR, setup.proxy.seed
+    rungs = setup.wsd.fork_rungs()
+    T = setup.wsd.steps
+
+    def rec(c: Candidate, kind: str, seed: int) -> dict | None:
+        return res.get((c.config.hash, kind, seed, par))
+
+    def rung(c: Candidate, t: int) -> float | None:
+        r = rec(c, "wsd", seed0)
+        if r is None:
+            return None
+        v = (r.get("rung_losses") or {}).get(str(t)) if r.get("status") == "ok" else None
+        return math.inf if v is None else float(v)
+
+    longs = {c.name: [_loss(r, "test_loss") for s in setup.long_seeds if (r := rec(c, "long", s)) is not None]
+             for c in cands}
+    columns: dict[str, dict[str, float | None]] = {
+        f"proxy {setup.proxy.steps}": {c.name: None if (r := rec(c, "proxy", seed0)) is None else _loss(r, "val_loss")
+                                       for c in cands}}
+    for t in rungs[:-1]:
+        columns[f"fork {t}"] = {c.name: rung(c, t) for c in cands}
+    columns[f"wsd {T}"] = {c.name: None if (r := rec(c, "wsd", seed0)) is None else _loss(r, "test_loss")
+                           for c in cands}
+    S = len(setup.long_seeds)
+    print(f"\nhorizon rows ({par}, {len(cands)} candidates, T = {T} steps = the long runs): the cosine proxy "
+          f"({setup.proxy.steps} steps) and one WSD run to T per candidate ({setup.wsd.decay_fraction:g} "
+          f"{setup.wsd.decay_shape} decay, seed {seed0}), forked at {', '.join(map(str, rungs[:-1]))} "
+          f"(validation loss); wsd {T}: its own end (test loss); long: cosine at T, test loss, mean over seeds "
+          f"{list(setup.long_seeds)}")
+    print(f"{'candidate':<14}{'fwd FLOPs/tok':>14}" + "".join(f"{k:>11}" for k in columns) + f"{'long':>11}{'n':>3}")
+    for c in cands:
+        mean = statistics.fmean(longs[c.name]) if longs[c.name] else None
+        print(f"{c.name:<14}{c.flops:>14,}" + "".join(f"{_cell(col[c.name]):>11}" for col in columns.values())
+              + f"{_cell(mean):>11}{len(longs[c.name]):>3}")
+    sigma = _pooled_sigma([v for v in longs.values() if len(v) > 1])
+    gap_sd = None if sigma is None else sigma * math.sqrt(2 / S)
+    print(f"resolvable pairs: long-mean gap > {RESOLVE_SIGMAS:g} x {_num(gap_sd or math.nan)} nats (the pooled "
+          f"seed std {_num(sigma or math.nan)} x sqrt(2/{S}): the std of a gap between two {S}-seed means)")
+    stats: dict[str, dict] = {}
+    full = [c.name for c in cands if len(longs[c.name]) == S]
+    target = {n: statistics.fmean(longs[n]) for n in full}
+    for label, col in columns.items():
+        stats[label] = _horizon_row(label, col, target, gap_sd, len(cands))
+    if S > 1:
+        pairs = {n: longs[n][:2] for n in full}
+        stats["ceiling"] = _horizon_row(f"ceiling (long {setup.long_seeds[0]} vs {setup.long_seeds[1]})",
+                                        {n: v[0] for n, v in pairs.items()}, {n: v[1] for n, v in pairs.items()},
+                                        gap_sd, len(cands))
+    # the target compares the fork at T/4 (the proxy's own length in the full bench) with the proxy
+    label = f"fork {T // 4}" if f"fork {T // 4}" in columns else (f"fork {rungs[-2]}" if len(rungs) > 1 else None)
+    if label is not None:
+        stats["target"] = _delta_target(columns[label], columns[f"proxy {setup.proxy.steps}"], target, len(cands),
+                                        label, f"proxy {setup.proxy.steps}")
+    return stats
+
+
+def _pooled_sigma(losses: list[list[float]]) -> float | None:
+    """sqrt of the mean within-candidate variance of the finite multi-seed losses."""
+    multi = [v for v in losses if len(v) > 1 and all(math.isfinite(x) for x in v)]
+    return math.sqrt(statistics.fmean(statistics.variance(v) for v in multi)) if multi else None
+
+
+def _horizon_row(label: str, row: dict[str, float | None], target: dict[str, float], gap_sd: float | None,
+                 n_all: int) -> dict:
+    names = [n for n in target if row.get(n) is not None]
+    x, y = ranked([row[n] for n in names]), ranked([target[n] for n in names])
+    iv = rank_correlation(x, y)
+    t, lo, hi = (math.nan if v is None else v for v in (iv.value, iv.low, iv.high))
+    res_tau, n_res = _resolvable_tau(x, y, gap_sd)
+    k = min(TOP_RECALL, len(names))
+    recall = (len(set(sorted(range(len(names)), key=x.__getitem__)[:k])
+                  & set(sorted(range(len(names)), key=y.__getitem__)[:k])) / k) if k else math.nan
+    print(f"{label:<28} tau over {len(names)}/{n_all} = {_num(t)} [95% bootstrap {_num(lo)}, {_num(hi)}] | "
+          f"tau over {n_res} resolvable pairs = {_num(res_tau)} | top-{k} recall {recall:.2f}")
+    return {"tau": t, "low": lo, "high": hi, "n": len(names), "tau_resolvable": res_tau, "n_resolvable": n_res,
+            "top_recall": recall}
+
+
+def _resolvable_tau(x: list[float], y: list[float], gap_sd: float | None) -> tuple[float, int]:
+    """(concordant - discordant) / pairs over the pairs whose target gap exceeds RESOLVE_SIGMAS x gap_sd."""
+    if gap_sd is None:
+        return math.nan, 0
+    score = n = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            if abs(y[i] - y[j]) > RESOLVE_SIGMAS * gap_sd:
+                n += 1
+                score += int(math.copysign(1, (x[i] - x[j]) * (y[i] - y[j]))) if x[i] != x[j] else 0
+    return (score / n if n else math.nan), n
+
+
+def _delta_target(a: dict[str, float | None], b: dict[str, float | None], target: dict[str, float], n_all: int,
+                  a_label: str, b_label: str, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict:
+    """tau(a) - tau(b) against the target with a paired percentile bootstrap over candidates; PASS when
+    its lower bound is above 0 (INCOMPLETE while a candidate lacks a run)."""
+    import numpy as np
+    from scipy import stats as sps
+
+    names = [n for n in target if a.get(n) is not None and b.get(n) is not None]
+    xa, xb, y = (np.asarray(ranked([d[n] for n in names]), float) for d in (a, b, target))
+
+    def tau(u: np.ndarray, v: np.ndarray) -> float:
+        return float(sps.kendalltau(u, v).statistic)
+
+    point = tau(xa, y) - tau(xb, y) if len(names) >= 2 else math.nan
+    rng = np.random.default_rng(seed)
+    draws = []
+    if len(names) >= 3:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(n_boot):
+                idx = rng.integers(0, len(names), len(names))
+                d = tau(xa[idx], y[idx]) - tau(xb[idx], y[idx])
+                if math.isfinite(d):
+                    draws.append(d)
+    lo, hi = (float(q) for q in np.quantile(draws, [0.025, 0.975])) if draws else (math.nan, math.nan)
+    complete = len(names) == n_all
+    verdict = ("PASS" if math.isfinite(lo) and lo > 0 else "MISS") if complete else "INCOMPLETE"
+    print(f"target: delta tau ({a_label} - {b_label}) over {len(names)}/{n_all} candidates = {_num(point)} "
+          f"[95% paired bootstrap {_num(lo)}, {_num(hi)}; {len(draws)} resamples] above 0: {verdict}")
+    return {"delta": point, "low": lo, "high": hi, "n": len(names), "verdict": verdict}

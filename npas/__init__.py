@@ -24,7 +24,7 @@ _LAZY = {
     "Candidate": "npas.allocation.space",
     "load_corpus": "npas.training.data",
     "load_recipe": "npas.training.recipe",
-    "run_proxy": "npas.training.proxy",
+    "run_proxy": "npas.training.forks",  # cosine recipes run npas.training.proxy's loop as ever
     "search": "npas.service.driver",
     "resume": "npas.service.driver",
     "export": "npas.service.exporter",

@@ -108,9 +108,30 @@ def combine_repeats(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> 
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     out["curve"] = [[s, None if any(c[s] is None for c in curves) else statistics.fmean(c[s] for c in curves)]
                     for s in steps]
+    if any("rung_losses" in r for r in runs):  # WSD: each rung's finished loss, meaned like the curve
+        rungs = [{int(t): v for t, v in (r.get("rung_losses") or {}).items()} for r in runs]
+        out["rung_losses"] = {t: None if any(g[t] is None for g in rungs) else statistics.fmean(g[t] for g in rungs)
+                              for t in sorted(set.intersection(*(set(g) for g in rungs)))}
+        out["steps_trained"] = sum(int(r.get("steps_trained") or 0) for r in runs)  # the trial's cost, like wall_s
     out["seeds"] = [int(s) for s in seeds]
     out["seed_losses"] = losses
     return out
+
+
+def rung_attrs(proxy: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a WSD proxy record's ``rung_losses`` ({t: loss of a WSD run of length t}) off into the
+    trial's own `rung_losses` attribute, keyed by the step as text (what JSON storage keeps); a
+    cosine record has none and passes through unchanged."""
+    if "rung_losses" not in proxy:
+        return dict(proxy), {}
+    rest = {k: v for k, v in proxy.items() if k != "rung_losses"}
+    return rest, {TrialAttr.RUNG_LOSSES: rung_losses_attr(proxy["rung_losses"].items())}
+
+
+def rung_losses_attr(points: Any) -> dict[str, float | None]:
+    """``{"t": loss}`` in ascending t from (t, loss) pairs; non-finite losses become None."""
+    return {str(int(t)): (float(v) if v is not None and math.isfinite(float(v)) else None)
+            for t, v in sorted(points, key=lambda p: int(p[0]))}
 
 
 def seed_attrs(proxy: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

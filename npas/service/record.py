@@ -75,6 +75,7 @@ class TrialAttr(StrEnum):
     SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.outcome.repeat_seeds)
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
+    RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
 
 
 class Constraint(StrEnum):

@@ -258,7 +258,7 @@ def trainable(config: dict, data: dict) -> None:
     from npas.service.outcome import combine_repeats, repeat_seeds
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_known_corpus
-    from npas.training.proxy import run_proxy
+    from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_dict(config["allocation"])

@@ -32,7 +32,13 @@ from npas.allocation.space import Space  # noqa: E402
 from npas.service import faults  # noqa: E402
 from npas.service import optuna_adapter as adapter  # noqa: E402
 from npas.service.candidate import Skip, prepare  # noqa: E402
-from npas.service.outcome import fidelity_constraint, objective_values, seed_attrs  # noqa: E402
+from npas.service.outcome import (  # noqa: E402
+    fidelity_constraint,
+    objective_values,
+    rung_attrs,
+    rung_losses_attr,
+    seed_attrs,
+)
 from npas.service.progress import Progress  # noqa: E402
 from npas.service.record import Constraint, TrialAttr  # noqa: E402
 from npas.service.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
@@ -203,7 +209,10 @@ class NpasSearcher(Searcher):
         if trial is None:
             return
         self.progress.running -= 1
-        trial.set_user_attr(TrialAttr.CURVE, self._curves.pop(trial_id, []))
+        curve = self._curves.pop(trial_id, [])
+        trial.set_user_attr(TrialAttr.CURVE, curve)
+        if self.recipe.get("schedule") == "wsd" and curve:  # a wsd trial reports its rungs' finished losses:
+            trial.set_user_attr(TrialAttr.RUNG_LOSSES, rung_losses_attr(curve))  # kept even if ASHA stops it
         if trial_id in self._retries:
             trial.set_user_attr(TrialAttr.RETRIES, self._retries.pop(trial_id))
         if error or not result:
@@ -242,7 +251,8 @@ class NpasSearcher(Searcher):
             return
         if proxy is not None:
             proxy, per_seed = seed_attrs(proxy)  # the seeds and their losses (`--repeats`) get their own keys
-            for attr, value in per_seed.items():
+            proxy, rungs = rung_attrs(proxy)  # and a wsd run's finished loss at every rung
+            for attr, value in {**per_seed, **rungs}.items():
                 trial.set_user_attr(attr, value)
             trial.set_user_attr(TrialAttr.PROXY, proxy)
             trial.set_user_attr(TrialAttr.NODE, result.get("node"))

@@ -72,7 +72,8 @@ def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, finge
     from npas.allocation.config import Chassis
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
     from npas.training.data import load_known_corpus
-    from npas.training.proxy import evaluate, pick_device, train_model
+    from npas.training.forks import train_model
+    from npas.training.proxy import evaluate, pick_device
 
     corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint, tokenizer_json,
                                glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD)

@@ -23,6 +23,10 @@ DTYPES = ("float32", "bfloat16")
 Dtype = Literal["float32", "bfloat16"]
 PARAMETERIZATIONS = ("fair", "uniform")
 Parameterization = Literal["fair", "uniform"]
+SCHEDULES = ("cosine", "wsd")
+Schedule = Literal["cosine", "wsd"]
+DECAY_SHAPES = ("1-sqrt", "linear")
+DecayShape = Literal["1-sqrt", "linear"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,14 @@ class Recipe:
     parameterization: Parameterization = "fair"  # per-group lr/init rules (training/parameterization.py)
     data: str | None = None  # corpus path; None = bundled Shakespeare (--data overrides)
     version: int = RECIPE_VERSION
+    # The fields below came after version 2. Each is left out of ``to_dict`` at its default, so a recipe
+    # that does not set them serializes exactly as before: studies resume unchanged and the benches'
+    # caches, keyed on the serialized recipe, keep their keys.
+    horizon: int = 4000  # target length: the steps (at this batch) the user trains a winner for (`long`)
+    schedule: Schedule = "cosine"  # "wsd": warmup-stable-decay, scored by cooldown forks (npas.training.forks)
+    decay_fraction: float = 0.2  # wsd: the last fraction of a run of length t that decays to min_lr
+    decay_shape: DecayShape = "1-sqrt"  # wsd: how the rate falls during the decay (see ``lr_at``)
+    rungs: tuple[int, ...] | None = None  # wsd: lengths scored by forks; None = horizon/16, /4, /1 (<= steps)
 
     def __post_init__(self) -> None:
         problems = validate(asdict(self))
@@ -57,24 +69,82 @@ class Recipe:
         for f in _FLOAT_FIELDS:  # YAML 1.1 reads 3e-4 as text; store numbers
             object.__setattr__(self, f, float(getattr(self, f)))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.rungs is not None:
+            object.__setattr__(self, "rungs", tuple(sorted(set(self.rungs))))
 
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.batch_size
 
-    def lr_at(self, step: int) -> float:
-        """Learning rate for 0-based ``step``: linear warmup, then cosine from lr to min_lr at ``steps``."""
+    @property
+    def horizon_tokens(self) -> int:
+        return self.horizon * self.tokens_per_step
+
+    def describe(self) -> str:
+        """One line for the places a recipe is shown: its length, schedule and target horizon in tokens."""
+        sched = (f"wsd ({self.decay_fraction:g} {self.decay_shape} decay, rungs "
+                 f"{', '.join(map(str, self.fork_rungs()))})" if self.schedule == "wsd" else self.schedule)
+        return (f"recipe {self.name}: {self.steps:,} steps x {self.tokens_per_step:,} tokens "
+                f"({self.steps * self.tokens_per_step / 1e6:.2f}M), {sched}; horizon {self.horizon:,} steps "
+                f"({self.horizon_tokens / 1e6:.2f}M tokens)")
+
+    def lr_at(self, step: int, length: int | None = None) -> float:
+        """Learning rate for 0-based ``step`` of a run of ``length`` steps (default ``steps``).
+
+        ``cosine``: linear warmup, then cosine from lr to min_lr at ``length``. A cosine run's whole
+        second half depends on its length, so a 400-step cosine proxy and a 1,600-step run train under
+        different schedules from step ~30 on.
+
+        ``wsd`` (warmup-stable-decay, trapezoidal): linear warmup, lr held flat, then over the last
+        ``decay_steps(length)`` steps a fall to min_lr, reached at the last step. Every WSD run is at the
+        same rate until its decay starts, whatever its length, which is what lets one stable run branch
+        a short decay off at any step and read the loss a WSD run of that length finishes at
+        (``npas.training.forks``). The decay's shape is ``1-sqrt`` by default: Hägele et al. (2024,
+        "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations") found that a
+        1 - sqrt cooldown of 10-20% of the run matches or beats cosine at every length and beats a
+        linear cooldown of the same length, because it keeps the rate high longer and drops it
+        steeply at the very end; ``linear`` is kept for comparison.
+        """
+        steps = self.steps if length is None else length
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
-        span = max(1, self.steps - self.warmup_steps)
+        if self.schedule == "wsd":
+            start = self.decay_start(steps)
+            if step < start:
+                return self.lr
+            progress = min(1.0, (step + 1 - start) / (steps - start))
+            fall = math.sqrt(progress) if self.decay_shape == "1-sqrt" else progress
+            return self.min_lr + (1.0 - fall) * (self.lr - self.min_lr)
+        span = max(1, steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - self.min_lr)
 
+    def decay_steps(self, length: int) -> int:
+        """WSD: steps of the decay of a run of ``length`` steps, ``decay_fraction`` of it, at least 1."""
+        return max(1, math.floor(self.decay_fraction * length + 0.5))
+
+    def decay_start(self, length: int) -> int:
+        """WSD: the first step of a run of ``length`` that decays; never inside the warmup."""
+        return min(length, max(self.warmup_steps, length - self.decay_steps(length)))
+
+    def fork_rungs(self) -> tuple[int, ...]:
+        """The run lengths a WSD run of this recipe scores, ascending, ending at ``steps``: the
+        explicit ``rungs``, else horizon/16, horizon/4 and horizon that a run of ``steps`` reaches past
+        its warmup; ``steps`` itself is always the last (the main run's own decay ends there)."""
+        if self.rungs is not None:
+            picked = {r for r in self.rungs if r <= self.steps}
+        else:
+            picked = {max(1, self.horizon // k) for k in (16, 4, 1)}
+            picked = {r for r in picked if self.warmup_steps < r <= self.steps}
+        return tuple(sorted(picked | {self.steps}))
+
     def with_steps(self, steps: int) -> Recipe:
-        """This recipe cut to (or extended to) ``steps``, keeping warmup and eval cadence valid."""
-        return Recipe.from_dict({**self.to_dict(), "steps": steps,
-                                 "warmup_steps": min(self.warmup_steps, steps),
-                                 "eval_every": min(self.eval_every, steps)})
+        """This recipe cut to (or extended to) ``steps``, keeping warmup, eval cadence and rungs valid."""
+        d = {**self.to_dict(), "steps": steps, "warmup_steps": min(self.warmup_steps, steps),
+             "eval_every": min(self.eval_every, steps)}
+        if self.rungs is not None:
+            d["rungs"] = [r for r in self.rungs if r <= steps] or None  # none left: the horizon's defaults
+        return Recipe.from_dict(d)
 
     def with_lr_factor(self, factor: float) -> Recipe:
         """This recipe at ``factor`` x its learning rate, the cosine floor scaled with it: a learning-rate
@@ -82,8 +152,15 @@ class Recipe:
         return Recipe.from_dict({**self.to_dict(), "lr": self.lr * factor, "min_lr": self.min_lr * factor})
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as plain data; the fields added after version 2 only where they differ from
+        their defaults, so every recipe that existed before them keeps its exact serialized form."""
         d = asdict(self)
         d["betas"] = list(self.betas)
+        for key in _LATER_FIELDS:
+            if d[key] == _FIELDS[key].default:
+                del d[key]
+        if d.get("rungs") is not None:
+            d["rungs"] = list(d["rungs"])
         return d
 
     @classmethod
@@ -105,9 +182,10 @@ class Recipe:
 
 
 _FIELDS = {f.name: f for f in fields(Recipe)}
+_LATER_FIELDS = ("horizon", "schedule", "decay_fraction", "decay_shape", "rungs")  # omitted at their defaults
 _INT_FIELDS = ("seq_len", "batch_size", "steps", "warmup_steps", "eval_every", "eval_batches", "seed",
-               "threads", "version")
-_FLOAT_FIELDS = ("lr", "min_lr", "weight_decay", "grad_clip", "val_fraction", "test_fraction")
+               "threads", "version", "horizon")
+_FLOAT_FIELDS = ("lr", "min_lr", "weight_decay", "grad_clip", "val_fraction", "test_fraction", "decay_fraction")
 
 
 def _is_int(v: Any) -> bool:
@@ -156,7 +234,7 @@ def validate(d: dict[str, Any]) -> list[str]:
             floats[key] = f
 
     for key, low in (("seq_len", 1), ("batch_size", 1), ("steps", 1), ("warmup_steps", 0),
-                     ("eval_every", 1), ("eval_batches", 1), ("seed", 0), ("threads", 0)):
+                     ("eval_every", 1), ("eval_batches", 1), ("seed", 0), ("threads", 0), ("horizon", 1)):
         if key in ints and ints[key] < low:
             problems.append(f"{key}: must be >= {low}, got {ints[key]}")
     if "version" in ints and ints["version"] > RECIPE_VERSION:
@@ -187,6 +265,8 @@ def validate(d: dict[str, Any]) -> list[str]:
         problems.append(f"parameterization: must be one of {', '.join(PARAMETERIZATIONS)}, got {par!r}"
                         f"{closest(str(par), PARAMETERIZATIONS)}")
 
+    problems.extend(_schedule_problems(get, ints, floats))
+
     betas = get("betas")
     if not (isinstance(betas, list | tuple) and len(betas) == 2
             and all(_as_float(b) is not None and 0 <= _as_float(b) < 1 for b in betas)):
@@ -200,6 +280,35 @@ def validate(d: dict[str, Any]) -> list[str]:
     data = get("data")
     if data is not None and not isinstance(data, str):
         problems.append(f"data: expected a path string or null, got {data!r}")
+    return problems
+
+
+def _schedule_problems(get: Any, ints: dict[str, int], floats: dict[str, float]) -> list[str]:
+    """The schedule's fields: its name, the WSD decay and the fork rungs."""
+    problems: list[str] = []
+    schedule = get("schedule")
+    if schedule not in SCHEDULES:
+        problems.append(f"schedule: must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+                        f"{closest(str(schedule), SCHEDULES)}")
+    shape = get("decay_shape")
+    if shape not in DECAY_SHAPES:
+        problems.append(f"decay_shape: must be one of {', '.join(DECAY_SHAPES)}, got {shape!r}"
+                        f"{closest(str(shape), DECAY_SHAPES)}")
+    if "decay_fraction" in floats and not 0 < floats["decay_fraction"] <= 1:
+        problems.append(f"decay_fraction: must be in (0, 1] (0.1-0.2 is usual), got {floats['decay_fraction']}")
+    rungs = get("rungs")
+    if rungs is None:
+        return problems
+    if not (isinstance(rungs, list | tuple) and rungs and all(_is_int(r) for r in rungs)):
+        problems.append(f"rungs: expected a list of step counts, e.g. [100, 400, 1600], got {rungs!r}")
+        return problems
+    if schedule != "wsd":
+        problems.append("rungs: only a wsd schedule is scored at rungs; add schedule: wsd or remove rungs")
+    low, high = ints.get("warmup_steps", 0), ints.get("steps")
+    bad = [r for r in rungs if r <= low or (high is not None and r > high)]
+    if bad:
+        problems.append(f"rungs: each must be past the warmup and at most steps ({low} < rung <= {high}), "
+                        f"got {', '.join(map(str, bad))}")
     return problems
 
 

@@ -32,7 +32,8 @@ from torch import nn
 from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
-from npas.training.proxy import Progress, ProxyResult, Report, train_model
+from npas.training.forks import train_model  # the recipe's schedule: cosine, or WSD with its forks
+from npas.training.proxy import Progress, ProxyResult, Report
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
 

@@ -1,6 +1,7 @@
 """bench/proxy_fidelity.py: --quick trains 4 candidates' proxy and 4x runs under both
-parameterizations, caches each run, reruns nothing the second time, and prints the side-by-side table
-with tau, its interval and a verdict; the time box and the statistics behave as documented."""
+parameterizations and one WSD run each, caches each run, reruns nothing the second time, and prints
+the side-by-side table with tau, its interval and a verdict, then the horizon rows; the time box and
+the statistics behave as documented."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ROW = r"\s+(\d\.\d{4}|div|-)\s+(\d\.\d{4}|div|-)\s+\d"  # proxy, long, seeds of 
 
 def _bench(*args: str) -> str:
     proc = subprocess.run([sys.executable, str(BENCH), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=900)  # 24 tiny runs and six bootstrapped rows; minutes on a loaded 2-core box
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -50,8 +51,9 @@ def pfr(pf):
 def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
-    assert len(runs) == 4 * 2 * 2 + 4  # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x
-    assert "ran 20, cached 0" in out
+    # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x, + one fair WSD run to T each
+    assert len(runs) == 4 * 2 * 2 + 4 + 4
+    assert "ran 24, cached 0" in out
     recs = [json.loads(p.read_text()) for p in runs]
     assert {"candidate", "kind", "seed", "parameterization", "val_loss", "test_loss", "code_version",
             "allocation", "recipe"} <= set(recs[0])
@@ -61,7 +63,12 @@ def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     long_seeds = {r["seed"] for r in recs if r["kind"] == "long"}
     assert proxy_seeds and long_seeds and not proxy_seeds & long_seeds  # fresh seeds for the long run
     steps = {r["kind"]: r["recipe"]["steps"] for r in recs}
-    assert steps["long"] == 4 * steps["proxy"] and steps["mid"] == 2 * steps["proxy"]
+    assert steps["long"] == 4 * steps["proxy"] and steps["mid"] == 2 * steps["proxy"] and steps["wsd"] == steps["long"]
+    wsd = [r for r in recs if r["kind"] == "wsd"]
+    assert len(wsd) == 4 and all(r["recipe"]["schedule"] == "wsd" and r["parameterization"] == "fair" for r in wsd)
+    assert all(list(r["rung_losses"]) == ["3", "6", "24"] and r["rung_losses"]["24"] == r["val_loss"]
+               for r in wsd if r["status"] == "ok")
+    assert all(r["tokens"] > r["steps"] * r["recipe"]["batch_size"] * r["recipe"]["seq_len"] for r in wsd)  # + forks
     assert {r["recipe"]["lr"] for r in recs} == {recs[0]["recipe"]["lr"]}  # same base lr
     assert all(r["test_loss"] is not None for r in recs if r["status"] == "ok" and r["kind"] == "long")
     for name in ("narrow_untied", "full_tying", "cycle_tying"):  # the space's baselines are candidates
@@ -70,18 +77,23 @@ def test_quick_runs_caches_and_reruns_nothing(tmp_path):
         assert re.search(rf"^{par}\s+Kendall tau over 4/4 candidates = [+-]\d\.\d{{3}} \[95% bootstrap "
                          r"(\S+), (\S+); 2000 resamples\] \| tau among the 4 best proxy = \S+ \| target tau "
                          r">= 0\.7 and lower bound > 0\.3: (PASS|MISS)$", out, re.M), out
+    for label in ("proxy 6", "fork 3", "fork 6", "wsd 24"):
+        assert re.search(rf"^{label}\s+tau over 4/4 = \S+ \[95% bootstrap \S+, \S+\] \| tau over \d+ resolvable "
+                         r"pairs = \S+ \| top-3 recall \d\.\d\d$", out, re.M), out
+    assert re.search(r"^target: delta tau \(fork 6 - proxy 6\) over 4/4 candidates = \S+ \[95% paired bootstrap "
+                     r"\S+, \S+; \d+ resamples\] above 0: (PASS|MISS)$", out, re.M), out
     again = _bench("--quick", "--out", str(tmp_path))
-    assert "ran 0, cached 20" in again
-    assert len(list(tmp_path.glob("*.json"))) == 20
+    assert "ran 0, cached 24" in again
+    assert len(list(tmp_path.glob("*.json"))) == 24
     assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
 
 
 def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
     assert not list(tmp_path.glob("*.json"))
-    assert "ran 0, cached 0; time box of 0 min: 20 runs not started" in out
+    assert "ran 0, cached 0; time box of 0 min: 24 runs not started" in out
     assert len(re.findall(r"  incomplete$", out, re.M)) == 4
-    assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 3  # fair, uniform and the 2x-steps row
+    assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 4  # fair, uniform, the 2x-steps row and the horizon target
 
 
 def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
@@ -90,7 +102,7 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
     cands = pf.candidates(space, 12)
     assert len(cands) == 12 and len({c.config.hash for c in cands}) == 12
     assert [c.name for c in cands[:3]] == list(space.baselines())
-    jobs = pf.jobs_of(setup, cands)
+    jobs = pf._table_jobs(setup, cands)  # the original table's runs, as before the horizon rows
     assert len(jobs) == 12 * 2 * 3 + 12  # + the 2x-steps row
     assert all(j.seed != setup.proxy.seed for j in jobs if j.kind == "long")
     assert setup.long.steps == 4 * setup.proxy.steps and setup.long.lr == setup.proxy.lr
@@ -113,8 +125,8 @@ def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
     assert setup.mid.steps == 2 * setup.proxy.steps and setup.mid.lr == setup.proxy.lr
     space = pf.load_space(pf.SPACE).bind(vocab_size=68)
     cands = pf.candidates(space, 12)
-    jobs = pf.jobs_of(setup, cands)
-    main = pf.jobs_of(pf.make_setup(False, None, 2, tmp_path, 2, proxy_repeats=1), cands)
+    jobs = pf._table_jobs(setup, cands)
+    main = pf._table_jobs(pf.make_setup(False, None, 2, tmp_path, 2, proxy_repeats=1), cands)
     extra = [j for j in jobs if j not in main]
     # the verdict's table first, untouched (its cache keys are unchanged), then the repeats, then the 2x row
     assert jobs[:72] == main[:72] and jobs[-12:] == main[-12:] and len(jobs) == len(main) + 12
@@ -127,7 +139,8 @@ def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
 def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
-    assert len(recs) == 4 * 2 * 3 + 4 + 4  # + one more fair proxy seed per candidate, + fair at 2x steps
+    # + one more fair proxy seed per candidate, + fair at 2x steps, + one fair WSD run each
+    assert len(recs) == 4 * 2 * 3 + 4 + 4 + 4
     extra = [r for r in recs if r["kind"] == "proxy" and r["seed"] == 2]
     assert len(extra) == 4 and {r["parameterization"] for r in extra} == {"fair"}
     assert "proxy repeats (fair): seeds [0, 2]" in out
@@ -149,6 +162,59 @@ def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
     assert re.search(r"^fair R=2\s+Kendall tau over 4/4 candidates = .*: (PASS|MISS)$", out, re.M), out
     assert re.search(r"^fair R=2\s+seed noise of the proxy: mean within-candidate std \d\.\d{4} nats over 4 ",
                      out, re.M), out
+
+
+def test_horizon_rows_add_24_candidates_fair_only_and_leave_the_table_as_it_was(pf, tmp_path):
+    """The default bench: the first 12 candidates are the 12 the table always had, with the same runs
+    and keys; the 12 added ones get the fair proxy and long seeds; each of the 24 one WSD run to T,
+    forked at T/16 and T/4, keyed apart from every cosine run."""
+    setup = pf.make_setup(False, None, None, tmp_path, 2)
+    assert setup.n_candidates == 24 and setup.n_full == 12
+    assert setup.wsd.steps == setup.long.steps == 1600 and setup.wsd.fork_rungs() == (100, 400, 1600)
+    assert setup.wsd.schedule == "wsd" and setup.wsd.lr == setup.proxy.lr and setup.wsd.horizon == 1600
+    space = pf.load_space(pf.SPACE).bind(vocab_size=68)
+    cands = pf.candidates(space, 24)
+    assert len({c.config.hash for c in cands}) == 24
+    assert [c.config.hash for c in cands[:12]] == [c.config.hash for c in pf.candidates(space, 12)]
+    jobs = pf.jobs_of(setup, cands)
+    table = pf._table_jobs(setup, cands[:12])
+    assert jobs[:len(table)] == table
+    horizon = jobs[len(table):]
+    assert {(j.kind, j.parameterization) for j in horizon} == {("proxy", "fair"), ("long", "fair"), ("wsd", "fair")}
+    assert sorted(j.cand.name for j in horizon if j.kind == "wsd") == sorted(c.name for c in cands)
+    added = {c.name for c in cands[12:]}
+    assert {j.cand.name for j in horizon if j.kind != "wsd"} == added
+    assert sum(j.kind == "long" for j in horizon) == 12 * 2 and sum(j.kind == "proxy" for j in horizon) == 12
+    keys = [j.key(setup, "v") for j in jobs]
+    assert len(set(keys)) == len(keys)
+    wsd = next(j for j in horizon if j.kind == "wsd")
+    assert wsd.key(setup, "v").endswith(f"-proxy-wsd-1600-s0-fair-v-{pf.files_version(pf.WSD_VERSIONED)}")
+    # a WSD run costs its T steps plus its two forks' decays (20 + 80 steps)
+    assert wsd.tokens(setup) == (1600 + 20 + 80) * setup.proxy.tokens_per_step
+
+
+def test_delta_target_is_a_paired_bootstrap_over_candidates(pfr, capsys):
+    names = [f"c{i}" for i in range(12)]
+    target = {n: float(i) for i, n in enumerate(names)}
+    good = dict(target)  # a row that ranks exactly like the target
+    noisy = {n: float((i * 7) % 12) for i, n in enumerate(names)}  # a scrambled row
+    up = pfr._delta_target(good, noisy, target, 12, "fork 400", "proxy 400")
+    assert up["delta"] > 0.5 and up["low"] > 0 and up["verdict"] == "PASS"
+    same = pfr._delta_target(good, good, target, 12, "fork 400", "proxy 400")
+    assert same["delta"] == 0 and same["low"] == same["high"] == 0 and same["verdict"] == "MISS"
+    part = pfr._delta_target({n: v for n, v in good.items() if n != "c0"}, noisy, target, 12, "a", "b")
+    assert part["n"] == 11 and part["verdict"] == "INCOMPLETE"
+    assert "target: delta tau (fork 400 - proxy 400) over 12/12 candidates = " in capsys.readouterr().out
+
+
+def test_resolvable_tau_counts_only_pairs_beyond_the_noise(pfr):
+    x = [1.0, 2.0, 3.0, 4.0]
+    y = [1.0, 1.05, 3.0, 2.9]  # (0,1) and (2,3) are inside 2 x 0.1; (2,3) is also discordant
+    tau, n = pfr._resolvable_tau(x, y, 0.1)
+    assert n == 4 and tau == pytest.approx(1.0)
+    tau_all, n_all = pfr._resolvable_tau(x, y, 0.0)
+    assert n_all == 6 and tau_all == pytest.approx(4 / 6)
+    assert pfr._resolvable_tau(x, y, None) == (pytest.approx(math.nan, nan_ok=True), 0)
 
 
 def test_ceiling_is_tau_between_the_long_seeds(pfr, capsys):

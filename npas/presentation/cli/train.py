@@ -73,7 +73,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     acc = count(cfg)
     print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params){what} on {corpus.source}, "
-          f"recipe {recipe.name}: {recipe.steps} steps x {recipe.tokens_per_step:,} tokens -> {out}")
+          f"{recipe.describe()} -> {out}")
     bar = tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
     post: dict[str, str] = {}
 
