@@ -347,9 +347,14 @@ def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str,
     jobs = jobs_of(setup, cands)
     have = [(setup.out / f"{j.key(setup, version)}.json").exists() for j in jobs]
     is_verdict = [j.kind == "long" or (j.kind == "proxy" and j.seed == setup.proxy.seed) for j in jobs]
+    known = {j.key(setup, version) for j in jobs}
     others: dict[str, int] = {}
     for p in setup.out.glob("*.json"):
-        v = p.stem.rsplit("-", 1)[-1]
+        if p.stem in known:
+            continue
+        head, v = p.stem.rsplit("-", 1)
+        if head.endswith(f"-{version}"):  # a WSD run at this code version but other fork/schedule code
+            v = f"{version}+wsd {v}"
         if v != version:
             others[v] = others.get(v, 0) + 1
     other = ", ".join(f"{n} of code version {v}" for v, n in sorted(others.items())) or "none"

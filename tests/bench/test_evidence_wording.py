@@ -174,14 +174,19 @@ def test_proxy_fidelity_counts_its_cache_by_code_version(pf, tmp_path, capsys):
     setup = pf.make_setup(True, None, None, tmp_path, 1, 2)
     cands = [types.SimpleNamespace(name=f"c{i}", config=types.SimpleNamespace(hash=f"h{i}"), flops=100 + i)
              for i in range(3)]
-    jobs = pf.jobs_of(setup, cands)  # 3 x (2 proxy + 2 long) verdict runs, 3 repeats + 3 mid diagnostics
+    jobs = pf.jobs_of(setup, cands)  # 3 x (2 proxy + 2 long) verdict runs; 3 repeats + 3 mid + 3 WSD diagnostics
     for j in jobs[:5] + [j for j in jobs if j.kind == "mid"][:1]:
         (tmp_path / f"{j.key(setup, 'v1')}.json").write_text("{}")
     (tmp_path / f"{jobs[0].key(setup, 'v0')}.json").write_text("{}")
+    wsd = next(j for j in jobs if j.kind == "wsd")  # a cached WSD run is no other code version's file ...
+    (tmp_path / f"{wsd.key(setup, 'v1')}.json").write_text("{}")
+    stale = wsd.key(setup, "v1").rsplit("-", 1)[0] + "-0123456789"  # ... unless its fork code was another
+    (tmp_path / f"{stale}.json").write_text("{}")
     counts = pf.print_cache(setup, cands, "v1")
-    assert counts == {"version": "v1", "cached": 6, "jobs": 18, "other_versions": {"v0": 1}}
-    assert re.search(r": 6 of 18 runs at code version v1 \(5 of 12 for the verdict rows, 1 of 6 diagnostics\); "
-                     r"other files in the folder, not read: 1 of code version v0$", capsys.readouterr().out, re.M)
+    assert counts == {"version": "v1", "cached": 7, "jobs": 21, "other_versions": {"v0": 1, "v1+wsd 0123456789": 1}}
+    assert re.search(r": 7 of 21 runs at code version v1 \(5 of 12 for the verdict rows, 2 of 9 diagnostics\); "
+                     r"other files in the folder, not read: 1 of code version v0, 1 of code version v1\+wsd 0123456789$",
+                     capsys.readouterr().out, re.M)
 
 
 def test_proxy_fidelity_prints_the_flops_spread_and_compares_a_partial_row_on_the_same_candidates(pf, capsys):
