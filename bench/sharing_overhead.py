@@ -32,6 +32,7 @@ same k is timed against the global pool (target <= 1.15x).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -157,8 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="VARIANT", help="time only these variants (default: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2; --quick uses 1)")
     ap.add_argument("--quick", action="store_true", help="small shape, 3 rounds of 1 step, 1 thread: a smoke run")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences per batch (default 16, --quick 4); the pool-size row needs enough tokens per "
+                         "expert for the routed work to outweigh the per-expert work (see the module docstring)")
     args = ap.parse_args(argv)
     shape = QUICK if args.quick else FULL
+    if args.batch is not None:
+        if args.batch < 1:
+            ap.error(f"--batch must be >= 1, got {args.batch}")
+        shape = dataclasses.replace(shape, batch=args.batch)
     if args.quick:
         # one thread: a smoke run must not stall when other jobs hold the cores (OpenMP oversubscription)
         args.rounds, args.steps, args.warmup, args.threads = 3, 1, 1, 1
