@@ -235,9 +235,13 @@ def _auth_refused_hint() -> str:
     """What to do about a refused token, from what this driver sent."""
     from npas.service import ray_adapter
 
-    if not ray_adapter.token_auth_enabled():
+    try:
+        sent, held = ray_adapter.token_auth_enabled(), ray_adapter.token_available()
+    except Exception:  # an unreadable token file: the general advice
         return AUTH_HINT
-    if not ray_adapter.token_available():
+    if not sent:
+        return AUTH_HINT
+    if not held:
         return ("RAY_AUTH_MODE=token is set but this machine has no Ray token: copy the head's "
                 "~/.ray/auth_token here or set RAY_AUTH_TOKEN")
     return ("this machine's Ray token (~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) is not the "
