@@ -100,3 +100,12 @@ def test_cluster_record_follows_rays_temp_dir(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name", [adapter.AUTH_NOTICE_LOGGER, adapter.WORKER_LOGGER])
 def test_quieted_loggers_name_rays_modules(name):
     assert importlib.util.find_spec(name) is not None, f"{name} moved: npas no longer quiets its notice"
+
+
+def test_no_private_ray_outside_the_adapter():
+    """Every private Ray call goes through the adapter, so the checks above cover them all."""
+    private = re.compile(r"\bray\._(?!adapter)\w+|from ray\._\w+|import ray\._\w+")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "npas").rglob("*.py"))
+             if path.name != "ray_adapter.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert not found, f"private Ray APIs outside npas/service/ray_adapter.py: {found}"
