@@ -41,9 +41,10 @@ from npas.allocation.config import ExpertPool
 
 # device type -> whether F.grouped_mm ran there; set on first use, a failure falls back to the loop
 GROUPED_MM: dict[str, bool] = {}
-# defer a pool's weight gradients (CPU only) when a layer routes fewer rows than this per expert: at 32
-# rows an expert, deferring took a 4x pool's step from 1.34x to 1.19x the pool's; at 128 it cost ~6%
-# (bench/sharing_overhead.py shapes, CPU time on 1 thread; the measurements are in the commit)
+# defer a pool's weight gradients (CPU only) when a layer routes fewer rows than this per expert. On the
+# bench/sharing_overhead.py shapes (d 128, w 512, 8 layers, 1 thread, CPU time on a loaded machine):
+# mixture fwd+bwd of a 64-expert pool at 32 rows an expert 845 -> 771 ms; the 16-expert pool at 128
+# rows an expert 583 -> 619 ms (slower), hence the cut between them
 DEFER_BELOW = 64
 
 
