@@ -26,12 +26,16 @@ Each runs k experts per layer of width d_ff / k, so its activated FLOPs per toke
 reference's plus the routers' scores (FLOP ratio printed): the reference *is* the dense model of
 equal activated FLOPs, and the ratio to it is the price of routing and sparse dispatch (target
 <= 1.5x on CPU). Step time must grow with k, not with pool size: the global pool 4x larger at the
-same k is timed against the global pool (target <= 1.15x).
+same k is timed against the global pool (target <= 1.15x). That row depends on the tokens each expert
+sees: what a larger pool adds per step (its weight gradients and AdamW state, the routers' scores,
+smaller per-expert matmuls) is per expert, what the experts compute is per token; `--batch 64`
+gives the 4x pool 128 rows an expert a layer instead of 32.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -157,8 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="VARIANT", help="time only these variants (default: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2; --quick uses 1)")
     ap.add_argument("--quick", action="store_true", help="small shape, 3 rounds of 1 step, 1 thread: a smoke run")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences per batch (default 16, --quick 4); the pool-size row needs enough tokens per "
+                         "expert for the routed work to outweigh the per-expert work (see the module docstring)")
     args = ap.parse_args(argv)
     shape = QUICK if args.quick else FULL
+    if args.batch is not None:
+        if args.batch < 1:
+            ap.error(f"--batch must be >= 1, got {args.batch}")
+        shape = dataclasses.replace(shape, batch=args.batch)
     if args.quick:
         # one thread: a smoke run must not stall when other jobs hold the cores (OpenMP oversubscription)
         args.rounds, args.steps, args.warmup, args.threads = 3, 1, 1, 1
@@ -240,8 +251,11 @@ def print_experts(cfgs: dict[str, ArchConfig], ratios: dict[str, list[float]], t
     if {"experts_global_k1", "experts_global4x_k1"} <= set(cfgs):
         # both ratios are paired with the same reference blocks: their quotient cancels the machine's drift
         pool = statistics.median(ratios["experts_global4x_k1"]) / statistics.median(ratios["experts_global_k1"])
+        rows = shape.batch * shape.seq_len * cfgs["experts_global_k1"].experts.top_k
+        sizes = [cfgs[n].experts.pool_sizes[0] for n in ("experts_global_k1", "experts_global4x_k1")]
         print(f"pool size: global pool 4x larger at the same k = {pool:.3f}x the step time "
               f"(target <= {POOL_SIZE_TARGET:.2f}x) {'PASS' if pool <= POOL_SIZE_TARGET else 'MISS'}")
+        print(f"  at {rows / sizes[0]:.0f} vs {rows / sizes[1]:.0f} rows an expert a layer (--batch sets them)")
     if {"experts_global_k1", "experts_global_k2"} <= set(cfgs):
         k2 = statistics.median(ratios["experts_global_k2"]) / statistics.median(ratios["experts_global_k1"])
         print(f"top-k: k=2 (experts half as wide, same FLOPs) = {k2:.3f}x the step time of k=1")

@@ -26,7 +26,9 @@ from npas.errors import RayError
 log = logging.getLogger(__name__)
 
 RUNS_DIR = Path("trials") / "runs"  # scratch: Tune's experiment directories and `npas train` outputs
-RAY_TEMP = Path("/tmp/ray")  # Ray's default temp dir; `ray start` records the head it started here
+# where `ray start` records the head it started; None: Ray's default temp dir ($RAY_TMPDIR, $TMPDIR or
+# /tmp, then ray/), as `ray.init(address="auto")` reads it (tests point it elsewhere)
+RAY_TEMP: Path | None = None
 AUTH_HINT = ("the cluster uses token authentication: set RAY_AUTH_MODE=token for this driver too "
              "(the token is read from ~/.ray/auth_token or RAY_AUTH_TOKEN, as on the cluster's nodes)")
 
@@ -54,9 +56,7 @@ def _drop_auth_enabled_notice(record: logging.LogRecord) -> bool:
 def _init_ray(address: str | None, num_cpus: int | None) -> None:
     import ray
 
-    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    if _drop_auth_enabled_notice not in notice.filters:
-        notice.addFilter(_drop_auth_enabled_notice)
+    _quiet_auth_notice()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     try:
@@ -78,6 +78,14 @@ def _init_ray(address: str | None, num_cpus: int | None) -> None:
         hint = ("start a head with `ray start --head` (and RAY_AUTH_MODE=token on joining nodes), or omit "
                 "--ray-address to run locally") if address else "check free memory and /tmp space"
         raise RayError(f"cannot start or reach {where}: {' '.join(str(e).split())[:200]}; {hint}") from None
+
+
+def _quiet_auth_notice() -> None:
+    from npas.service.ray_adapter import AUTH_NOTICE_LOGGER
+
+    notice = logging.getLogger(AUTH_NOTICE_LOGGER)
+    if _drop_auth_enabled_notice not in notice.filters:
+        notice.addFilter(_drop_auth_enabled_notice)
 
 
 def _is_auth_error(e: BaseException) -> bool:
@@ -110,7 +118,9 @@ class _EarlyStart:
 
     def _main(self) -> None:
         try:
-            quiet = logging.getLogger("ray._private.worker")  # "SIGTERM handler is not set ...": npas sets its own
+            from npas.service.ray_adapter import WORKER_LOGGER
+
+            quiet = logging.getLogger(WORKER_LOGGER)  # "SIGTERM handler is not set ...": npas sets its own
             level = quiet.level
             quiet.setLevel(logging.ERROR)
             try:
@@ -149,7 +159,12 @@ def resolve_address(address: str) -> tuple[str, str]:
     env = os.environ.get("RAY_ADDRESS", "")
     if env and env != "auto":
         return env, "RAY_ADDRESS"
-    record = RAY_TEMP / "ray_current_cluster"
+    if RAY_TEMP is None:
+        from npas.service.ray_adapter import cluster_record
+
+        record = cluster_record()
+    else:
+        record = RAY_TEMP / "ray_current_cluster"
     try:
         recorded = record.read_text().strip()
     except OSError:
@@ -181,25 +196,76 @@ def check_address_reachable(address: str, timeout_s: float = 5.0) -> None:
                        f"with `ray start --head --port {port}`, fix the address, or omit --ray-address to run "
                        f"locally") from None
     if not target.startswith("ray://"):
+        if origin.startswith("the cluster record"):
+            authenticate_like_a_node()
         _probe_gcs(f"{host}:{port}", origin)
+
+
+def authenticate_like_a_node() -> bool:
+    """Token authentication for this driver when RAY_AUTH_MODE is unset and this machine holds a Ray
+    token; returns whether the driver now sends its token.
+
+    Ray does the same for `ray start --head` and for `ray.init(address="auto")` when the address comes
+    from the cluster record, and npas calls this only then, so the driver of a cluster started on this
+    machine connects as its nodes do, with no RAY_AUTH_MODE to remember. The check must come before
+    the probe below (Ray would turn auth on only later, inside `ray.init`). An address the user
+    named (--ray-address host:port, RAY_ADDRESS) is left to RAY_AUTH_MODE, as Ray leaves it: the
+    token goes only to a head this machine started or joined, or where the user said to send it.
+    RAY_AUTH_MODE=disabled (or anything set) is the user saying otherwise, and is kept.
+    """
+    from npas.service import ray_adapter
+
+    mode = os.environ.get(ray_adapter.AUTH_MODE_ENV)
+    if mode is not None:
+        return mode.lower() == "token"
+    try:
+        available = ray_adapter.token_available()
+    except Exception as e:  # Ray's loader raises AuthenticationError on a token file it cannot read
+        raise RayError(f"cannot read this machine's Ray token: {' '.join(str(e).split())[:160]}; fix "
+                       f"~/.ray/auth_token (or RAY_AUTH_TOKEN_PATH), or set RAY_AUTH_MODE=disabled for a "
+                       f"cluster without authentication") from None
+    if not available:
+        return False
+    ray_adapter.enable_token_auth()
+    _quiet_auth_notice()  # ray.init later sees the mode set and says nothing; quiet it in case it does
+    return True
+
+
+def _auth_refused_hint() -> str:
+    """What to do about a refused token, from what this driver sent."""
+    from npas.service import ray_adapter
+
+    try:
+        sent, held = ray_adapter.token_auth_enabled(), ray_adapter.token_available()
+    except Exception:  # an unreadable token file: the general advice
+        return AUTH_HINT
+    if not sent:
+        return AUTH_HINT
+    if not held:
+        return ("RAY_AUTH_MODE=token is set but this machine has no Ray token: copy the head's "
+                "~/.ray/auth_token here or set RAY_AUTH_TOKEN")
+    return ("this machine's Ray token (~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) is not the "
+            "cluster's: copy the head's ~/.ray/auth_token here")
 
 
 def _probe_gcs(hostport: str, origin: str, timeout_ms: int = 5000) -> None:
     """Ask the cluster's GCS for its id, as `ray.init` does first, but once and with a deadline:
     `ray.init` retries a refused token for ~20 s and then reports only "Failed to connect".
 
-    `InnerGcsClient.standalone` is Ray's own client (private; no public call does one bounded
-    request). Its C++ core logs each failed attempt straight to stderr; that one line is silenced
-    here because npas reports the failure itself, in one line.
+    The request is `npas.service.ray_adapter.probe_gcs` (a private Ray client; no public call does
+    one bounded request). Its C++ core logs each failed attempt straight to stderr; that one line is
+    silenced here because npas reports the failure itself, in one line.
     """
-    from ray._raylet import InnerGcsClient
     from ray.exceptions import AuthenticationError
+
+    from npas.service.ray_adapter import probe_gcs
 
     try:
         with _stderr_silenced():
-            InnerGcsClient.standalone(hostport, None, timeout_ms)
+            probe_gcs(hostport, timeout_ms)
     except AuthenticationError:
-        raise RayError(f"Ray at {hostport} (from {origin}) refused this driver's token; {AUTH_HINT}") from None
+        raise RayError(f"Ray at {hostport} (from {origin}) refused this driver's token; "
+                       f"{_auth_refused_hint()}") from None
     except Exception as e:
         raise RayError(f"Ray at {hostport} (from {origin}) does not answer as a Ray head: "
                        f"{' '.join(str(e).split())[:160]}; check the address, or omit --ray-address to run "
