@@ -153,15 +153,6 @@ def test_the_record_round_trips_learned_and_old_records_load():
 
 
 # ---- real searches: the similarity from --init-from, or from one pretraining ----------------
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 TINY_LEARNED = space_text("  tying: {mode: learned, unique_blocks: [2, 3]}\n", n_layers=4)
 
 

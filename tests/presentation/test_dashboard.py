@@ -37,8 +37,6 @@ from npas.presentation.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.service.driver import search
-from npas.service.launch import Launch
 from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study import front_trials, is_full_fidelity, status
 from tests.conftest import ROOT
@@ -52,18 +50,9 @@ needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() and os.environ.get("CI
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One small real search (real Ray, real SQLite): (study, storage url)."""
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        url = f"sqlite:///{tmp_path_factory.mktemp('db')}/npas.db"
-        st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                    launch=Launch(workers=2, early_stop=False))
-    finally:
-        ray.shutdown()
-    return st, url
+def smoke(smoke_study):
+    """One small real search (real Ray, real SQLite): (study, storage url); the session's shared one."""
+    return smoke_study
 
 
 def npas_attrs(study: optuna.Study) -> None:

@@ -39,26 +39,8 @@ STORAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def storage_url(kind: str, tmp_path) -> str:
     return f"sqlite:///{tmp_path}/npas.db" if kind == "sqlite" else PG_URL
-
-
-@pytest.fixture(scope="module")
-def smoke_study(ray_local, tmp_path_factory):
-    """One small real search, shared by the read-only tests below."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('db')}/npas.db"
-    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                launch=Launch(workers=2, early_stop=False))
-    return st, url
 
 
 @pytest.mark.parametrize("kind", STORAGES)
