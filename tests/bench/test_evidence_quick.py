@@ -217,6 +217,7 @@ def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(scri
     assert "study" not in proc.stdout.split("plan:", 1)[1]  # no search was started
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--steps", "4",
                            "--arms", "untied,cycle U=2 r=16", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,

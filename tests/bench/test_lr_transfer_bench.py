@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 ARMS = ("reference", "untied_L1", "untied_L4", "untied_d8", "untied_d32", "tied_full", "tied_cycle2",
@@ -21,6 +23,7 @@ def _bench(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a bench --quick sweep that trains in a subprocess
 def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))

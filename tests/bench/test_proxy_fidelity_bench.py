@@ -47,6 +47,7 @@ def pfr(pf):
     return importlib.import_module("bench.proxy_fidelity_report")
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
@@ -124,6 +125,7 @@ def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
     assert len({j.key(setup, "v") for j in jobs}) == len(jobs)  # no two runs share a cache file
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]

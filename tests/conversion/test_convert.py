@@ -303,6 +303,7 @@ def _train_tiny(out: Path, steps: int, seed: int = 0) -> float:
     return train_allocation(reference_config(npas.load_space(TINY).reference_chassis), recipe, corpus, out).val_loss
 
 
+@pytest.mark.slow  # two trainings (200 + 20 steps) and a real search on Ray
 def test_search_init_from_starts_trials_from_the_model_and_pins_it(ray_local, tmp_path: Path) -> None:
     import npas
     from npas.conversion.directory import fingerprint_weights

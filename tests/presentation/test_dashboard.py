@@ -286,6 +286,7 @@ def test_report_is_one_self_contained_file(smoke_page):
     assert 'id="trials-table"' in text and [p.name for p in smoke_page.parent.iterdir()] == ["index.html"]
 
 
+@pytest.mark.slow  # a real browser or server process
 @needs_chromium
 def test_report_loads_in_chromium_with_every_image_and_sorts(smoke, smoke_page, tmp_path):
     st, page = smoke[0], smoke_page
@@ -301,6 +302,7 @@ def test_report_loads_in_chromium_with_every_image_and_sorts(smoke, smoke_page, 
     print(f"dashboard screenshot: {shot}")
 
 
+@pytest.mark.slow  # a real browser or server process
 @needs_chromium
 @pytest.mark.parametrize("kind", ["empty", "failed-only"])
 def test_a_study_with_nothing_complete_still_gets_a_page(kind, tmp_path):
@@ -346,6 +348,7 @@ def test_live_without_the_extra_says_how_to_install_it(failed_db, tmp_path, monk
         dashboard._server()
 
 
+@pytest.mark.slow  # a real browser or server process
 def test_live_serves_optuna_dashboard_on_the_same_storage(failed_db, tmp_path):
     pytest.importorskip("optuna_dashboard")
     with socket.socket() as s:

@@ -24,6 +24,7 @@ MECHANISMS = {
 }
 
 
+@pytest.mark.slow  # three real searches on the six-layer mechanism spaces
 @pytest.mark.parametrize("name", list(MECHANISMS))
 def test_search_on_the_mechanism_space_runs_and_its_pick_rebuilds_exactly(name, ray_local, tmp_path):
     baseline, uses = MECHANISMS[name]

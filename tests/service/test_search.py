@@ -112,6 +112,7 @@ def npas_cli(*args, env=None):
                           cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_cli_front_studies_export(smoke_study, tmp_path):
     _, url = smoke_study
     out = npas_cli("front", "smoke", "--storage", url, "--format", "csv")
@@ -124,6 +125,7 @@ def test_cli_front_studies_export(smoke_study, tmp_path):
     assert (tmp_path / "b.yaml").exists()
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 @pytest.mark.parametrize("args, fragment", [
     (["front", "nope", "--storage", "sqlite:///{tmp}/x.db"], "no database at"),  # read-only: creates nothing
     (["studies", "--storage", "sqlite:///{tmp}/typo/x.db"], "no database at"),
@@ -149,6 +151,7 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_pa
     assert not (tmp_path / "x.db").exists() and not (tmp_path / "typo").exists()
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_cli_search_refreshes_the_dashboard_and_prints_the_front(tmp_path):
     url = f"sqlite:///{tmp_path}/d.db"
     out = npas_cli("search", str(TINY), "--recipe", FAST, "--trials", "2", "--study", "dash", "--storage", url,
@@ -165,6 +168,7 @@ def test_front_of_an_unknown_study_lists_what_is_there(smoke_study):
     assert out.returncode == 2 and "no study 'nope'" in out.stderr and "smoke" in out.stderr
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_the_final_line_never_shows_a_secret_of_the_url(ray_local, tmp_path):
     """SQLite ignores the query string, so a password there reaches every message that shows the URL."""
     url = f"sqlite:///{tmp_path}/q.db?password=s3cr3t&auth_token=t0k3n"
@@ -175,6 +179,7 @@ def test_the_final_line_never_shows_a_secret_of_the_url(ray_local, tmp_path):
     assert "s3cr3t" not in out.stdout + out.stderr and "t0k3n" not in out.stdout + out.stderr
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_a_joiner_keeps_the_study_settings_or_is_refused(ray_local, tmp_path, caplog):
     """The stored settings are the truth: a second `search --study` matches them or is refused, and
     the trial target is the study's unless --trials sets it (which is logged)."""
