@@ -69,6 +69,7 @@ def test_gpu_efficiency_runs_its_code_path_on_cpu_and_rechecks_the_saved_h200_ru
     assert m[2] == ("PASS" if max(abs(x - 1) for x in big) <= 0.25 else "MISS")
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_evidence_export_lists_missing_runs_as_specs_and_writes_no_report(tmp_path: Path):
     import os
 

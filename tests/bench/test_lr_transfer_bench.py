@@ -48,6 +48,7 @@ def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     assert again.split("mean final val loss")[1] == out.split("mean final val loss")[1]
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_plan_estimates_cpu_hours_without_training(tmp_path):
     out = _bench("--plan", "--out", str(tmp_path))
     m = re.search(r"^plan: (\d+) runs x ([\d,]+) tokens = \d+M tokens -> ~([\d.]+) CPU-hours", out, re.M)

@@ -77,6 +77,7 @@ def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
     assert not list(tmp_path.glob("*.json"))

@@ -45,6 +45,7 @@ def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(t
     assert len(list(tmp_path.glob("*.json"))) == 6
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_an_unknown_arm_is_refused_in_one_line_before_anything_trains(tmp_path):
     proc = _bench("--quick", "--out", str(tmp_path), "--arms", "narrow_untied,bogus")
     assert proc.returncode == 2 and "choose from narrow_untied" in proc.stderr.splitlines()[-1]

@@ -162,6 +162,7 @@ def test_cli_search_refreshes_the_dashboard_and_prints_the_front(tmp_path):
     assert "dash" in page and "<img" in page
 
 
+@pytest.mark.slow  # an `npas` subprocess
 def test_front_of_an_unknown_study_lists_what_is_there(smoke_study):
     _, url = smoke_study
     out = npas_cli("front", "nope", "--storage", url)

@@ -127,13 +127,14 @@ def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
     ray = shutil.which("ray", path=str(os.path.dirname(sys.executable)))
     # RAY_TMPDIR: this test's cluster record and sessions stay out of /tmp/ray, where others would find them
     env = {**os.environ, "RAY_TMPDIR": tmp}
+    token = {**env, "RAY_AUTH_MODE": "token"}  # `ray start` turns token auth on; its own clients need it said
     port = free_port()
-    head = ray_node("--head", "--port", str(port), "--include-dashboard", "false", env=env,
+    head = ray_node("--head", "--port", str(port), "--include-dashboard", "false", env=token,
                     log=tmp_path / "head.log", temp_dir=os.path.join(tmp, "ray"))
     try:
         address = f"127.0.0.1:{port}"
-        wait_until(lambda: subprocess.run([ray, "status", "--address", address], env=env,
-                                          capture_output=True).returncode == 0, 120, "the Ray head")
+        wait_until(lambda: subprocess.run([ray, "status", "--address", address], env=token,
+                                          capture_output=True).returncode == 0, 180, "the Ray head")
         assert os.path.exists(os.path.join(tmp, "ray", "ray_current_cluster"))  # what a bare ray.init() reads
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                               "tests/presentation/test_dashboard.py", "-k", "pareto_info_points or taper_and_curves"],
