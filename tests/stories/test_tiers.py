@@ -132,10 +132,11 @@ def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
     head = ray_node("--head", "--port", str(port), "--include-dashboard", "false", env=token,
                     log=tmp_path / "head.log", temp_dir=os.path.join(tmp, "ray"))
     try:
-        address = f"127.0.0.1:{port}"
+        address, record = f"127.0.0.1:{port}", os.path.join(tmp, "ray", "ray_current_cluster")
         wait_until(lambda: subprocess.run([ray, "status", "--address", address], env=token,
                                           capture_output=True).returncode == 0, 180, "the Ray head")
-        assert os.path.exists(os.path.join(tmp, "ray", "ray_current_cluster"))  # what a bare ray.init() reads
+        wait_until(lambda: os.path.exists(record) or head.poll() is not None, 120, "the head's cluster record")
+        assert os.path.exists(record), (tmp_path / "head.log").read_text()[-3000:]  # what a bare ray.init() reads
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                               "tests/presentation/test_dashboard.py", "-k", "pareto_info_points or taper_and_curves"],
                              cwd=ROOT, env={**env, "RAY_ADDRESS": address}, capture_output=True, text=True,
