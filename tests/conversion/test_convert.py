@@ -183,6 +183,7 @@ def _full_space_candidates(n: int) -> list[ArchConfig]:
     return out
 
 
+@pytest.mark.slow  # 20 full-space candidates converted and scored
 def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -> None:
     x, y = text_batch
     from npas.conversion.calibration import calibration_ids
@@ -211,6 +212,7 @@ def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -
     assert {"banks", "atoms", "lora", "experts", "narrow"} <= seen  # the sample exercised every mechanism
 
 
+@pytest.mark.slow  # `npas convert` (which evaluates what it wrote) and `npas sample` through the CLI
 def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_path: Path, capsys) -> None:
     alloc = _alloc(mlp_widths=(320, 320, 288, 256, 256, 224, 192, 192), block_of_layer=(0, 1, 0, 1, 2, 3, 2, 3),
                    lora_attn=(8,) * L, lora_mlp=(4,) * L)
@@ -230,6 +232,7 @@ def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_pa
     assert len(capsys.readouterr().out) >= 30
 
 
+@pytest.mark.slow  # three `npas convert` runs and four samples through the CLI
 def test_cli_tie_init_quiet_and_sample_temperature(dense, dense_dir: Path, tmp_path: Path, capsys) -> None:
     """`--tie-init` reaches the conversion (the shared weight is layer 1's or the mean of its layers),
     `--quiet` drops the per-tensor provenance but keeps the summary, and `npas sample --temperature 0`

@@ -35,7 +35,7 @@ NEEDS_PG = needs(reachable(PG_URL), f"no PostgreSQL server at {PG_URL}")  # prob
 
 STORAGES = [
     pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=NEEDS_PG),
+    pytest.param("postgresql", id="postgresql", marks=[NEEDS_PG, pytest.mark.slow]),  # the slow tier: a real server
 ]
 
 

@@ -80,8 +80,8 @@ def test_the_two_tiers_partition_the_suite():
 
 # ---- isolation from a Ray cluster of the contributor's --------------------------------------------
 def _ray_init_calls(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, source) of every `ray.init(...)` in the module, also inside string literals (code that a
-    test runs in a subprocess)."""
+    """(line, source) of every call of Ray's init in the module, also inside string literals (code that
+    a test runs in a subprocess)."""
     calls = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "init" \
@@ -116,7 +116,7 @@ def test_conftest_drops_ray_address_for_the_session():
 @pytest.mark.slow  # a Ray head and a pytest run with a real search: about a minute
 def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
     """`ray start --head` as a contributor runs it (default settings, the cluster recorded in Ray's temp
-    dir where a bare `ray.init()` finds it) and RAY_ADDRESS exported for it: the dashboard tests, whose
+    dir, where Ray's init finds it when given no address) and RAY_ADDRESS exported for it: the dashboard tests, whose
     shared search once joined that cluster and failed, still pass."""
     import shutil
     import tempfile
