@@ -181,7 +181,7 @@ def real_mode(trials: int, seed: int) -> None:
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="npas-seff-") as d:
         os.chdir(d)  # Tune's scratch directory (trials/runs) goes to the temporary folder
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             studies = {}
             for sampler in ("tpe", "random"):

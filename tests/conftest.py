@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# A contributor's own cluster (`ray start --head`, or RAY_ADDRESS exported for it) must never be joined by
+# accident: every Ray a test wants is started here with address="local". Tests that join a cluster on
+# purpose (tests/service/test_faults.py) pass RAY_ADDRESS to their subprocesses explicitly.
+os.environ.pop("RAY_ADDRESS", None)
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +34,40 @@ def _quiet_optuna():
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One embedded Ray (2 CPUs) for the whole session: starting Ray costs seconds, and the searches
+    that need it only need it up. address="local" starts a private one even when a cluster of the
+    contributor's is up on this machine. Reuses a Ray an earlier in-process search left running."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+TINY = ROOT / "tests" / "data" / "tiny.yaml"
+FAST = str(ROOT / "tests" / "data" / "fast.yaml")
+
+
+@pytest.fixture(scope="session")
+def smoke_study(ray_local, tmp_path_factory):
+    """One small real search (real Ray, real SQLite; tiny space, fast recipe, 6 trials, seed 1) shared,
+    read-only, by every test that needs a finished study: (study, storage url). Tests must not add
+    trials to it; one that needs to write makes its own."""
+    import npas
+    from npas.service.driver import search
+    from npas.service.launch import Launch
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('smoke')}/npas.db"
+    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
+                launch=Launch(workers=2, early_stop=False))
+    return st, url
 
 
 def needs(available: bool, reason: str) -> pytest.MarkDecorator:

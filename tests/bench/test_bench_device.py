@@ -11,6 +11,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -20,6 +22,7 @@ def _bench(*args: str, timeout: int = 300) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a bench run that trains in a subprocess
 def test_device_runner_trains_specs_writes_bench_records_and_respects_the_deadline(tmp_path: Path):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
@@ -48,6 +51,7 @@ def test_device_runner_trains_specs_writes_bench_records_and_respects_the_deadli
     assert rec["status"] == "ok" and rec["steps"] == 3 and rec["device"] == "cpu"
 
 
+@pytest.mark.slow  # a bench run that trains in a subprocess
 def test_gpu_efficiency_runs_its_code_path_on_cpu_and_rechecks_the_saved_h200_run():
     out = _bench("bench/gpu_efficiency.py", "--cpu-smoke")
     row = json.loads(out.strip().splitlines()[-1])
@@ -65,6 +69,7 @@ def test_gpu_efficiency_runs_its_code_path_on_cpu_and_rechecks_the_saved_h200_ru
     assert m[2] == ("PASS" if max(abs(x - 1) for x in big) <= 0.25 else "MISS")
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_evidence_export_lists_missing_runs_as_specs_and_writes_no_report(tmp_path: Path):
     import os
 

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.service.test_search import NEEDS_PG
 
+pytestmark = pytest.mark.slow  # every test runs a bench --quick (training, searches) in a subprocess
 NUM = r"[\d.]+"
 
 

@@ -12,8 +12,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # every test runs a bench --quick (training, searches) in a subprocess
 NUM = r"[\d,]+(?:\.\d+)?"
 
 

@@ -69,6 +69,7 @@ def _atoms_accounting(out: str) -> dict[str, tuple[int, int]]:
     return got
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_atoms_full_plan_prints_runs_times_tokens_and_matched_arms_without_training(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "atoms.py"), "--plan", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -124,6 +125,7 @@ def evidence(monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow  # two bench script runs in subprocesses
 def test_conversion_best_rates_picks_each_arms_optimum_and_refuses_a_partial_check(tmp_path, evidence):
     """--best-rates trains each recursive arm at its own checked optimum, the dense parent at x1 (--lr-factor
     would move the parent too); a check with a missing cell names no optimum."""
@@ -204,6 +206,7 @@ def test_expert_pool_quick_arms_match_activated_flops_claim_line_form_only(tmp_p
     assert (tmp_path / "expert_pool_quick.json").is_file()
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 @pytest.mark.parametrize("script", ["search_vs_hand.py", "early_stop.py"])
 def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(script, tmp_path):
     results = ROOT / "bench" / "evidence" / "results"
@@ -217,6 +220,7 @@ def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(scri
     assert "study" not in proc.stdout.split("plan:", 1)[1]  # no search was started
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--steps", "4",
                            "--arms", "untied,cycle U=2 r=16", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,

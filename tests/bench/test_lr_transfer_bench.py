@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 ARMS = ("reference", "untied_L1", "untied_L4", "untied_d8", "untied_d32", "tied_full", "tied_cycle2",
@@ -21,6 +23,7 @@ def _bench(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a bench --quick sweep that trains in a subprocess
 def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
@@ -45,6 +48,7 @@ def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     assert again.split("mean final val loss")[1] == out.split("mean final val loss")[1]
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_plan_estimates_cpu_hours_without_training(tmp_path):
     out = _bench("--plan", "--out", str(tmp_path))
     m = re.search(r"^plan: (\d+) runs x ([\d,]+) tokens = \d+M tokens -> ~([\d.]+) CPU-hours", out, re.M)

@@ -48,6 +48,7 @@ def pfr(pf):
     return importlib.import_module("bench.proxy_fidelity_report")
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
     runs = sorted(tmp_path.glob("*.json"))
@@ -88,6 +89,7 @@ def test_quick_runs_caches_and_reruns_nothing(tmp_path):
     assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
     assert not list(tmp_path.glob("*.json"))
@@ -136,6 +138,7 @@ def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
     assert len({j.key(setup, "v") for j in jobs}) == len(jobs)  # no two runs share a cache file
 
 
+@pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]

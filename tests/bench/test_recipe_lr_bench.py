@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 BENCH = ROOT / "bench" / "recipe_lr.py"
@@ -18,6 +20,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(BENCH), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a bench --quick sweep that trains in a subprocess
 def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(tmp_path):
     first = _bench("--quick", "--out", str(tmp_path))
     assert first.returncode == 0, first.stdout + first.stderr
@@ -42,6 +45,7 @@ def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(t
     assert len(list(tmp_path.glob("*.json"))) == 6
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_an_unknown_arm_is_refused_in_one_line_before_anything_trains(tmp_path):
     proc = _bench("--quick", "--out", str(tmp_path), "--arms", "narrow_untied,bogus")
     assert proc.returncode == 2 and "choose from narrow_untied" in proc.stderr.splitlines()[-1]

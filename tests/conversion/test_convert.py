@@ -242,6 +242,7 @@ def test_no_silently_random_tensor_in_full_space_candidates(dense, text_batch) -
     assert {"banks", "atoms", "lora", "experts", "narrow", "widened, derived MLP LoRA"} <= seen
 
 
+@pytest.mark.slow  # `npas convert` (which evaluates what it wrote) and `npas sample` through the CLI
 def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_path: Path, capsys) -> None:
     alloc = _alloc(mlp_widths=(320, 320, 288, 256, 256, 224, 192, 192), block_of_layer=(0, 1, 0, 1, 2, 3, 2, 3),
                    lora_attn=(8,) * L, lora_mlp=(4,) * L)
@@ -261,6 +262,7 @@ def test_cli_converts_prints_provenance_and_sample_works(dense_dir: Path, tmp_pa
     assert len(capsys.readouterr().out) >= 30
 
 
+@pytest.mark.slow  # three `npas convert` runs and four samples through the CLI
 def test_cli_tie_init_quiet_and_sample_temperature(dense, dense_dir: Path, tmp_path: Path, capsys) -> None:
     """`--tie-init` reaches the conversion (the shared weight is layer 1's or the mean of its layers),
     `--quiet` drops the per-tensor provenance but keeps the summary, and `npas sample --temperature 0`
@@ -334,9 +336,8 @@ def _train_tiny(out: Path, steps: int, seed: int = 0) -> float:
     return train_allocation(reference_config(npas.load_space(TINY).reference_chassis), recipe, corpus, out).val_loss
 
 
-def test_search_init_from_starts_trials_from_the_model_and_pins_it(tmp_path: Path) -> None:
-    import ray
-
+@pytest.mark.slow  # two trainings (200 + 20 steps) and a real search on Ray
+def test_search_init_from_starts_trials_from_the_model_and_pins_it(ray_local, tmp_path: Path) -> None:
     import npas
     from npas.conversion.directory import fingerprint_weights
     from npas.errors import StudyError
@@ -348,31 +349,27 @@ def test_search_init_from_starts_trials_from_the_model_and_pins_it(tmp_path: Pat
     _train_tiny(tmp_path / "other", 20, seed=1)
     url = f"sqlite:///{tmp_path}/npas.db"
     space = npas.load_space(TINY)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        st = search(space, trials=3, study="warm", storage=url, recipe=FAST, sampler="random",
-                    init_from=str(tmp_path / "dense"), launch=Launch(workers=2, early_stop=False))
-        assert st.user_attrs[StudyAttr.INIT_FROM]["weights"] == fingerprint_weights(tmp_path / "dense")
-        done = [t for t in st.trials if t.user_attrs.get(TrialAttr.STATUS) == "ok"]
-        assert len(done) >= 2
-        for t in done:  # first evaluation after 20 steps: near the dense model, far below a uniform guess
-            first = t.user_attrs[TrialAttr.CURVE][0][1]
-            assert first < math.log(68) - 1.2 and first < dense_val + 0.6, (t.number, first, dense_val)
-        # the same allocation from scratch under the same recipe is far behind at that point
-        from npas.training.proxy import run_proxy
+    st = search(space, trials=3, study="warm", storage=url, recipe=FAST, sampler="random",
+                init_from=str(tmp_path / "dense"), launch=Launch(workers=2, early_stop=False))
+    assert st.user_attrs[StudyAttr.INIT_FROM]["weights"] == fingerprint_weights(tmp_path / "dense")
+    done = [t for t in st.trials if t.user_attrs.get(TrialAttr.STATUS) == "ok"]
+    assert len(done) >= 2
+    for t in done:  # first evaluation after 20 steps: near the dense model, far below a uniform guess
+        first = t.user_attrs[TrialAttr.CURVE][0][1]
+        assert first < math.log(68) - 1.2 and first < dense_val + 0.6, (t.number, first, dense_val)
+    # the same allocation from scratch under the same recipe is far behind at that point
+    from npas.training.proxy import run_proxy
 
-        t = done[0]
-        recipe = load_recipe(FAST)
-        cold = run_proxy(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), recipe,
-                         load_corpus(None, recipe.val_fraction, recipe.test_fraction),
-                         reference=space.reference_chassis)
-        assert t.user_attrs[TrialAttr.CURVE][0][1] < cold.curve[0][1] - 0.2
-        with pytest.raises(StudyError, match="holds weights"):
-            resume("warm", storage=url, init_from=str(tmp_path / "other"))
-        with pytest.raises(StudyError, match="holds weights"):
-            search(space, study="warm", storage=url, init_from=str(tmp_path / "other"))
-    finally:
-        ray.shutdown()
+    t = done[0]
+    recipe = load_recipe(FAST)
+    cold = run_proxy(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), recipe,
+                     load_corpus(None, recipe.val_fraction, recipe.test_fraction),
+                     reference=space.reference_chassis)
+    assert t.user_attrs[TrialAttr.CURVE][0][1] < cold.curve[0][1] - 0.2
+    with pytest.raises(StudyError, match="holds weights"):
+        resume("warm", storage=url, init_from=str(tmp_path / "other"))
+    with pytest.raises(StudyError, match="holds weights"):
+        search(space, study="warm", storage=url, init_from=str(tmp_path / "other"))
 
 
 def test_a_study_from_scratch_refuses_a_starting_model() -> None:

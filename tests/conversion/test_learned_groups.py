@@ -153,15 +153,6 @@ def test_the_record_round_trips_learned_and_old_records_load():
 
 
 # ---- real searches: the similarity from --init-from, or from one pretraining ----------------
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 TINY_LEARNED = space_text("  tying: {mode: learned, unique_blocks: [2, 3]}\n", n_layers=4)
 
 
@@ -182,6 +173,7 @@ def _learned_trials(study) -> list:
             and t.user_attrs.get(TrialAttr.ALLOC)]
 
 
+@pytest.mark.slow  # a pretraining and real searches on Ray
 def test_search_with_init_from_records_the_similarity_and_trials_follow_it(ray_local, tmp_path):
     from npas.conversion.directory import fingerprint_weights
     from npas.conversion.groups import similarity_of
@@ -204,6 +196,7 @@ def test_search_with_init_from_records_the_similarity_and_trials_follow_it(ray_l
         assert tuple(t.user_attrs[TrialAttr.ALLOC]["block_of_layer"]) == groups_from_similarity(sim, U)
 
 
+@pytest.mark.slow  # a pretraining and real searches on Ray
 def test_search_without_a_model_pretrains_once_and_resume_reuses_it(ray_local, tmp_path):
     from npas.conversion.directory import fingerprint_weights
     from npas.conversion.groups import similarity_of

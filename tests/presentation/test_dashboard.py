@@ -37,8 +37,6 @@ from npas.presentation.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.service.driver import search
-from npas.service.launch import Launch
 from npas.service.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study import front_trials, is_full_fidelity, status
 from tests.conftest import ROOT
@@ -52,18 +50,9 @@ needs_chromium = pytest.mark.skipif(not CHROMIUM.exists() and os.environ.get("CI
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One small real search (real Ray, real SQLite): (study, storage url)."""
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        url = f"sqlite:///{tmp_path_factory.mktemp('db')}/npas.db"
-        st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                    launch=Launch(workers=2, early_stop=False))
-    finally:
-        ray.shutdown()
-    return st, url
+def smoke(smoke_study):
+    """One small real search (real Ray, real SQLite): (study, storage url); the session's shared one."""
+    return smoke_study
 
 
 def npas_attrs(study: optuna.Study) -> None:
@@ -297,6 +286,7 @@ def test_report_is_one_self_contained_file(smoke_page):
     assert 'id="trials-table"' in text and [p.name for p in smoke_page.parent.iterdir()] == ["index.html"]
 
 
+@pytest.mark.slow  # a real browser or server process
 @needs_chromium
 def test_report_loads_in_chromium_with_every_image_and_sorts(smoke, smoke_page, tmp_path):
     st, page = smoke[0], smoke_page
@@ -312,6 +302,7 @@ def test_report_loads_in_chromium_with_every_image_and_sorts(smoke, smoke_page, 
     print(f"dashboard screenshot: {shot}")
 
 
+@pytest.mark.slow  # a real browser or server process
 @needs_chromium
 @pytest.mark.parametrize("kind", ["empty", "failed-only"])
 def test_a_study_with_nothing_complete_still_gets_a_page(kind, tmp_path):
@@ -357,6 +348,7 @@ def test_live_without_the_extra_says_how_to_install_it(failed_db, tmp_path, monk
         dashboard._server()
 
 
+@pytest.mark.slow  # a real browser or server process
 def test_live_serves_optuna_dashboard_on_the_same_storage(failed_db, tmp_path):
     pytest.importorskip("optuna_dashboard")
     with socket.socket() as s:

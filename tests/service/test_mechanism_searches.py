@@ -14,7 +14,7 @@ from npas.service.launch import Launch
 from npas.service.picks import pick
 from npas.service.record import TrialAttr
 from tests.conftest import ROOT
-from tests.service.test_search import FAST, ray_local  # noqa: F401  (the module's real local Ray)
+from tests.service.test_search import FAST
 
 # space -> the baseline a space using the mechanism enqueues, and the mechanism's mark on an allocation
 MECHANISMS = {
@@ -24,8 +24,9 @@ MECHANISMS = {
 }
 
 
+@pytest.mark.slow  # three real searches on the six-layer mechanism spaces
 @pytest.mark.parametrize("name", list(MECHANISMS))
-def test_search_on_the_mechanism_space_runs_and_its_pick_rebuilds_exactly(name, ray_local, tmp_path):  # noqa: F811
+def test_search_on_the_mechanism_space_runs_and_its_pick_rebuilds_exactly(name, ray_local, tmp_path):
     baseline, uses = MECHANISMS[name]
     space = npas.load_space(ROOT / "search_spaces" / f"{name}.yaml")
     st = search(space, trials=len(space.baselines()) + 3, study=name, storage=f"sqlite:///{tmp_path}/npas.db",

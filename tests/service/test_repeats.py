@@ -25,7 +25,6 @@ from npas.training.data import load_corpus
 from npas.training.proxy import run_proxy
 from npas.training.recipe import Recipe, load_recipe
 from tests.conftest import ROOT, record_launches
-from tests.service.test_search import ray_local  # noqa: F401 - the module's embedded Ray (num_cpus=2)
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")
@@ -39,7 +38,7 @@ def cli(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def repeated(ray_local, tmp_path_factory):  # noqa: F811
+def repeated(ray_local, tmp_path_factory):
     """A real search with --repeats 2: the two baselines the tiny space enqueues first, to full fidelity."""
     url = f"sqlite:///{tmp_path_factory.mktemp('rep')}/r.db"
     st = search(npas.load_space(TINY), trials=2, study="rep", storage=url, recipe=FAST, repeats=2,

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow  # a Ray started in a subprocess
 def test_ray_started_in_the_background_stays_up(tmp_path):
     """Ray fate-shares its daemons with the thread that spawned them; the early start's thread must
     outlive init, or the embedded cluster dies as soon as it is ready. A fresh process checks it."""
@@ -48,6 +49,7 @@ def test_auto_with_a_stale_cluster_record_fails_fast(tmp_path, monkeypatch):
         runner.check_address_reachable("auto")
 
 
+@pytest.mark.slow  # a Ray started in a subprocess
 def test_a_run_that_raises_is_reported_once_not_retried(tmp_path):
     """A proxy run that raises would raise again on every attempt: the trainable reports it as the
     trial's failure, so Tune's FailureConfig (for lost workers and nodes) does not retry it."""

@@ -35,30 +35,12 @@ NEEDS_PG = needs(reachable(PG_URL), f"no PostgreSQL server at {PG_URL}")  # prob
 
 STORAGES = [
     pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=NEEDS_PG),
+    pytest.param("postgresql", id="postgresql", marks=[NEEDS_PG, pytest.mark.slow]),  # the slow tier: a real server
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def storage_url(kind: str, tmp_path) -> str:
     return f"sqlite:///{tmp_path}/npas.db" if kind == "sqlite" else PG_URL
-
-
-@pytest.fixture(scope="module")
-def smoke_study(ray_local, tmp_path_factory):
-    """One small real search, shared by the read-only tests below."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('db')}/npas.db"
-    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                launch=Launch(workers=2, early_stop=False))
-    return st, url
 
 
 @pytest.mark.parametrize("kind", STORAGES)
@@ -130,6 +112,7 @@ def npas_cli(*args, env=None):
                           cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_cli_front_studies_export(smoke_study, tmp_path):
     _, url = smoke_study
     out = npas_cli("front", "smoke", "--storage", url, "--format", "csv")
@@ -142,6 +125,7 @@ def test_cli_front_studies_export(smoke_study, tmp_path):
     assert (tmp_path / "b.yaml").exists()
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 @pytest.mark.parametrize("args, fragment", [
     (["front", "nope", "--storage", "sqlite:///{tmp}/x.db"], "no database at"),  # read-only: creates nothing
     (["studies", "--storage", "sqlite:///{tmp}/typo/x.db"], "no database at"),
@@ -167,6 +151,7 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_pa
     assert not (tmp_path / "x.db").exists() and not (tmp_path / "typo").exists()
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_cli_search_refreshes_the_dashboard_and_prints_the_front(tmp_path):
     url = f"sqlite:///{tmp_path}/d.db"
     out = npas_cli("search", str(TINY), "--recipe", FAST, "--trials", "2", "--study", "dash", "--storage", url,
@@ -177,12 +162,14 @@ def test_cli_search_refreshes_the_dashboard_and_prints_the_front(tmp_path):
     assert "dash" in page and "<img" in page
 
 
+@pytest.mark.slow  # an `npas` subprocess
 def test_front_of_an_unknown_study_lists_what_is_there(smoke_study):
     _, url = smoke_study
     out = npas_cli("front", "nope", "--storage", url)
     assert out.returncode == 2 and "no study 'nope'" in out.stderr and "smoke" in out.stderr
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_the_final_line_never_shows_a_secret_of_the_url(ray_local, tmp_path):
     """SQLite ignores the query string, so a password there reaches every message that shows the URL."""
     url = f"sqlite:///{tmp_path}/q.db?password=s3cr3t&auth_token=t0k3n"
@@ -193,6 +180,7 @@ def test_the_final_line_never_shows_a_secret_of_the_url(ray_local, tmp_path):
     assert "s3cr3t" not in out.stdout + out.stderr and "t0k3n" not in out.stdout + out.stderr
 
 
+@pytest.mark.slow  # `npas` subprocesses or several real searches
 def test_a_joiner_keeps_the_study_settings_or_is_refused(ray_local, tmp_path, caplog):
     """The stored settings are the truth: a second `search --study` matches them or is refused, and
     the trial target is the study's unless --trials sets it (which is logged)."""

@@ -149,6 +149,7 @@ sys.exit(main(["validate", {name!r}, "--storage", {url!r}, "--recipe", {fast!r},
 """
 
 
+@pytest.mark.slow  # fault tolerance: a validate subprocess killed mid-run and resumed
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp_path, monkeypatch, capsys):
     url = f"sqlite:///{tmp_path}/v.db"
@@ -211,6 +212,11 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
 ])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    from npas.service import runner
+
+    started = []  # npas starts Ray only through these; a session's Ray may already be up, so spy on them
+    for fn in ("start_ray_early", "check_address_reachable", "init_ray"):
+        monkeypatch.setattr(runner, fn, lambda *a, _fn=fn, **k: started.append(_fn))
     argv = ["validate", "some-study", *args]
     if "--storage" not in args:
         argv += ["--storage", f"sqlite:///{tmp_path}/never.db"]
@@ -219,7 +225,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, fragment, tmp_pa
     assert rc == 2
     assert fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "never.db").exists()
-    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+    assert not started, started
 
 
 def test_table_format_reports_every_statistic(tmp_path, monkeypatch, capsys):
@@ -271,20 +277,15 @@ def test_scores_on_the_held_out_test_split():
 
 
 @pytest.mark.slow
-def test_end_to_end_real_training_on_a_real_study(tmp_path, capsys):
+def test_end_to_end_real_training_on_a_real_study(ray_local, tmp_path, capsys):
     """A real tiny search, then `npas validate` with real training on Ray (smoke-sized recipe)."""
-    import ray
-
     from npas.service.driver import Launch, search
 
     url = f"sqlite:///{tmp_path}/npas.db"
-    try:
-        search(npas.load_space(TINY), trials=5, study="e2e", storage=url, recipe=FAST, seed=1,
-               launch=Launch(workers=2, early_stop=False))
-        rc = main(["validate", "e2e", "--storage", url, "--recipe", FAST, "--top", "2", "--sample", "3",
-                   "--seeds", "2", "--workers", "2", "--format", "json"])
-    finally:
-        ray.shutdown()  # later tests start their own Ray
+    search(npas.load_space(TINY), trials=5, study="e2e", storage=url, recipe=FAST, seed=1,
+           launch=Launch(workers=2, early_stop=False))
+    rc = main(["validate", "e2e", "--storage", url, "--recipe", FAST, "--top", "2", "--sample", "3",
+               "--seeds", "2", "--workers", "2", "--format", "json"])
     assert rc == 0
     cert = json.loads(capsys.readouterr().out)
     assert cert["complete"] == cert["planned"] >= 4

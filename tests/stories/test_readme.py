@@ -48,14 +48,17 @@ def test_python_snippet_runs_even_when_the_first_sample_is_infeasible(monkeypatc
 STUBS = {
     "python3": 'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && : > "$3/bin/activate"; fi',
     "pip": 'echo "pip $*" >> "$CALLS"',
-    "python": 'echo "python $*" >> "$CALLS"; printf "%b" "${FAKE_OUT:-}"; exit "${FAKE_RC:-0}"',
+    # the slow tier (`-m slow`) answers FAKE_OUT_SLOW / FAKE_RC_SLOW where set, else what the fast one does
+    "python": 'echo "python $*" >> "$CALLS"; case "$*" in *"-m slow"*) printf "%b" "${FAKE_OUT_SLOW-${FAKE_OUT:-}}";'
+              ' exit "${FAKE_RC_SLOW-${FAKE_RC:-0}}";; esac; printf "%b" "${FAKE_OUT:-}"; exit "${FAKE_RC:-0}"',
     "pg_isready": 'exit "${FAKE_PG:-0}"',
     "pg_ctlcluster": "exit 1",
     "apt-get": "exit 1",
 }
 
 
-def run_ci(tmp_path, *, ci: bool, pg: int = 0, rc: int = 0, out: str = ""):
+def run_ci(tmp_path, *, ci: bool, pg: int = 0, rc: int = 0, out: str = "", slow_rc: int | None = None,
+           slow_out: str | None = None):
     import shutil
     import subprocess
 
@@ -67,7 +70,9 @@ def run_ci(tmp_path, *, ci: bool, pg: int = 0, rc: int = 0, out: str = ""):
         (bin_ / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
         (bin_ / name).chmod(0o755)
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"), "FAKE_PG": str(pg),
-           "FAKE_RC": str(rc), "FAKE_OUT": out, "HOME": str(tmp_path), **({"CI": "true"} if ci else {})}
+           "FAKE_RC": str(rc), "FAKE_OUT": out, "HOME": str(tmp_path), **({"CI": "true"} if ci else {}),
+           **({"FAKE_RC_SLOW": str(slow_rc)} if slow_rc is not None else {}),
+           **({"FAKE_OUT_SLOW": slow_out} if slow_out is not None else {})}
     proc = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=120)
     calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
     return proc, calls

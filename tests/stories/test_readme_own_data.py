@@ -8,6 +8,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from npas.training.corpora import bundled_text
 from tests.conftest import ROOT
 
@@ -18,6 +20,7 @@ def own_data_commands() -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # the README's own-data story: four `npas` subprocesses, BPE, a search and a training
 def test_the_readme_searches_a_users_jsonl_with_bpe(tmp_path):
     commands = own_data_commands()
     assert [shlex.split(c)[:2] for c in commands] == [["npas", "search"], ["npas", "export"], ["npas", "train"],
