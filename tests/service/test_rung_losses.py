@@ -24,7 +24,6 @@ from npas.training.data import load_corpus
 from npas.training.forks import run_proxy
 from npas.training.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
-from tests.service.test_search import ray_local  # noqa: F401 - the module's embedded Ray (num_cpus=2)
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
 WSD_FAST = {**load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict(), "name": "fast-wsd", "schedule": "wsd",

@@ -142,9 +142,7 @@ def test_a_malformed_reference_is_refused_in_one_line(tmp_path, capsys):
 
 # ---- the real thing: a search on Ray, `npas export`, `npas train` ------------------------------
 @pytest.mark.slow
-def test_search_export_train_reproduces_the_first_seed_of_a_repeats_trial(tmp_path, capsys):
-    import ray
-
+def test_search_export_train_reproduces_the_first_seed_of_a_repeats_trial(ray_local, tmp_path, capsys):
     from npas.service.driver import search
     from npas.service.launch import Launch
 
@@ -152,12 +150,8 @@ def test_search_export_train_reproduces_the_first_seed_of_a_repeats_trial(tmp_pa
     recipe_path = tmp_path / "search-recipe.yaml"
     recipe_path.write_text(Recipe.from_dict(RECIPE).to_yaml())
     url = f"sqlite:///{tmp_path}/npas.db"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        search(npas.load_space(tmp_path / "narrow.yaml"), trials=1, study="s", storage=url, recipe=str(recipe_path),
-               sampler="random", repeats=2, launch=Launch(workers=1, early_stop=False))
-    finally:
-        ray.shutdown()
+    search(npas.load_space(tmp_path / "narrow.yaml"), trials=1, study="s", storage=url, recipe=str(recipe_path),
+           sampler="random", repeats=2, launch=Launch(workers=1, early_stop=False))
     study = optuna.load_study(study_name="s", storage=url)
     (trial,) = [t for t in study.trials if t.user_attrs.get(TrialAttr.STATUS) == "ok"]
     export = tmp_path / "best.yaml"
