@@ -13,7 +13,7 @@ import sys
 from importlib import import_module
 
 from npas.errors import NpasError
-from npas.presentation.cli.args import Parser
+from npas.presentation.cli.args import Parser, harden
 
 # A closed registry: command modules are named here, never loaded from strings in user files.
 COMMAND_MODULES = ("count", "train", "search", "dashboard", "validate", "convert")
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         import_module(f"npas.presentation.cli.{name}").register(sub)
+    harden(parser)  # the same check for a flag of one meaning in every command (args.CHECKS)
     return parser
 
 
