@@ -47,15 +47,39 @@ def _exit_without_ray_shutdown(code: int) -> None:
     os._exit(code)
 
 
+# commands that tokenize a corpus, here or in their workers, and so may write the token cache
+TOKENIZING = ("search", "resume", "train", "validate", "convert")
+
+
+def _check_environment(command: str) -> None:
+    """Environment variables that can never work (NPAS_CACHE naming a file), refused before a command
+    touches a database or starts Ray: otherwise a worker would find out, trial after trial."""
+    if command in TOKENIZING:
+        from npas.training.token_cache import check_cache_dir
+
+        check_cache_dir()
+
+
+def one_line(message: str) -> str:
+    """`message` as one line, unless it is a list of problems (`errors.format_problems`: a count, then
+    one `  - ` line each). A YAML parser's or a library's error spans lines (a caret under a column, a
+    traceback-like dump); a user gets the whole of it, with its line breaks folded into spaces."""
+    lines = message.splitlines()
+    if len(lines) <= 1 or all(ln.startswith("  - ") for ln in lines[1:]):
+        return message
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        _check_environment(args.command)
         code = int(args.func(args) or 0)
     except NpasError as e:
-        print(f"npas {args.command}: error: {e}", file=sys.stderr)
+        print(f"npas {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         if argv is None and e.exit_code == 2:  # the `npas` process itself, on an error (not an interrupt)
             _exit_without_ray_shutdown(e.exit_code)
         return e.exit_code
