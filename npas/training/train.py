@@ -27,7 +27,7 @@ from torch import nn
 from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
-from npas.training.proxy import Progress, ProxyResult, Report, train_model
+from npas.training.proxy import Progress, ProxyResult, Report, check_compatible, train_model
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
 
@@ -49,6 +49,7 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth nothing);
     the caller decides whether that is an error.
     """
+    check_compatible(cfg, recipe, corpus)  # before the directory exists: a refused run leaves nothing behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress)

@@ -65,6 +65,9 @@ def run_train(args: argparse.Namespace) -> int:
     corpus = load_corpus(args.data if args.data is not None else recipe.data, val_fraction=recipe.val_fraction,
                          test_fraction=recipe.test_fraction, tokenizer=tokenizer,
                          glob=args.data_glob or DEFAULT_GLOB, text_field=args.text_field or DEFAULT_TEXT_FIELD)
+    from npas.training.proxy import check_compatible
+
+    check_compatible(cfg, recipe, corpus)  # one line before the progress bar and the output directory
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if (out / MODEL_FILE).exists() and not args.force:
         raise NpasError(f"{out} already holds a trained model; pass --force to overwrite or choose another --out")
