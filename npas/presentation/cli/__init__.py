@@ -72,7 +72,10 @@ def one_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a refused argument (exit 2, its one line already printed) or --help (0):
+        return e.code if isinstance(e.code, int) else 2  # returned, so in-process callers get a code as for any error
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
