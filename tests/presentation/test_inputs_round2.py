@@ -23,7 +23,12 @@ import pytest
 
 from npas.presentation.cli import main
 from tests.conftest import ROOT
-from tests.presentation.test_inputs import FAST, TINY, _tree, guarded, with_key  # noqa: F401 (guarded: fixture)
+from tests.presentation.test_inputs import (
+    TINY,
+    _tree,
+    guarded,  # noqa: F401 (a fixture: no Ray, the working folder watched)
+    with_key,
+)
 
 TINY_PATH = str(ROOT / "tests" / "data" / "tiny.yaml")
 FAST_PATH = str(ROOT / "tests" / "data" / "fast.yaml")
@@ -310,7 +315,7 @@ def _trials(url: str, name: str) -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=k) for k, c in CASES.items()])
-def test_round_two_input_is_one_line_exit_2_nothing_written(case: Case, fixtures: dict, guarded: Path,
+def test_round_two_input_is_one_line_exit_2_nothing_written(case: Case, fixtures: dict, guarded: Path,  # noqa: F811
                                                             monkeypatch, capsys):
     inputs = guarded / "in"
     inputs.mkdir()
