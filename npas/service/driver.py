@@ -25,6 +25,7 @@ from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service import faults
 from npas.service.launch import Launch, check_inputs
+from npas.service.names import study_name_problem
 from npas.service.outcome import check_repeats
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
@@ -76,6 +77,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     sampler_name = sampler or DEFAULT_SAMPLER
     chosen = make_sampler(sampler_name, DEFAULT_SEED if seed is None else seed, len(space.objectives))
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if problem := study_name_problem(name):  # it names folders: before Ray or the database
+        raise StudyError(f"{problem}; pass another study name")
     cpus = _prove_ray(launch, rec.threads)  # before the first write
     handle = open_storage(storage)
     try:

@@ -414,3 +414,16 @@ def test_validate_where_every_retraining_diverged_exits_2_in_one_line(tmp_path, 
     assert code == 2 and len(err) - sum("retrainings done" in ln for ln in err) == 1, err
     assert "no certificate" in err[-1] and "non-finite test loss" in err[-1], err[-1]
     assert CERTIFICATE_ATTR not in optuna.load_study(study_name=name, storage=url).user_attrs
+
+
+@pytest.mark.parametrize("study", ["../../x", "a" * 300])
+def test_the_python_api_refuses_an_unsafe_study_name_before_ray_and_the_database(study, guarded):  # noqa: F811
+    """`npas.search(study=...)` checks the name as the CLI does (npas.service.names), before Ray starts
+    (the `guarded` fixture fails the test if it does) and before the database exists."""
+    import npas
+    from npas.errors import StudyError
+
+    db = guarded / "s.db"
+    with pytest.raises(StudyError, match="study name"):
+        npas.search(npas.load_space(TINY_PATH), study=study, storage=f"sqlite:///{db}", recipe=FAST_PATH)
+    assert not db.exists()

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from npas.service.names import study_name_problem
 from npas.service.outcome import MAX_REPEATS
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
@@ -131,21 +132,7 @@ def add_data_args(p: argparse.ArgumentParser, default_note: str = "bundled Shake
 # `--storage` or an `--out` gets the check without anyone remembering it: an empty string, an in-memory
 # database or a study name with a `/` was once taken to mean something else in one command but not another.
 
-STUDY_NAME_MAX = 128  # Ray Tune's run folder is NAME-<unix time>, trial folders go below it: stay far below 255
-_STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DEVICE_KINDS = ("cpu", "cuda", "cuda:N", "mps")
-
-
-def study_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a study, or None. A study's name becomes a folder name (Ray Tune's run
-    folder under trials/runs, the learned-groups pretraining folder), so it must be one safe path
-    component: no `/`, no `..`, no leading dot or dash, and short enough for any file system."""
-    if not _STUDY_NAME.fullmatch(name):
-        return (f"study name {name!r} may hold only letters, digits, '.', '_' and '-', starting with a letter "
-                f"or digit (it names folders under trials/runs); e.g. tiny-run-1")
-    if len(name) > STUDY_NAME_MAX:
-        return f"study name of {len(name)} characters is too long; give at most {STUDY_NAME_MAX}"
-    return None
 
 
 def _study_name(text: str) -> str:

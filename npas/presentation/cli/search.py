@@ -243,7 +243,7 @@ def _sampler_note(space, sampler: str) -> None:
 
 def _check_default_study_name(space_name: str) -> None:
     from npas.errors import StudyError
-    from npas.presentation.cli.args import study_name_problem
+    from npas.service.names import study_name_problem
 
     problem = study_name_problem(space_name) or study_name_problem(f"{space_name}-20000101-000000")
     if problem:
