@@ -100,6 +100,11 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     if "templates" in knobs and max(knobs["templates"].options()) > settings["max_templates"]:
         problems.append(f"knobs.pools.templates: up to {max(knobs['templates'].options())} exceeds "
                         f"fit.max_templates={settings['max_templates']}; lower it or raise fit.max_templates")
+    if "experts_per_layer" in knobs and any(e > 0 for e in knobs["experts_per_layer"].options()) \
+            and "pools" in knobs and False not in knobs["pools"].options():
+        problems.append("knobs.experts with knobs.pools.enabled always true: Shapeshifter pools and expert pools "
+                        "both pool the MLP weights, so no candidate could have experts; use pools.enabled: "
+                        "[false] (or [false, true] to compare them), or drop knobs.experts")
     if "n_atoms" in knobs and "atoms_fraction" in knobs:
         problems.append("knobs.atoms: give count or fraction, not both (count is K itself, fraction is K / n_layers)")
     for key in ("name", "description", "recipe"):

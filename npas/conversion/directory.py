@@ -106,6 +106,10 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         recipe = Recipe.from_dict(metrics.get("recipe"), f"{dense_dir}/{METRICS_FILE} recipe")
     except ConfigError as err:
         raise DataError(f"{err}; retrain the source with `npas train`") from None
+    if recipe.seq_len > cfg.chassis.context:  # the check pass reads the source's own windows, at its seq_len
+        raise ConfigError(f"cannot convert {dense_dir}: the allocation's context={cfg.chassis.context} is shorter "
+                          f"than the seq_len {recipe.seq_len} the source was trained and is checked at; use "
+                          f"context >= {recipe.seq_len}")
     corpus = source_corpus(metrics, recipe, data, tokenizer)
     if corpus.vocab_size != tokenizer.vocab_size or corpus.tokenizer.fingerprint != tokenizer.fingerprint:
         raise DataError(f"the corpus {corpus.source} reads into other tokens than {dense_dir}'s tokenizer; "

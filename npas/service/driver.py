@@ -25,6 +25,7 @@ from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service import faults
 from npas.service.launch import Launch, check_inputs
+from npas.service.names import study_name_problem
 from npas.service.outcome import check_repeats
 from npas.service.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.runner import check_address_reachable, check_resources, init_ray, run_trials
@@ -81,6 +82,8 @@ def search(space: Space, *, trials: int | None = None, study: str | None = None,
     sampler_name = sampler or DEFAULT_SAMPLER
     chosen = make_sampler(sampler_name, DEFAULT_SEED if seed is None else seed, len(space.objectives))
     name = study or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if problem := study_name_problem(name):  # it names folders: before Ray or the database
+        raise StudyError(f"{problem}; pass another study name")
     cpus = _prove_ray(launch, rec.threads)  # before the first write
     handle = open_storage(storage)
     try:
@@ -204,6 +207,28 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
     return load(name, handle)
 
 
+def check_space_change(name: str, record: StudyRecord, space_text: str | None,
+                       allow_space_change: bool) -> Space | None:
+    """The space a resume continues with when `space_text` replaces the study's (None: keep the
+    study's), or the reason it cannot. A changed space needs `allow_space_change`, and even then its
+    objectives must be the study's, in order: they are part of the study's identity (Optuna stores
+    each trial's values by position, so other objectives would file new results under the old
+    names, and another count fails every new trial)."""
+    if space_text is None:
+        return None
+    if space_text != record.space_text and not allow_space_change:
+        raise StudyError(f"the space file differs from the one study {name!r} was created with; "
+                         f"resume without it, or pass --allow-space-change to use the new one")
+    if not allow_space_change:
+        return None
+    space = parse_space(space_text, record.space_source or name)
+    if tuple(space.objectives) != tuple(record.objectives):
+        raise StudyError(f"--space optimises {list(space.objectives)} but study {name!r} optimises "
+                         f"{list(record.objectives)}; objectives are part of a study's identity, even with "
+                         f"--allow-space-change: keep them, or start a new study with `npas search`")
+    return space
+
+
 def resume(name: str, *, trials: int | None = None, storage: str | None = None, space_text: str | None = None,
            allow_space_change: bool = False, data: str | None = None, launch: Launch | None = None,
            repeats: int | None = None, init_from: str | None = None,
@@ -226,12 +251,8 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     handle = open_storage(storage)
     existing = _await_setup(name, handle)
     record = read_record(existing)
-    space = parse_space(record.space_text, record.space_source or name)
-    if space_text is not None and space_text != record.space_text and not allow_space_change:
-        raise StudyError(f"the space file differs from the one study {name!r} was created with; "
-                         f"resume without it, or pass --allow-space-change to use the new one")
-    if space_text is not None and allow_space_change:
-        space = parse_space(space_text, record.space_source or name)
+    space = check_space_change(name, record, space_text, allow_space_change) or \
+        parse_space(record.space_text, record.space_source or name)
     space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
                        budget_scope=record.overrides.get("budget_scope"))
     from npas.service.learned import attach

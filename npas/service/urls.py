@@ -90,5 +90,17 @@ def parse_url(url: str) -> sqlalchemy.engine.URL:
 
 
 def check_url(url: str | None = None) -> None:
-    """Refuse a URL that does not parse or names an unsupported backend, before anything starts."""
-    parse_url(resolve_url(url))
+    """Refuse a URL that does not parse, names an unsupported backend, or keeps nothing: an in-memory
+    SQLite database (`sqlite://`, `sqlite:///:memory:`, `mode=memory`) vanishes when npas exits, taking
+    the study with it. All before anything starts."""
+    if url is not None and not url.strip():
+        raise StorageError("storage URL is empty; give one such as sqlite:///trials/npas.db, or omit --storage "
+                           "for $NPAS_STORAGE or the default")
+    raw = resolve_url(url)
+    parsed = parse_url(raw)
+    if parsed.get_backend_name() == "sqlite":
+        db = str(parsed.database or "")
+        if db in ("", ":memory:") or "mode=memory" in db or parsed.query.get("mode") == "memory" \
+                or db.startswith("file::memory:"):
+            raise StorageError(f"storage {redact(raw)} is an in-memory SQLite database: the study would vanish "
+                               f"when npas exits; give a file, e.g. sqlite:///trials/npas.db")

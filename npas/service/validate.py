@@ -182,6 +182,8 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
     cert = build_certificate(source, linked, plan)
+    if cert["complete"] == 0:  # a certificate without one scored allocation would certify nothing
+        raise StudyError(_nothing_scored(name, linked, cert["planned"]))
     if bits_per_nat is None and isinstance(retrain, functools.partial) and retrain.func is _REAL_RETRAIN:
         bits_per_nat = _bits_per_nat(retrain.keywords, recipe)  # the study's own corpus and tokenizer
     cert["bits_per_byte_per_nat"] = bits_per_nat
@@ -190,6 +192,16 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
             row["test_mean_bpb"] = None if row.get("test_mean") is None else row["test_mean"] * bits_per_nat
     source.set_user_attr(CERTIFICATE_ATTR, cert)
     return cert
+
+
+def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
+    """Why no certificate is stored: every planned allocation has a retraining that failed or diverged."""
+    failed = linked.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    reasons = sorted({str(t.user_attrs.get(V_REASON, "failed")).splitlines()[0][:160] for t in failed})
+    why = f"; e.g. {reasons[0]}" if reasons else ""
+    return (f"no certificate for study {name!r}: none of its {planned} allocations finished all its retrainings "
+            f"({len(failed)} failed or diverged{why}); nothing was stored. Check the recipe (a lower lr, "
+            f"--recipe) and rerun: completed retrainings are kept")
 
 
 def _bits_per_nat(kw: dict, score: Recipe) -> float:

@@ -134,6 +134,11 @@ def _document(value: object, where: str, text_field: str, path: Path) -> str:
     if "\x00" in value:
         raise DataError(f"{where} of {path}: field {text_field!r} holds a NUL character (binary data); "
                         "clean the data or pass another --text-field")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:  # JSON's \ud800 escapes decode to a lone surrogate, which no UTF-8 holds
+        raise DataError(f"{where} of {path}: field {text_field!r} holds a lone surrogate (U+{ord(value[err.start]):04X} "
+                        f"at character {err.start}), which is not text; fix the escape or drop the document") from None
     return value
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npas.errors import DataError
 from npas.training.corpora import fingerprint_text
 from npas.training.tokenizers import Tokenizer, id_dtype
 
@@ -43,6 +44,17 @@ def default_cache_dir() -> Path:
     root = os.environ.get(ENV_VAR)
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "npas"
     return base / "tokens"
+
+
+def check_cache_dir(cache: Path | None = None) -> None:
+    """Refuse a token cache that cannot be a directory (``NPAS_CACHE`` naming a file, or a file on the
+    way), before a corpus is tokenized: one line naming the variable, not mkdir's traceback."""
+    cache = default_cache_dir() if cache is None else cache
+    for p in (cache, *cache.parents):
+        if p.exists() and not p.is_dir():
+            source = f"{ENV_VAR}={os.environ[ENV_VAR]!r}" if os.environ.get(ENV_VAR) else "the token cache"
+            raise DataError(f"{source}: {p} is a file, so the token cache {cache} cannot be created there; point "
+                            f"{ENV_VAR} at a directory (or unset it for ~/.cache/npas)")
 
 
 def cache_key(text_fingerprint: str, tokenizer_fingerprint: str) -> str:
@@ -121,6 +133,7 @@ def cached_tokens(text: str, tokenizer: Tokenizer, cache_dir: str | Path | None 
     ``fingerprint_text(text)``); ``label`` (e.g. ``"train"``) is recorded in the header for people.
     """
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    check_cache_dir(cache)
     cache.mkdir(parents=True, exist_ok=True)
     text_fp = text_fingerprint or fingerprint_text(text)
     tok_fp = tokenizer.fingerprint

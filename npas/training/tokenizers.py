@@ -288,8 +288,19 @@ class HFTokenizer:
     def fingerprint(self) -> str:
         return fingerprint_json(self.to_json())
 
+    def _encode_batch(self, pieces: list[str]) -> list:
+        """Hugging Face's encodings of `pieces`. A tokenizer.json can load and still fail to encode (a
+        WordLevel or WordPiece model without an unknown token meets a word it lacks): one line, not the
+        Rust side's bare Exception."""
+        try:
+            return self.hf.encode_batch_fast(pieces, add_special_tokens=False)
+        except Exception as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise DataError(f"tokenizer {self.name} cannot encode this text ({first}); give it an unknown "
+                            "token, or use bpe:N or char") from None
+
     def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch_fast(pieces, add_special_tokens=False)]
+        return [e.ids for e in self._encode_batch(pieces)]
 
     def encode(self, text: str) -> list[int]:
         return [i for ids in self._encode_pieces(split_pieces(text)) for i in ids]
@@ -301,7 +312,7 @@ class HFTokenizer:
         dtype = id_dtype(self.vocab_size)
         pieces = split_pieces(text)
         for b in range(0, len(pieces), BATCH_PIECES):
-            encs = self.hf.encode_batch_fast(pieces[b:b + BATCH_PIECES], add_special_tokens=False)
+            encs = self._encode_batch(pieces[b:b + BATCH_PIECES])
             yield np.concatenate([np.asarray(e.ids, dtype=dtype) for e in encs])
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:

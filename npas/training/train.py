@@ -33,7 +33,7 @@ from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
 from npas.training.forks import train_model  # the recipe's schedule: cosine, or WSD with its forks
-from npas.training.proxy import Progress, ProxyResult, Report
+from npas.training.proxy import Progress, ProxyResult, Report, check_compatible
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
 
@@ -61,6 +61,7 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
     nothing); the caller decides whether that is an error.
     """
+    check_compatible(cfg, recipe, corpus)  # before the directory exists: a refused run leaves nothing behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
@@ -211,7 +212,11 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
         raise DataError(f"{d} lacks {', '.join(missing)}; pass a directory written by `npas train` "
                         "(a failed run leaves only metrics.json)")
     text = read_text(d / CONFIG_FILE, "allocation file")
-    cfg = ArchConfig.from_yaml(text)
+    try:
+        cfg = ArchConfig.from_yaml(text)
+    except ConfigError as err:  # a YAML error spans lines (a caret under a column): one line, naming the file
+        raise DataError(f"{d / CONFIG_FILE} is damaged: {' '.join(str(err).split())}; train again or restore "
+                        "the file") from None
     tokenizer = tokenizer_from_json(read_text(d / tok_file, "tokenizer", DataError), name=str(d / tok_file))
     if tokenizer.vocab_size != cfg.chassis.vocab_size:
         raise DataError(f"{d}: {tok_file} has {tokenizer.vocab_size} tokens but config.yaml's chassis "
@@ -222,9 +227,21 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     except (SafetensorError, RuntimeError, OSError) as err:
         raise DataError(f"cannot load {d / MODEL_FILE}: {str(err).splitlines()[0]}; "
                         "the weights do not match config.yaml or the file is damaged") from None
+    check_finite(model, d / MODEL_FILE)
     model.to(device).eval()
     log.debug("loaded %s (%s)", d, cfg.hash)
     return model, tokenizer, cfg
+
+
+@torch.no_grad()
+def check_finite(model: nn.Module, path: str | Path) -> None:
+    """Refuse weights holding NaN or infinity at load: they would sample garbage (or fail inside
+    torch.multinomial), convert into NaN allocations and start every `--init-from` trial diverged."""
+    bad = [name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise DataError(f"{path} holds non-finite weights (NaN or inf in {', '.join(bad[:3])}{more}); the model "
+                        "diverged or the file is damaged: retrain it")
 
 
 @torch.no_grad()

@@ -228,11 +228,17 @@ def test_shipped_space_fits_and_enqueues_per_layer_moe():
 
 def test_expert_pools_do_not_apply_with_banks_so_such_samples_stay_dense():
     """Shapeshifter pools and an expert pool would both own the MLP weights: experts.per_layer only
-    applies when pools are off (the knob table's condition), so a sample with pools is a dense one."""
-    text = EXPERTS.replace("atoms: {slots: [none, qk]}", "pools: {enabled: [true]}")
-    cand = sample(parse_space(text), 0)
-    assert cand.feasible and cand.config.experts is None and cand.config.banks
-    assert "experts_per_layer" not in cand.values
+    applies when pools are off (the knob table's condition), so a sample with pools is a dense one;
+    a space whose pools are always on could never sample experts, and is refused at load."""
+    text = EXPERTS.replace("atoms: {slots: [none, qk]}", "pools: {enabled: [false, true]}")
+    space = parse_space(text)
+    cands = [sample(space, s) for s in range(12)]
+    pooled = [c for c in cands if c.values.get("pools")]
+    assert pooled and all(c.config.experts is None and c.config.banks for c in pooled if c.feasible)
+    assert all("experts_per_layer" not in c.values for c in pooled)
+    assert any(c.config is not None and c.config.experts for c in cands if not c.values.get("pools"))
+    always = EXPERTS.replace("atoms: {slots: [none, qk]}", "pools: {enabled: [true]}")
+    assert "pools.enabled always true" in str(space_refusal(always))
 
 
 @pytest.mark.parametrize("change, fragment", [

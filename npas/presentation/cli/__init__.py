@@ -13,7 +13,7 @@ import sys
 from importlib import import_module
 
 from npas.errors import NpasError
-from npas.presentation.cli.args import Parser
+from npas.presentation.cli.args import Parser, harden
 
 # A closed registry: command modules are named here, never loaded from strings in user files.
 COMMAND_MODULES = ("count", "train", "search", "dashboard", "validate", "convert")
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         import_module(f"npas.presentation.cli.{name}").register(sub)
+    harden(parser)  # the same check for a flag of one meaning in every command (args.CHECKS)
     return parser
 
 
@@ -46,15 +47,42 @@ def _exit_without_ray_shutdown(code: int) -> None:
     os._exit(code)
 
 
+# commands that tokenize a corpus, here or in their workers, and so may write the token cache
+TOKENIZING = ("search", "resume", "train", "validate", "convert")
+
+
+def _check_environment(command: str) -> None:
+    """Environment variables that can never work (NPAS_CACHE naming a file), refused before a command
+    touches a database or starts Ray: otherwise a worker would find out, trial after trial."""
+    if command in TOKENIZING:
+        from npas.training.token_cache import check_cache_dir
+
+        check_cache_dir()
+
+
+def one_line(message: str) -> str:
+    """`message` as one line, unless it is a list of problems (`errors.format_problems`: a count, then
+    one `  - ` line each). A YAML parser's or a library's error spans lines (a caret under a column, a
+    traceback-like dump); a user gets the whole of it, with its line breaks folded into spaces."""
+    lines = message.splitlines()
+    if len(lines) <= 1 or all(ln.startswith("  - ") for ln in lines[1:]):
+        return message
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a refused argument (exit 2, its one line already printed) or --help (0):
+        return e.code if isinstance(e.code, int) else 2  # returned, so in-process callers get a code as for any error
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        _check_environment(args.command)
         code = int(args.func(args) or 0)
     except NpasError as e:
-        print(f"npas {args.command}: error: {e}", file=sys.stderr)
+        print(f"npas {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         if argv is None and e.exit_code == 2:  # the `npas` process itself, on an error (not an interrupt)
             _exit_without_ray_shutdown(e.exit_code)
         return e.exit_code

@@ -247,11 +247,24 @@ def _sampler_note(space, sampler: str) -> None:
               f"(--sampler tpe models them in groups)", file=sys.stderr)
 
 
+def _check_default_study_name(space_name: str) -> None:
+    from npas.errors import StudyError
+    from npas.service.names import study_name_problem
+
+    problem = study_name_problem(space_name) or study_name_problem(f"{space_name}-20000101-000000")
+    if problem:
+        problem = problem.replace("study name", "the space name", 1)
+        raise StudyError(f"the default study name is the space's name and a time, but {problem}; pass --study "
+                         "NAME or rename the space")
+
+
 def run_search(args: argparse.Namespace) -> int:
     from npas.allocation.space_parser import parse_space
 
     path = space_path(args.space)
     space = parse_space(_read_space_text(args.space), str(path))
+    if args.study is None:  # the default name is SPACE-YYYYmmdd-HHMMSS: the space's name must make a safe one
+        _check_default_study_name(space.name)
     corpus = _preflight(space, args)
     if args.init_from is not None:  # the starting model must fit the space and corpus: one line, before Ray
         _preflight_init(space, args, corpus)
@@ -290,6 +303,8 @@ def run_resume(args: argparse.Namespace) -> int:
         from npas.training.corpora import check_source
 
         check_source(args.data)  # it exists; the driver reads it with the study's glob and text field
+    if text is not None:  # a changed space is checked against the study's record, read-only, before Ray
+        _check_space_change(args, text)
     _start_ray(args)
     from npas.service.driver import resume
 
@@ -300,6 +315,15 @@ def run_resume(args: argparse.Namespace) -> int:
     _print_front(study)
     _final_report(study, args)
     return 0
+
+
+def _check_space_change(args: argparse.Namespace, text: str) -> None:
+    from npas.service.driver import check_space_change
+    from npas.service.storage import open_storage
+    from npas.service.study import load, read_record
+
+    study = load(args.name, open_storage(args.storage, read_only=True))  # never creates a database
+    check_space_change(args.name, read_record(study), text, args.allow_space_change)
 
 
 def run_studies(args: argparse.Namespace) -> int:

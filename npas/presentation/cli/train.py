@@ -61,6 +61,9 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         cfg, corpus, reference, what = _from_allocation(path, recipe, args)
         start = None
+    from npas.training.proxy import check_compatible
+
+    check_compatible(cfg, recipe, corpus)  # one line before the progress bar and the output directory
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if start is not None and not args.out:  # never the source's own default directory: keep what it continues
         from npas.conversion.directory import fingerprint_weights
