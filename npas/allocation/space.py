@@ -329,7 +329,7 @@ class Space:
 def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
     """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
     d_model, so a cap at or under them leaves every candidate infeasible."""
-    floor = ch.vocab_size * ch.d_model + ch.context * ch.d_model + ch.d_model
+    floor = embedding_params(ch) + ch.d_model
     if cap > floor:
         return None
     return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
