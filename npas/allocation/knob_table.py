@@ -233,6 +233,9 @@ SETTINGS: tuple[KnobSpec, ...] = (
 
 BY_NAME: dict[str, KnobSpec] = {s.name: s for s in KNOBS + SETTINGS}
 CHASSIS_KEYS: tuple[str, ...] = tuple(s.key for s in KNOBS if s.section == "chassis")
+# chassis keys a space may leave out without them being recorded: a space that does not name its family
+# samples the classic chassis with exactly the values (and trial attributes) it always did
+FAMILY_KEYS: tuple[str, ...] = ("family", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings")
 SECTION_KEYS: dict[str, tuple[str, ...]] = {}
 for _s in KNOBS:
     if _s.section not in ("chassis", ""):

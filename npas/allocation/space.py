@@ -210,8 +210,8 @@ class Space:
                 values[name] = spec.default_for(values)
 
         for spec in KNOBS:  # the table's order is the sampling order; `applies` reads earlier values
-            if not spec.applies(values):
-                continue
+            if not spec.applies(values) or (spec.section == "chassis" and spec.name not in self.chassis):
+                continue  # (a family key the space leaves out: the classic default, not recorded)
             if spec.per_layer and self.per_position:
                 for i in range(int(values["n_layers"])):
                     pick(f"{spec.name}_{i}", spec)
