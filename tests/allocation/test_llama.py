@@ -244,3 +244,36 @@ def test_llama_space_narrows_d_model_in_steps_that_keep_head_dim_even():
     c = cand.config.chassis
     assert c.d_model < 128 and c.head_size % 2 == 0 and c.d_model % (2 * c.n_heads) == 0
     npas.build_model(cand.config)(torch.randint(0, 68, (1, 8)))
+
+
+def test_classic_spaces_record_no_family_keys_and_llama_spaces_record_theirs():
+    # a space that names no family samples exactly the values it always did (trial attributes, resumes)
+    full = load_space(next(p for p in SPACES if p.stem == "full"))
+    values = full.sample(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()).values
+    assert not {"family", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings"} & set(values)
+    llama = load_space(next(p for p in SPACES if p.stem == "llama"))
+    values = llama.sample(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()).values
+    assert values["family"] == "llama" and values["n_kv_heads"] == 2
+
+
+# ---- conversion between allocations of one llama chassis ------------------------------------------------
+def test_llama_converts_within_its_chassis_and_nowhere_else():
+    from npas.conversion.convert import convert_model
+
+    ch = chassis(tie_embeddings=False)
+    torch.manual_seed(0)
+    dense = npas.build_model(reference_config(ch))
+    idx = torch.randint(0, 30, (2, 10))
+    same = convert_model(dense, reference_config(ch))
+    assert torch.equal(same.model(idx)[0], dense(idx)[0])  # every weight, the head included, carried over
+    shared = ArchConfig(chassis=ch, mlp_widths=(48, 32, 48, 32), block_of_layer=(0, 1, 0, 1), lora_attn=(4,) * 4,
+                        atoms=(AtomSpec("attn_k", 4),))
+    out = convert_model(dense, shared)  # provenance for every entry, or it raises
+    assert max(out.errors[f"{i}.attn_k"] for i in range(4)) < 1e-4  # 4 GQA-shaped k atoms span 4 layers: exact
+    assert torch.isfinite(out.model(idx)[0]).all()
+    with pytest.raises(ConfigError, match="n_kv_heads differs"):
+        convert_model(dense, reference_config(chassis(tie_embeddings=False, n_kv_heads=1)))
+    with pytest.raises(ConfigError, match="family differs"):
+        convert_model(dense, reference_config(Chassis(**{k: v for k, v in LLAMA.items()
+                                                          if k not in ("family", "n_kv_heads", "rope_theta",
+                                                                       "rms_norm_eps")})))
