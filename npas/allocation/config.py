@@ -258,7 +258,8 @@ class AtomSpec:
 
     Every layer (or block, with scope "block") that reads `slot` gets its (d, d) weight as
     sum_k coef[row, k] * atoms[k]: `n_atoms` atoms of d x d shared across depth, plus one row of
-    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms.
+    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms. On a llama chassis
+    an atom has the slot's shape (Chassis.slot_shape: GQA's K/V atoms are n_kv_heads x head_dim by d).
     """
 
     slot: str  # one of attn_q, attn_k, attn_v, attn_o
