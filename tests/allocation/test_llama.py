@@ -277,3 +277,18 @@ def test_llama_converts_within_its_chassis_and_nowhere_else():
         convert_model(dense, reference_config(Chassis(**{k: v for k, v in LLAMA.items()
                                                           if k not in ("family", "n_kv_heads", "rope_theta",
                                                                        "rms_norm_eps")})))
+
+
+@pytest.mark.slow  # loads and tokenizes the bundled corpus
+def test_a_shared_llama_allocation_trains_through_the_proxy():
+    from npas.training.data import load_corpus
+    from npas.training.proxy import run_proxy
+    from npas.training.recipe import Recipe
+
+    cfg = ArchConfig(chassis=chassis(vocab_size=68), mlp_widths=(48,) * 4, block_of_layer=(0, 1, 0, 1),
+                     lora_attn=(2,) * 4, kv_source=(0, 0, 2, 2), atoms=(AtomSpec("attn_q", 2),))
+    recipe = Recipe(name="t", seq_len=16, batch_size=4, steps=6, lr=3e-3, min_lr=3e-4, warmup_steps=1,
+                    eval_every=6, eval_batches=1, threads=1)
+    res = run_proxy(cfg, recipe, load_corpus(), device="cpu")
+    assert res.status == "ok", res.failure_reason
+    assert res.stored_params == count(cfg).stored_params and math.isfinite(res.val_loss)
