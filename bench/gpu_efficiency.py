@@ -26,7 +26,6 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +115,7 @@ def measure(name: str, chassis: Chassis, batch: int, seq: int, compile_model: bo
     tok_s = batch * seq / dt
     flops = 3 * acc.flops_per_token
     peak = torch.cuda.max_memory_allocated(dev) if cuda else acc.train_memory_bytes
-    row = {"name": name, "chassis": asdict(chassis), "batch": batch, "seq_len": seq, "tokens_per_step": batch * seq,
+    row = {"name": name, "chassis": chassis.to_dict(), "batch": batch, "seq_len": seq, "tokens_per_step": batch * seq,
            "dtype": dtype, "compiled": compile_model, "params": acc.stored_params, "step_s": dt, "tokens_per_s": tok_s,
            "train_flops_per_token": flops, "tflops": tok_s * flops / 1e12, "mfu_datasheet": tok_s * flops / DATASHEET_BF16,
            "peak_bytes": peak, "estimate_bytes": acc.train_memory_bytes, "estimate_activation_bytes": acc.activation_bytes,

@@ -21,7 +21,12 @@ slower and the ratios are meaningless); `--threads 1` still gives usable ratios 
 
 Target: each variant <= 1.10x the reference's step time. Prints PASS/MISS per variant; exits 0.
 
-Expert pools (a second table) change what a token computes, so they are held to their own targets.
+The same sharing variants run again on a LLaMA-family chassis (RMSNorm, rotary positions, SwiGLU,
+grouped-query attention with 2 K/V heads for 4 query heads: search_spaces/llama.yaml's reference),
+each paired with that chassis' own dense reference of equal FLOPs per token, in a table of its own
+(rows `llama_<variant>`, same 1.10x target). `--family classic` or `--family llama` times one of them.
+
+Expert pools (a third table) change what a token computes, so they are held to their own targets.
 Each runs k experts per layer of width d_ff / k, so its activated FLOPs per token equal the dense
 reference's plus the routers' scores (FLOP ratio printed): the reference *is* the dense model of
 equal activated FLOPs, and the ratio to it is the price of routing and sparse dispatch (target
@@ -62,6 +67,11 @@ class Shape:
 
 FULL = Shape(Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=512), 16, 128)
 QUICK = Shape(Chassis(vocab_size=68, context=32, d_model=32, n_layers=4, n_heads=2, d_ff=128), 4, 32)
+# search_spaces/llama.yaml's reference: SwiGLU at ~8/3 d_model, 2 K/V heads for 4 query heads
+LLAMA = Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=352, activation="swiglu",
+                family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
+LLAMA_QUICK = Chassis(vocab_size=68, context=32, d_model=32, n_layers=4, n_heads=2, d_ff=96, activation="swiglu",
+                      family="llama", n_kv_heads=1, rms_norm_eps=1e-5)
 
 
 def variants(ch: Chassis) -> dict[str, ArchConfig]:
@@ -164,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None,
                     help="sequences per batch (default 16, --quick 4); the pool-size row needs enough tokens per "
                          "expert for the routed work to outweigh the per-expert work (see the module docstring)")
+    ap.add_argument("--family", choices=("classic", "llama", "both"), default="both",
+                    help="which chassis' tables to time (default both: classic with expert pools, then llama)")
     args = ap.parse_args(argv)
     shape = QUICK if args.quick else FULL
     if args.batch is not None:
@@ -183,17 +195,35 @@ def main(argv: list[str] | None = None) -> int:
     cfgs = variants(ch)
     experts = expert_variants(ch)
     cfgs.update(experts)
+    llama_ch = LLAMA_QUICK if args.quick else LLAMA
+    llama_cfgs = {f"llama_{name}": cfg for name, cfg in variants(llama_ch).items()}
+    if args.family == "llama":
+        cfgs = {}
+    if args.family == "classic":
+        llama_cfgs = {}
     if args.only:
-        unknown = sorted(set(args.only) - set(cfgs))
+        unknown = sorted(set(args.only) - set(cfgs) - set(llama_cfgs))
         if unknown:
-            ap.error(f"--only: unknown variants {unknown}; known: {', '.join(cfgs)}")
-        cfgs = {name: cfgs[name] for name in args.only}
+            ap.error(f"--only: unknown variants {unknown}; known: {', '.join([*cfgs, *llama_cfgs])}")
+        cfgs = {name: cfgs[name] for name in args.only if name in cfgs}
+        llama_cfgs = {name: llama_cfgs[name] for name in args.only if name in llama_cfgs}
+    if cfgs:
+        print_sharing(ref_cfg, cfgs, experts, args, shape, idx, targets)
+    if llama_cfgs:
+        if cfgs:
+            print()
+        print_sharing(reference_config(llama_ch), llama_cfgs, {}, args, shape, idx, targets, "llama ")
+    return 0
+
+
+def measure(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], args: argparse.Namespace, idx: torch.Tensor,
+            targets: torch.Tensor) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """(reference block times, each variant's block times, paired variant/reference ratios), interleaved."""
     ref = Runner(ref_cfg, idx, targets)
     runs = {name: Runner(cfg, idx, targets) for name, cfg in cfgs.items()}
     for r in (ref, *runs.values()):
         for _ in range(args.warmup):
             r.step()
-
     ref_times: list[float] = []
     times: dict[str, list[float]] = {name: [] for name in runs}
     ratios: dict[str, list[float]] = {name: [] for name in runs}
@@ -204,17 +234,28 @@ def main(argv: list[str] | None = None) -> int:
             ref_times.append(t_ref)
             times[name].append(t_var)
             ratios[name].append(t_var / t_ref)
+    return ref_times, times, ratios
 
+
+def print_sharing(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], experts: dict[str, ArchConfig],
+                  args: argparse.Namespace, shape: Shape, idx: torch.Tensor, targets: torch.Tensor,
+                  label: str = "") -> None:
+    """Time `cfgs` against `ref_cfg` and print the sharing table (and the expert table, if any).
+    `label` ("llama ") prefixes the reference row and the result line of a second chassis' table."""
+    ch = ref_cfg.chassis
+    ref_times, times, ratios = measure(ref_cfg, cfgs, args, idx, targets)
+    w = max(22, max(len(n) for n in cfgs) + 2)  # the classic table keeps its 22 columns
     ref_acc = npas.count(ref_cfg, shape.batch, shape.seq_len)
-    print(f"npas bench: training-step overhead of sharing vs the dense reference "
-          f"(d_model {ch.d_model}, {ch.n_layers} layers, {ch.n_heads} heads, d_ff {ch.d_ff}, vocab {ch.vocab_size}; "
+    family = (f"llama chassis: RMSNorm, rotary, {ch.activation}, {ch.kv_heads} K/V heads; " if ch.llama else "")
+    print(f"npas bench: training-step overhead of sharing vs the dense {label}reference "
+          f"({family}d_model {ch.d_model}, {ch.n_layers} layers, {ch.n_heads} heads, d_ff {ch.d_ff}, vocab {ch.vocab_size}; "
           f"batch {shape.batch} x seq {shape.seq_len}; fp32, {torch.get_num_threads()} threads, AdamW)")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other jobs skew absolute times; "
           f"the paired ratios less so)")
     print(f"interleaved {args.rounds} rounds x {args.steps} steps per block (fastest step counts); ratio = median of paired "
           f"variant/reference ratios; target <= {TARGET:.2f}x")
-    print(f"{'variant':<22}{'ms/step':>9}{'ratio':>8}{'FLOP ratio':>12}{'+gen':>8}{'stored':>11}  result")
-    print(f"{'reference':<22}{1e3 * statistics.median(ref_times):>9.1f}{1.0:>8.3f}{1.0:>12.4f}{1.0:>8.4f}"
+    print(f"{'variant':<{w}}{'ms/step':>9}{'ratio':>8}{'FLOP ratio':>12}{'+gen':>8}{'stored':>11}  result")
+    print(f"{label.replace(' ', '_') + 'reference':<{w}}{1e3 * statistics.median(ref_times):>9.1f}{1.0:>8.3f}{1.0:>12.4f}{1.0:>8.4f}"
           f"{ref_acc.stored_params:>11,}")
     misses = []
     sharing = {n: c for n, c in cfgs.items() if n not in experts}
@@ -224,15 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         ok = ratio <= TARGET
         if not ok:
             misses.append(name)
-        print(f"{name:<22}{1e3 * statistics.median(times[name]):>9.1f}{ratio:>8.3f}{fr:>12.4f}{fr_gen:>8.4f}"
+        print(f"{name:<{w}}{1e3 * statistics.median(times[name]):>9.1f}{ratio:>8.3f}{fr:>12.4f}{fr_gen:>8.4f}"
               f"{npas.count(cfg).stored_params:>11,}  {'PASS' if ok else 'MISS'}  {cfg.summary()}")
     if sharing:
-        print(f"result: {len(sharing) - len(misses)}/{len(sharing)} variants within {TARGET:.2f}x of the reference"
-              + (f"; MISS: {', '.join(misses)}" if misses else ""))
+        print(f"{label}result: {len(sharing) - len(misses)}/{len(sharing)} variants within {TARGET:.2f}x of the "
+              f"{label}reference" + (f"; MISS: {', '.join(misses)}" if misses else ""))
     timed = {n: c for n, c in cfgs.items() if n in experts}
     if timed:
         print_experts(timed, ratios, times, ref_cfg, shape)
-    return 0
 
 
 def print_experts(cfgs: dict[str, ArchConfig], ratios: dict[str, list[float]], times: dict[str, list[float]],

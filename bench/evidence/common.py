@@ -25,7 +25,7 @@ import argparse
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templat
     """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
     from npas.allocation.space_parser import parse_space
 
-    text = yaml.safe_dump({"name": "evidence", "chassis": asdict(chassis), "budget": budget,
+    text = yaml.safe_dump({"name": "evidence", "chassis": chassis.to_dict(), "budget": budget,
                            "fit": {"width": width_fit, "max_width_scale": MAX_WIDTH_SCALE,
                                    "max_templates": max_templates},
                            "knobs": {}}, sort_keys=False)
@@ -169,7 +169,7 @@ def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templat
 def fit(chassis: Chassis, budget: str, *, width_fit: str = "all", **knobs: Any):
     """Fit an allocation with these knob values to `budget`; raise if nothing fits."""
     space = space_for(chassis, budget, width_fit)
-    values = {**asdict(chassis), "taper": "uniform", "tying": "none", "pools": False, "width_fit": width_fit,
+    values = {**chassis.to_dict(), "taper": "uniform", "tying": "none", "pools": False, "width_fit": width_fit,
               **knobs}
     cand = space.candidate(values)
     if not cand.feasible:

@@ -7,7 +7,6 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +59,7 @@ def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], 
 
 def save_json(setup: Setup, payload: dict[str, Any]) -> Path:
     path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
-    payload = {"experiment": setup.name, "quick": setup.quick, "chassis": asdict(setup.chassis),
+    payload = {"experiment": setup.name, "quick": setup.quick, "chassis": setup.chassis.to_dict(),
                "recipe": setup.recipe.to_dict(), "seeds": list(setup.seeds), "wall_s": round(setup.elapsed(), 1),
                "cpu_count": os.cpu_count(), **payload}
     path.write_text(json.dumps(json_safe(payload), indent=1, default=str, allow_nan=False))

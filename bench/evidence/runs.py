@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +59,7 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
     """Every config x every seed, seed-major so a cut-short run still has whole seeds; the fair
     parameterization scales against the setup's chassis (the experiment's reference)."""
     base = recipe or setup.recipe
-    return [{"name": name, "config": cfg.to_dict(), "reference": asdict(setup.chassis),
+    return [{"name": name, "config": cfg.to_dict(), "reference": setup.chassis.to_dict(),
              "recipe": {**base.to_dict(), "seed": seed}} for seed in (setup.seeds if seeds is None else seeds)
             for name, cfg in configs.items()]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ def search_space(setup: Setup, file_chassis: bool = False):
     path = ROOT / "search_spaces" / "full.yaml"
     data = yaml.safe_load(path.read_text())
     if not file_chassis:
-        data["chassis"] = asdict(setup.chassis)
+        data["chassis"] = setup.chassis.to_dict()
     L = int(data["chassis"]["n_layers"])
     ub = data["knobs"]["tying"].get("unique_blocks")
     if isinstance(ub, dict) and ub.get("high", 0) > L:

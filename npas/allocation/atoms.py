@@ -15,11 +15,15 @@ from torch import Tensor, nn
 
 
 class AtomDictionary(nn.Module):
-    """`atoms` (K, d, d) shared across depth and `coef` (rows, K), one row per reader."""
+    """`atoms` (K, out, in) shared across depth and `coef` (rows, K), one row per reader.
 
-    def __init__(self, n_atoms: int, rows: int, d_model: int, std: float) -> None:
+    Atoms are (d, d) on the classic chassis; `shape` gives a llama chassis' slot shape (grouped-query
+    K/V atoms project to n_kv_heads x head_dim)."""
+
+    def __init__(self, n_atoms: int, rows: int, d_model: int, std: float,
+                 shape: tuple[int, int] | None = None) -> None:
         super().__init__()
-        self.atoms = nn.Parameter(torch.empty(n_atoms, d_model, d_model))
+        self.atoms = nn.Parameter(torch.empty(n_atoms, *(shape or (d_model, d_model))))
         self.coef = nn.Parameter(torch.empty(rows, n_atoms))
         self.std = std
         self.reset_parameters()
@@ -30,6 +34,6 @@ class AtomDictionary(nn.Module):
         nn.init.normal_(self.coef, mean=0.0, std=1.0 / math.sqrt(self.atoms.shape[0]))
 
     def generate(self) -> Tensor:
-        """Every reader's weight, (rows, d, d): einsum('rk,kij->rij') as one flat matmul."""
-        k, d, _ = self.atoms.shape
-        return (self.coef @ self.atoms.view(k, d * d)).view(-1, d, d)
+        """Every reader's weight, (rows, out, in): einsum('rk,kij->rij') as one flat matmul."""
+        k, o, i = self.atoms.shape
+        return (self.coef @ self.atoms.view(k, o * i)).view(-1, o, i)

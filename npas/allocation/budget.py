@@ -17,9 +17,9 @@ from npas.allocation.config import (
     DTYPE_BYTES,
     MLP_SLOTS,
     ArchConfig,
+    Chassis,
     block_slots,
     reference_config,
-    slot_shape,
 )
 from npas.errors import BudgetError
 
@@ -62,7 +62,7 @@ class Accounting:
     inference_bytes: int  # params + KV cache for one full context at batch 1
     train_memory_bytes: int  # fp32 weights + grads + AdamW states + generated weights + activations
     activation_bytes: int  # the activation part of train_memory_bytes (batch x seq_len)
-    embedding_params: int  # token + position embeddings (the LM head is tied to the token embedding)
+    embedding_params: int  # token + position embeddings (classic; tied head) or token embedding + untied head (llama)
     non_embedding_params: int  # stored_params - embedding_params: what `budget_scope: non_embedding` caps
     block_params: int  # direct (unbanked) block weights
     bank_params: int  # banks, templates and mixing coefficients
@@ -85,17 +85,23 @@ class Accounting:
         return d
 
 
-def _attn_read(cfg: ArchConfig, layer: int) -> int:
-    """Attention slots this layer multiplies with: 4, or 2-3 for a KV consumer."""
-    return sum(cfg.layer_reads(layer, s) for s in ATTN_SLOTS)
+def _attn_numels(c: Chassis) -> dict[str, int]:
+    """Elements of each attention slot: d x d on classic; GQA's K/V project to n_kv_heads x head_dim."""
+    return {s: math.prod(c.slot_shape(s, 1)) for s in ATTN_SLOTS}
+
+
+def _attn_sides(c: Chassis) -> dict[str, int]:
+    """in + out features of each attention slot: what one LoRA rank of that slot stores."""
+    return {s: sum(c.slot_shape(s, 1)) for s in ATTN_SLOTS}
 
 
 def _lora_params(cfg: ArchConfig, layer: int) -> int:
     d, w = cfg.chassis.d_model, cfg.mlp_widths[layer]
     total = 0
     ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
-    if ra:
-        total += _attn_read(cfg, layer) * ra * (d + d)  # attn_q, attn_k, attn_v, attn_o read: each d x d
+    if ra:  # r * (in + out) per attention slot read (each d + d on classic)
+        sides = _attn_sides(cfg.chassis)
+        total += ra * sum(sides[s] for s in ATTN_SLOTS if cfg.layer_reads(layer, s))
     if rm:
         total += rm * (d + w) * len(MLP_SLOTS[cfg.chassis.activation])
     return total
@@ -103,12 +109,12 @@ def _lora_params(cfg: ArchConfig, layer: int) -> int:
 
 def _lora_merge(cfg: ArchConfig, layer: int) -> tuple[int, int]:
     """(FLOPs, elements) of merging this layer's LoRA deltas into its weights, once per forward."""
-    d, w = cfg.chassis.d_model, cfg.mlp_widths[layer]
+    w = cfg.mlp_widths[layer]
     flops = elems = 0
     for slot in block_slots(cfg.chassis.activation):
         r = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
         if r and cfg.layer_reads(layer, slot):
-            n = math.prod(slot_shape(slot, d, w))
+            n = math.prod(cfg.chassis.slot_shape(slot, w))
             flops += 2 * r * n
             elems += n
     return flops, elems
@@ -167,13 +173,14 @@ def stored_params(cfg: ArchConfig) -> int:
         for w, b in zip(mlp_widths, block_of, strict=True):
             if w > widths[b]:
                 widths[b] = w
-    total = (c.vocab_size + c.context + 1) * d  # embeddings + ln_f
+    total = embedding_params(c) + d  # embeddings (and an untied head) + the final norm
     if cfg.experts is None:
         total += n_mlp * d * sum(widths)  # every MLP slot, banked or not
     else:  # experts replace the MLP slots: every pool's experts plus the routers
         total += expert_params(cfg)
+    numel = _attn_numels(c) if c.llama else dict.fromkeys(ATTN_SLOTS, d * d)
     if not cfg.atoms and cfg.kv_source == tuple(range(L)):  # the fit's common case: every attention slot stored
-        total += 4 * d * d * n_blocks
+        total += sum(numel.values()) * n_blocks
     else:  # the same numbers as block_stores / atom_rows, counted without walking the blocks
         src = [i for i, s in enumerate(cfg.kv_source) if s == i]
         src_blocks = len({block_of[i] for i in src}) if len(src) < L else n_blocks
@@ -185,18 +192,20 @@ def stored_params(cfg: ArchConfig) -> int:
         for slot in ATTN_SLOTS:
             a = atoms.get(slot)
             if a is None:
-                total += d * d * blocks[slot]
+                total += numel[slot] * blocks[slot]
             else:
-                total += a.n_atoms * (d * d + (layers if a.scope == "layer" else blocks)[slot])
+                total += a.n_atoms * (numel[slot] + (layers if a.scope == "layer" else blocks)[slot])
     total += 2 * d * (L if cfg.untied_norms else n_blocks)  # norm pairs: per layer, or one per block
     for bank in cfg.banks:
         for b, slot in bank.members:  # a banked slot stores no direct weight, the bank stores instead
-            total -= d * d if slot.startswith("attn") else d * widths[b]
+            total -= numel[slot] if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
-    if any(cfg.lora_attn):  # r * (d + d) per attention slot the layer reads: 4, or 2-3 for a KV consumer
-        consumer = 3 if cfg.kv_mode == "v" else 2
-        total += 2 * d * sum(r * (4 if s == i else consumer) for i, (r, s) in enumerate(
+    if any(cfg.lora_attn):  # r * (in + out) per attention slot the layer reads: 4, or 2-3 for a KV consumer
+        sides = _attn_sides(c)
+        source = sum(sides.values())
+        consumer = source - sides["attn_v"] - (0 if cfg.kv_mode == "v" else sides["attn_k"])
+        total += sum(r * (source if s == i else consumer) for i, (r, s) in enumerate(
             zip(cfg.lora_attn, cfg.kv_source, strict=True)))
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
@@ -220,7 +229,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     bank_of = cfg.bank_of()
     members = [cfg.members_of(b) for b in range(cfg.n_blocks)]
 
-    embedding = V * d + c.context * d
+    embedding = embedding_params(c)
     norms = d  # ln_f
     layer_stored = [0.0] * L
     block_direct = 0
@@ -245,7 +254,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
                 layer_stored[i] += size * n / total / len(members[b])
     atom_params = 0
     for a in cfg.atoms:  # the dictionary and its coefficients, split evenly over the layers reading it
-        n = a.n_atoms * (d * d + len(cfg.atom_rows(a)))
+        n = a.n_atoms * (math.prod(c.slot_shape(a.slot, 1)) + len(cfg.atom_rows(a)))
         atom_params += n
         readers = [i for i in range(L) if cfg.layer_reads(i, a.slot)]
         for i in readers:
@@ -260,7 +269,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         lp = _lora_params(cfg, i)
         lora += lp
         layer_stored[i] += lp
-        used = sum(math.prod(slot_shape(s, d, cfg.mlp_widths[i])) for s in slots if cfg.layer_reads(i, s))
+        used = sum(math.prod(c.slot_shape(s, cfg.mlp_widths[i])) for s in slots if cfg.layer_reads(i, s))
         e_share, e_used = _expert_layer(cfg, i)
         layer_stored[i] += e_share
         used += e_used  # the router and the k experts a token runs
@@ -269,27 +278,32 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     experts = expert_params(cfg)
     stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts
 
-    attention = 2 * L * T * d  # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC
+    # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC, over n_heads x head_dim
+    # (d_model on classic; grouped K/V heads are repeated to every query head, so GQA saves no FLOPs here)
+    attention = 2 * L * T * c.q_dim
     flops = 2 * matmul_params + attention + 2 * V * d
     gen_flops = sum(
         2 * len(b.members) * b.templates * b.size for b in cfg.banks if b.generator == "template_mix"
     )
     merges = [_lora_merge(cfg, i) for i in range(L)]
     gen_flops += sum(f for f, _ in merges)
-    atom_elems = sum(len(cfg.atom_rows(a)) * d * d for a in cfg.atoms)  # one (rows, K) @ (K, d*d) per step
-    gen_flops += sum(2 * len(cfg.atom_rows(a)) * a.n_atoms * d * d for a in cfg.atoms)
+    atom_numel = {a.slot: math.prod(c.slot_shape(a.slot, 1)) for a in cfg.atoms}
+    atom_elems = sum(len(cfg.atom_rows(a)) * atom_numel[a.slot] for a in cfg.atoms)  # one (rows, K) @ (K, o*i)
+    gen_flops += sum(2 * len(cfg.atom_rows(a)) * a.n_atoms * atom_numel[a.slot] for a in cfg.atoms)
     # tensors materialised per step besides the stored ones: bank and atom outputs, merged LoRA weights
     generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks) + sum(e for _, e in merges) + atom_elems
-    # the cache holds K for each layer that computes its own and V for each KV source
+    # the cache holds K for each layer that computes its own and V for each KV source, each of
+    # n_kv_heads x head_dim (d_model on classic; grouped-query attention caches n_kv_heads heads only)
     kv = (sum(cfg.layer_reads(i, "attn_k") for i in range(L)) + sum(cfg.layer_reads(i, "attn_v") for i in range(L))) \
-        * d * nbytes
+        * c.kv_dim * nbytes
     # activations saved for backward, per token: per layer ~ ln/qkv/attn-out/residuals (8d: two norm
     # outputs and two residual sums in full precision, q/k/v/attention output from matmuls) + MLP
     # pre/post activation (2-3 widths, matmul outputs) + final norm and logits (2d + 2V, fp32);
     # attention probs B*nh*T*T unless attention is fused (CUDA)
     gate = 3 if c.activation == "swiglu" else 2
     low = 2 if autocast == "bfloat16" and device == "cuda" else 4  # bytes of a matmul output
-    per_token_bytes = sum(4 * 4 * d + low * (4 * d + gate * w) for w in cfg.mlp_widths) + 4 * (2 * d + 2 * V)
+    qkvo = 2 * c.q_dim + 2 * c.kv_dim  # q, k, v and the attention output (4d on classic)
+    per_token_bytes = sum(4 * 4 * d + low * (qkvo + gate * w) for w in cfg.mlp_widths) + 4 * (2 * d + 2 * V)
     probs = 4 * c.n_heads * T * L if device == "cuda" else 4 * c.n_heads * T * T * L
     act = batch_size * T * per_token_bytes + batch_size * probs
     train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
@@ -321,7 +335,11 @@ BUDGET_SCOPES = ("all", "non_embedding")
 
 
 def embedding_params(chassis) -> int:
-    """Token and position embeddings, ``(vocab + context) * d_model``: what ``non_embedding`` leaves out."""
+    """What ``non_embedding`` leaves out: token and position embeddings, ``(vocab + context) * d_model``,
+    on a classic chassis; on a llama chassis (rotary positions, no table) the token embedding and, when
+    the head is untied, the output head (``vocab * d_model`` each)."""
+    if getattr(chassis, "family", "classic") == "llama":
+        return chassis.vocab_size * chassis.d_model * (1 if chassis.tie_embeddings else 2)
     return (chassis.vocab_size + chassis.context) * chassis.d_model
 
 

@@ -22,6 +22,12 @@ from npas.errors import ConfigError
 SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
 
 Activation = Literal["gelu", "swiglu"]
+# The architecture family of the chassis. classic: bias-free LayerNorm, a learned absolute position
+# table, full multi-head attention (npas's original chassis; not GPT-2: no biases anywhere). llama:
+# Hugging Face LlamaForCausalLM's conventions -- RMSNorm (fp32, eps), rotary positions (no position
+# table), grouped-query attention (n_kv_heads dividing n_heads, head_dim explicit when it is not
+# d_model / n_heads) and a tied or untied output head. A config without `family` is classic.
+Family = Literal["classic", "llama"]
 Generator = Literal["tie", "slice", "tile", "template_mix"]
 DType = Literal["float32", "bfloat16", "float16"]
 LoraScaling = Literal["standard", "rslora"]
@@ -56,10 +62,20 @@ def block_slots(activation: str) -> tuple[str, ...]:
     return ATTN_SLOTS + MLP_SLOTS[activation]
 
 
-def slot_shape(slot: str, d_model: int, width: int) -> tuple[int, int]:
-    """(out_features, in_features) of a slot for an MLP of `width`; F.linear's weight layout."""
+def slot_shape(slot: str, d_model: int, width: int, q_dim: int | None = None,
+               kv_dim: int | None = None) -> tuple[int, int]:
+    """(out_features, in_features) of a slot for an MLP of `width`; F.linear's weight layout.
+
+    `q_dim` (n_heads x head_dim) and `kv_dim` (n_kv_heads x head_dim) are the attention widths of a
+    llama chassis (grouped-query attention: K and V project to kv_dim); both default to d_model,
+    the classic chassis' square projections. `Chassis.slot_shape` passes them."""
     if slot in ATTN_SLOTS:
-        return (d_model, d_model)
+        q = d_model if q_dim is None else q_dim
+        if slot == "attn_q":
+            return (q, d_model)
+        if slot == "attn_o":
+            return (d_model, q)
+        return (d_model if kv_dim is None else kv_dim, d_model)
     if slot in ("mlp_up", "mlp_gate"):
         return (width, d_model)
     if slot == "mlp_down":
@@ -71,42 +87,149 @@ def slot_shape(slot: str, d_model: int, width: int) -> tuple[int, int]:
 # reference (tuples of per-layer widths, products of sizes) stays cheap and exact for absurd inputs.
 CHASSIS_MAX: dict[str, int] = {"vocab_size": 2**22, "context": 2**20, "d_model": 2**16, "n_layers": 2**12,
                                "n_heads": 2**12, "d_ff": 2**18}
+# llama-only dimensions: 0 means "derived" (n_kv_heads = n_heads, head_dim = d_model / n_heads)
+LLAMA_MAX: dict[str, int] = {"n_kv_heads": 2**12, "head_dim": 2**12}
+# Defaults of the llama-only fields (Hugging Face LlamaConfig's rope_theta and rms_norm_eps). A classic
+# chassis keeps every one of them at its default, and its serialisation omits them (old hashes hold).
+LLAMA_DEFAULTS: dict[str, Any] = {"n_kv_heads": 0, "head_dim": 0, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+                                  "tie_embeddings": True}
 
 
 @dataclass(frozen=True)
 class Chassis:
-    """The architecture family and its fixed dimensions: a pre-norm decoder-only transformer LM."""
+    """The architecture family and its fixed dimensions: a pre-norm decoder-only transformer LM.
+
+    `family` picks the norms, positions and attention (see `Family`); the fields after it apply to
+    the llama family only and stay at their defaults on a classic chassis."""
 
     vocab_size: int  # characters for the bundled corpus (68)
-    context: int  # maximum sequence length; learned position embeddings
+    context: int  # maximum sequence length; classic: learned position embeddings; llama: rotary
     d_model: int
     n_layers: int
-    n_heads: int  # must divide d_model
+    n_heads: int  # must divide d_model (llama: unless head_dim is given)
     d_ff: int  # MLP width of the uniform reference; tapers keep the mean
     activation: Activation = "gelu"
+    family: Family = "classic"
+    n_kv_heads: int = 0  # llama: key/value heads (grouped-query attention), dividing n_heads; 0 = n_heads
+    head_dim: int = 0  # llama: width of one head, even (rotary pairs); 0 = d_model / n_heads
+    rope_theta: float = 10000.0  # llama: rotary base, inv_freq = 1 / theta^(2i / head_dim)
+    rms_norm_eps: float = 1e-6  # llama: RMSNorm's epsilon
+    tie_embeddings: bool = True  # llama: the output head reads the token embedding (False: own lm_head)
+
+    def __post_init__(self) -> None:
+        # one canonical form, so equal models hash equal: derived dimensions are stored as 0
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if is_int(self.n_kv_heads) and is_int(self.n_heads) and self.n_kv_heads == self.n_heads:
+            object.__setattr__(self, "n_kv_heads", 0)
+        if (is_int(self.head_dim) and is_int(self.d_model) and is_int(self.n_heads) and self.n_heads > 0
+                and self.d_model % self.n_heads == 0 and self.head_dim == self.d_model // self.n_heads):
+            object.__setattr__(self, "head_dim", 0)
+        for name in ("rope_theta", "rms_norm_eps"):  # 10000 and 10000.0 are one chassis
+            v = getattr(self, name)
+            if is_int(v):
+                object.__setattr__(self, name, float(v))
 
     def problems(self) -> list[str]:
         out = []
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "activation":
-                if v not in get_args(Activation):
-                    out.append(f"chassis.activation: {v!r} is not one of {list(get_args(Activation))}")
-            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                out.append(f"chassis.{f.name}: must be a positive integer, got {v!r}")
-            elif v > CHASSIS_MAX[f.name]:
-                out.append(f"chassis.{f.name}: {v:,} is above the largest npas builds ({CHASSIS_MAX[f.name]:,}); "
-                           f"lower it")
-        if not out and self.d_model % self.n_heads:
-            out.append(
-                f"chassis: n_heads={self.n_heads} does not divide d_model={self.d_model}; "
-                f"pick d_model a multiple of n_heads"
-            )
+        for name, top in CHASSIS_MAX.items():
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                out.append(f"chassis.{name}: must be a positive integer, got {v!r}")
+            elif v > top:
+                out.append(f"chassis.{name}: {v:,} is above the largest npas builds ({top:,}); lower it")
+        if self.activation not in get_args(Activation):
+            out.append(f"chassis.activation: {self.activation!r} is not one of {list(get_args(Activation))}")
+        if self.family not in get_args(Family):
+            out.append(f"chassis.family: {self.family!r} is not one of {list(get_args(Family))}")
+        if out:
+            return out
+        if self.family == "classic":
+            extra = [k for k, v in LLAMA_DEFAULTS.items() if getattr(self, k) != v]
+            if extra:
+                out.append(f"chassis: {', '.join(extra)} apply to family llama only; set family: llama or "
+                           f"remove them")
+            elif self.d_model % self.n_heads:
+                out.append(f"chassis: n_heads={self.n_heads} does not divide d_model={self.d_model}; "
+                           f"pick d_model a multiple of n_heads")
+            return out
+        return out + self._llama_problems()
+
+    def _llama_problems(self) -> list[str]:
+        out = []
+        for name, top in LLAMA_MAX.items():
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                out.append(f"chassis.{name}: must be an integer >= 0 (0: derived), got {v!r}")
+            elif v > top:
+                out.append(f"chassis.{name}: {v:,} is above the largest npas builds ({top:,}); lower it")
+        for name in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                out.append(f"chassis.{name}: must be a finite number > 0, got {v!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            out.append(f"chassis.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
+        if out:
+            return out
+        if not self.head_dim and self.d_model % self.n_heads:
+            out.append(f"chassis: n_heads={self.n_heads} does not divide d_model={self.d_model}; pick d_model a "
+                       f"multiple of n_heads, or give head_dim explicitly")
+        elif self.head_size % 2:
+            out.append(f"chassis: head_dim={self.head_size} is odd; rotary embeddings rotate pairs of channels, "
+                       f"so pick an even head_dim (d_model a multiple of 2 x n_heads)")
+        if self.n_heads % self.kv_heads:
+            out.append(f"chassis: n_kv_heads={self.kv_heads} does not divide n_heads={self.n_heads}; grouped-query "
+                       f"attention gives each K/V head the same number of query heads")
         return out
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def llama(self) -> bool:
+        return self.family == "llama"
+
+    @property
+    def head_size(self) -> int:
+        """Width of one attention head: head_dim, or d_model / n_heads when it is derived."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads (full multi-head attention)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries and of the attention output: n_heads x head_dim (d_model on classic)."""
+        return self.n_heads * self.head_size
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys and of the values: n_kv_heads x head_dim (d_model on classic)."""
+        return self.kv_heads * self.head_size
+
+    @property
+    def width_step(self) -> int:
+        """How far the `all` width fit steps d_model: by n_heads, and by 2 x n_heads on a llama chassis
+        whose head_dim is derived (it must stay even for the rotary pairs)."""
+        return 2 * self.n_heads if self.llama and not self.head_dim else self.n_heads
+
+    def slot_shape(self, slot: str, width: int) -> tuple[int, int]:
+        """(out, in) of a block slot for an MLP of `width`, with this chassis' attention widths."""
+        return slot_shape(slot, self.d_model, width, self.q_dim, self.kv_dim)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The chassis as written in an allocation: a classic chassis is the seven fields it always had
+        (so files and hashes written before families existed hold); a llama chassis writes its family,
+        its K/V heads and rotary/norm constants, and head_dim only when it is not d_model / n_heads."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.family == "classic":
+            for k in ("family", *LLAMA_DEFAULTS):
+                del d[k]
+            return d
+        d["n_kv_heads"] = self.kv_heads
+        if not self.head_dim:
+            del d["head_dim"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -135,7 +258,8 @@ class AtomSpec:
 
     Every layer (or block, with scope "block") that reads `slot` gets its (d, d) weight as
     sum_k coef[row, k] * atoms[k]: `n_atoms` atoms of d x d shared across depth, plus one row of
-    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms.
+    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms. On a llama chassis
+    an atom has the slot's shape (Chassis.slot_shape: GQA's K/V atoms are n_kv_heads x head_dim by d).
     """
 
     slot: str  # one of attn_q, attn_k, attn_v, attn_o
@@ -296,7 +420,7 @@ class ArchConfig:
         return self.untied_norms or not self.block_is_shared(self.block_of_layer[layer])
 
     def slot_shape(self, block: int, slot: str) -> tuple[int, int]:
-        return slot_shape(slot, self.chassis.d_model, self.block_width(block))
+        return self.chassis.slot_shape(slot, self.block_width(block))
 
     def bank_of(self) -> dict[tuple[int, str], int]:
         return {m: k for k, bank in enumerate(self.banks) for m in bank.members}
@@ -322,6 +446,7 @@ class ArchConfig:
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["chassis"] = self.chassis.to_dict()
         d["mlp_widths"] = list(self.mlp_widths)
         d["block_of_layer"] = list(self.block_of_layer)
         d["lora_attn"] = list(self.lora_attn)
@@ -403,6 +528,9 @@ class ArchConfig:
         """One short human line: widths, tying, banks, LoRA."""
         L = self.chassis.n_layers
         parts = [f"d={self.chassis.d_model} L={L} U={self.n_blocks}"]
+        c = self.chassis
+        if c.llama:  # the family, and its grouped K/V heads when fewer than the query heads
+            parts.insert(0, "llama" + (f" kv={c.kv_heads}/{c.n_heads}" if c.kv_heads < c.n_heads else ""))
         w = self.mlp_widths
         parts.append(f"ff={w[0]}" if len(set(w)) == 1 else f"ff={w[0]}..{w[-1]}")
         if self.banks:
@@ -452,6 +580,7 @@ __all__ = [
     "Bank",
     "Chassis",
     "ExpertPool",
+    "Family",
     "SCHEMA_VERSION",
     "block_slots",
     "canonical_blocks",

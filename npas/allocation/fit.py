@@ -226,7 +226,7 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
 
     `scope="non_embedding"` fits the parameters outside the token and position embeddings; those
     shrink with d_model, so they are left out of every probe rather than once from the budget."""
-    d, H = chassis.d_model, chassis.n_heads
+    d, H = chassis.d_model, chassis.width_step  # n_heads (2 x n_heads on llama: even head_dim)
 
     def at(ch: Chassis, scale: float) -> ArchConfig:
         return make(ch, _widths([ch.d_ff * p for p in profile], scale))
@@ -318,7 +318,7 @@ def fit_experts(make: Callable[[Chassis, int], ArchConfig], chassis: Chassis, bu
     together, routers do not), so the widest width within budget is one division, capped at
     max_scale x d_ff. In `all` mode d_model narrows by n_heads only when not even width 1 fits.
     `scope="non_embedding"` fits the parameters outside the token and position embeddings."""
-    d, H = chassis.d_model, chassis.n_heads
+    d, H = chassis.d_model, chassis.width_step  # n_heads (2 x n_heads on llama: even head_dim)
 
     def counted(cfg: ArchConfig) -> int:
         return stored_params(cfg) - (embedding_params(cfg.chassis) if scope == "non_embedding" else 0)

@@ -22,10 +22,13 @@ from npas.allocation.budget import BUDGET_SCOPES
 from npas.allocation.config import (
     CHASSIS_MAX,
     DEFAULT_LORA_ALPHA,
+    LLAMA_DEFAULTS,
+    LLAMA_MAX,
     Activation,
     AtomScope,
     DType,
     ExpertRouter,
+    Family,
     Generator,
     KvMode,
     LoraScaling,
@@ -127,6 +130,21 @@ KNOBS: tuple[KnobSpec, ...] = (
     _chassis("d_ff", "uniform MLP width of the reference; tapers keep the mean"),
     KnobSpec("activation", "chassis", "activation", str, "gelu", allowed=get_args(Activation),
              help="MLP activation; swiglu adds a gate matrix"),
+    # the family and its llama-only dimensions: spaces that leave them out fix them at their defaults,
+    # which suggests nothing, so the seeded order of every knob below is unchanged for them
+    KnobSpec("family", "chassis", "family", str, "classic", allowed=get_args(Family),
+             help="classic: LayerNorm, learned positions, full attention; llama: RMSNorm, rotary positions, "
+                  "grouped-query attention (Hugging Face Llama)"),
+    KnobSpec("n_kv_heads", "chassis", "n_kv_heads", int, 0, low=0, high=LLAMA_MAX["n_kv_heads"],
+             help="llama: key/value heads (grouped-query attention), dividing n_heads; 0 = n_heads"),
+    KnobSpec("head_dim", "chassis", "head_dim", int, 0, low=0, high=LLAMA_MAX["head_dim"],
+             help="llama: width of one head (even); 0 = d_model / n_heads"),
+    KnobSpec("rope_theta", "chassis", "rope_theta", float, LLAMA_DEFAULTS["rope_theta"], low=1e-6, high=1e12,
+             searchable=False, help="llama: rotary base theta"),
+    KnobSpec("rms_norm_eps", "chassis", "rms_norm_eps", float, LLAMA_DEFAULTS["rms_norm_eps"], low=1e-12, high=1.0,
+             searchable=False, help="llama: RMSNorm epsilon"),
+    KnobSpec("tie_embeddings", "chassis", "tie_embeddings", bool, True,
+             help="llama: the output head reads the token embedding; false adds an lm_head of vocab x d_model"),
     KnobSpec("taper", "taper", "schedule", str, "uniform", allowed=TAPERS, help="MLP width over depth"),
     KnobSpec("taper_ratio", "taper", "ratio", float, 2.0, low=1.0, high=16.0,
              applies=lambda v: v.get("taper", "uniform") != "uniform", when="taper.schedule is not uniform",
@@ -215,6 +233,9 @@ SETTINGS: tuple[KnobSpec, ...] = (
 
 BY_NAME: dict[str, KnobSpec] = {s.name: s for s in KNOBS + SETTINGS}
 CHASSIS_KEYS: tuple[str, ...] = tuple(s.key for s in KNOBS if s.section == "chassis")
+# chassis keys a space may leave out without them being recorded: a space that does not name its family
+# samples the classic chassis with exactly the values (and trial attributes) it always did
+FAMILY_KEYS: tuple[str, ...] = ("family", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings")
 SECTION_KEYS: dict[str, tuple[str, ...]] = {}
 for _s in KNOBS:
     if _s.section not in ("chassis", ""):

@@ -11,8 +11,11 @@ from dataclasses import fields
 from typing import Any, get_args
 
 from npas.allocation.config import (
+    CHASSIS_MAX,
     DEFAULT_LORA_ALPHA,
     DTYPE_BYTES,
+    LLAMA_DEFAULTS,
+    LLAMA_MAX,
     SCHEMA_VERSION,
     AtomSpec,
     Bank,
@@ -22,6 +25,8 @@ from npas.allocation.config import (
     LoraScaling,
 )
 from npas.errors import ConfigError
+
+_OPTIONAL_CHASSIS = ("family", *LLAMA_DEFAULTS)  # chassis keys a file may leave out (classic defaults)
 
 
 def _is_int(v: Any) -> bool:
@@ -36,15 +41,25 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         problems.append(f"chassis: must be a mapping of {', '.join(f.name for f in fields(Chassis))}, got {ch!r}")
     else:
         names = [f.name for f in fields(Chassis)]
+        optional = ("activation", *_OPTIONAL_CHASSIS)
         extra = sorted(set(ch) - set(names))
-        missing = [n for n in names if n not in ch and n != "activation"]
+        missing = [n for n in names if n not in ch and n not in optional]
         if extra or missing:
             problems.append(f"chassis: unknown keys {extra}, missing keys {missing}; keys are {names}")
         else:
-            for n in names[:-1]:
-                if not _is_int(ch[n]):
+            before = len(problems)
+            for n in (*CHASSIS_MAX, *LLAMA_MAX):
+                if n in ch and not _is_int(ch[n]):
                     problems.append(f"chassis.{n}: must be an integer, got {ch[n]!r}")
-            out["chassis"] = Chassis(**ch)
+            for n in ("rope_theta", "rms_norm_eps"):
+                if n in ch and (not isinstance(ch[n], int | float) or isinstance(ch[n], bool)):
+                    problems.append(f"chassis.{n}: must be a number, got {ch[n]!r}")
+            if "family" in ch and not isinstance(ch["family"], str):
+                problems.append(f"chassis.family: must be classic or llama, got {ch['family']!r}")
+            if "tie_embeddings" in ch and not isinstance(ch["tie_embeddings"], bool):
+                problems.append(f"chassis.tie_embeddings: must be true or false, got {ch['tie_embeddings']!r}")
+            if len(problems) == before:
+                out["chassis"] = Chassis(**ch)
     for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp", "kv_source"):
         v = d.get(name, [])
         if name in ("mlp_widths", "block_of_layer") and name not in d:

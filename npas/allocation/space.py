@@ -210,8 +210,8 @@ class Space:
                 values[name] = spec.default_for(values)
 
         for spec in KNOBS:  # the table's order is the sampling order; `applies` reads earlier values
-            if not spec.applies(values):
-                continue
+            if not spec.applies(values) or (spec.section == "chassis" and spec.name not in self.chassis):
+                continue  # (a family key the space leaves out: the classic default, not recorded)
             if spec.per_layer and self.per_position:
                 for i in range(int(values["n_layers"])):
                     pick(f"{spec.name}_{i}", spec)
@@ -346,7 +346,7 @@ class Space:
 def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
     """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
     d_model, so a cap at or under them leaves every candidate infeasible."""
-    floor = ch.vocab_size * ch.d_model + ch.context * ch.d_model + ch.d_model
+    floor = embedding_params(ch) + ch.d_model
     if cap > floor:
         return None
     return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "

@@ -17,6 +17,7 @@ from npas.allocation.budget import parse_budget, reference_params
 from npas.allocation.config import Chassis
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
+    FAMILY_KEYS,
     FIT_KEYS,
     KNOB_SECTIONS,
     KNOBS,
@@ -60,8 +61,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         raw_chassis = {}
     check_keys("chassis", raw_chassis, CHASSIS_KEYS, problems)
     for spec in KNOBS:
-        if spec.section != "chassis":
-            continue
+        if spec.section != "chassis" or (spec.key in FAMILY_KEYS and spec.key not in raw_chassis):
+            continue  # a family key left out stays out: Chassis' own default (classic) applies
         if spec.key not in raw_chassis and spec.default is REQUIRED:
             if "chassis" in data:
                 problems.append(f"chassis.{spec.key}: missing")
@@ -69,7 +70,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         kn = _parse_spec(spec, raw_chassis.get(spec.key, spec.default), problems)
         if kn is not None:
             chassis[spec.key] = kn
-    if len(chassis) == len(CHASSIS_KEYS):
+    complete = set(CHASSIS_KEYS) - set(FAMILY_KEYS) <= set(chassis)
+    if complete:
         problems.extend(Chassis(**{k: kn.default for k, kn in chassis.items()}).problems())
 
     fit_raw = data.get("fit") or {}
@@ -113,7 +115,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
 
     budget_spec = str(data.get("budget", "1x"))
     try:  # syntax always; feasibility against the reference only when the chassis is valid
-        chassis_ok = len(chassis) == len(CHASSIS_KEYS) and not any(p.startswith("chassis") for p in problems)
+        chassis_ok = complete and not any(p.startswith("chassis") for p in problems)
         ref_chassis = Chassis(**{k: kn.default for k, kn in chassis.items()}) if chassis_ok else None
         cap = parse_budget(budget_spec, reference_params(ref_chassis) if ref_chassis else 10**9)
         if ref_chassis and settings["budget_scope"] == "all" and (

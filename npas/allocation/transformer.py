@@ -11,6 +11,19 @@ Every forward first *materialises* each block's weights once (views for direct a
 one generation per bank and per atom dictionary), then runs the L layers over them. A layer that
 shares another's keys/values (cross-layer KV sharing) is handed that layer's K/V instead of
 computing its own.
+
+Families (`Chassis.family`): classic uses bias-free LayerNorms and a learned position table `wpe`;
+llama follows Hugging Face LlamaForCausalLM (RMSNorm in fp32, rotary q/k, grouped-query attention
+with repeat_kv, bias-free projections, optional untied `lm_head`). An untied uniform llama allocation
+maps onto HF's state dict name for name (layer i = block i):
+  wte.weight            model.embed_tokens.weight
+  blocks.{i}.attn_q/k/v/o   model.layers.{i}.self_attn.q_proj/k_proj/v_proj/o_proj.weight
+  blocks.{i}.mlp_gate/up/down  model.layers.{i}.mlp.gate_proj/up_proj/down_proj.weight
+  h.{i}.ln_1.weight / h.{i}.ln_2.weight   model.layers.{i}.input_layernorm / post_attention_layernorm.weight
+  ln_f.weight           model.norm.weight
+  lm_head.weight        lm_head.weight (absent when tie_embeddings: the head is wte)
+(`LLAMA_HF_NAMES` below is that table.) Tied layers, banks and atoms generate the same per-layer
+weights, so an HF checkpoint loads into the untied allocation and converts to any other.
 """
 
 from __future__ import annotations
@@ -25,14 +38,70 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from npas.allocation.atoms import AtomDictionary
-from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
+from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, Chassis, block_slots
 from npas.allocation.experts import ExpertPools
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
 
+# npas name (per-block / per-layer part after the index) -> Hugging Face Llama name, see the docstring
+LLAMA_HF_NAMES: dict[str, str] = {
+    "wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj", "mlp_down": "mlp.down_proj",
+    "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm",
+}
 
-def _norm(d: int) -> nn.LayerNorm:
-    return nn.LayerNorm(d, bias=False)  # bias-free LayerNorm: d parameters
+
+class RMSNorm(nn.Module):
+    """Hugging Face LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, cast back, times the gain."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _norm(c: Chassis) -> nn.Module:
+    if c.llama:
+        return RMSNorm(c.d_model, c.rms_norm_eps)  # d parameters, like the LayerNorm's gain
+    return nn.LayerNorm(c.d_model, bias=False)  # bias-free LayerNorm: d parameters
+
+
+def rotary(c: Chassis, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each (T, head_dim), of Hugging Face's default rotary embedding: inv_freq =
+    1 / theta^(2i / head_dim) for i < head_dim / 2, angles pos x inv_freq, repeated for both halves.
+    Computed in fp32 per forward (a few thousand elements), so no buffer changes with the model's dtype."""
+    hd = c.head_size
+    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+    freqs = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension (Hugging Face's rotate_half)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, heads, T, head_dim) rotated per position: x cos + rotate_half(x) sin."""
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, n_kv, T, hd) -> (B, n_kv * n_rep, T, hd), each K/V head repeated for its n_rep query heads
+    in order (Hugging Face's repeat_kv: query head j reads K/V head j // n_rep)."""
+    if n_rep == 1:
+        return x
+    B, n_kv, T, hd = x.shape
+    return x[:, :, None].expand(B, n_kv, n_rep, T, hd).reshape(B, n_kv * n_rep, T, hd)
 
 
 class Block(nn.Module):
@@ -43,8 +112,8 @@ class Block(nn.Module):
         for slot in direct:
             self.register_parameter(slot, nn.Parameter(torch.empty(cfg.slot_shape(b, slot))))
         if own_norms:
-            self.ln_1 = _norm(cfg.chassis.d_model)
-            self.ln_2 = _norm(cfg.chassis.d_model)
+            self.ln_1 = _norm(cfg.chassis)
+            self.ln_2 = _norm(cfg.chassis)
 
 
 class Layer(nn.Module):
@@ -54,18 +123,23 @@ class Layer(nn.Module):
         super().__init__()
         c = cfg.chassis
         self.n_heads = c.n_heads
+        self.head_size = c.head_size
+        self.n_rep = c.n_heads // c.kv_heads  # query heads per K/V head (1: full multi-head attention)
+        self.rotary = c.llama
         self.width = cfg.mlp_widths[layer]
         self.gated = c.activation == "swiglu"
         if cfg.norms_in_layer(layer):
-            self.ln_1 = _norm(c.d_model)
-            self.ln_2 = _norm(c.d_model)
+            self.ln_1 = _norm(c)
+            self.ln_2 = _norm(c)
         self.lora = nn.ModuleDict()
         # a KV consumer computes q (and k in "v" mode) only; K/V come from its source layer
         self.computes = tuple(s for s in ("attn_q", "attn_k", "attn_v") if cfg.layer_reads(layer, s))
+        self.split = [c.slot_shape(s, 1)[0] for s in self.computes]  # q_dim, kv_dim, kv_dim (d each on classic)
         ra, rm = cfg.lora_attn[layer], cfg.lora_mlp[layer]
         if ra:
             for slot in (s for s in ATTN_SLOTS if cfg.layer_reads(layer, s)):
-                self.lora[slot] = LoRA(ra, c.d_model, c.d_model, cfg.lora_scale(ra))
+                d_out, d_in = c.slot_shape(slot, 1)
+                self.lora[slot] = LoRA(ra, d_in, d_out, cfg.lora_scale(ra))
         if rm:
             for slot in MLP_SLOTS[c.activation]:
                 d_in, d_out = (self.width, c.d_model) if slot == "mlp_down" else (c.d_model, self.width)
@@ -81,25 +155,29 @@ class Layer(nn.Module):
 
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module,
                 kv: tuple[Tensor, Tensor] | None = None, moe: ExpertPools | None = None,
-                layer: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                layer: int = 0, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """The layer's output and the (k, v) it attended with, for layers that share them.
-        With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`)."""
+        With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`). On a
+        llama chassis `rope` is the (cos, sin) of the positions: q and k are rotated before attention
+        (a shared k is shared rotated), and grouped K/V heads are repeated to the query heads."""
         B, T, C = x.shape
-        hs = C // self.n_heads
+        hs = self.head_size
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
         # (3d, d) matmul runs faster than three (d, d) ones: concatenate the weights once per forward
         parts = [self._weight(s, w[s]) for s in self.computes]
         w_qkv = parts[0] if len(parts) == 1 else torch.cat(parts)  # (n*d, d): q, k, v it computes itself
-        out = [t.view(B, T, self.n_heads, hs).transpose(1, 2)  # (B, nh, T, hs)
-               for t in F.linear(ln_1(x), w_qkv).split(C, dim=2)]
+        out = [t.view(B, T, -1, hs).transpose(1, 2)  # (B, heads, T, hs): n_heads for q, n_kv_heads for k, v
+               for t in F.linear(ln_1(x), w_qkv).split(self.split, dim=2)]
+        if self.rotary:
+            out[:2] = [apply_rotary(t, *rope) for t in out[:2]]  # q, and k when this layer computes it
         if len(out) == 3:
             q, k, v = out
         elif len(out) == 2:  # value-only sharing: own keys, the source's values
             q, k, v = out[0], out[1], kv[1]
         else:
             q, (k, v) = out[0], kv
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_heads * hs)
         x = x + self._linear(y, "attn_o", w["attn_o"])
         h = ln_2(x)
         if moe is not None:
@@ -118,8 +196,11 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         c = cfg.chassis
         self.block_of_layer = list(cfg.block_of_layer)
-        self.wte = nn.Embedding(c.vocab_size, c.d_model)  # tied with the output head
-        self.wpe = nn.Embedding(c.context, c.d_model)
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)  # tied with the output head (unless llama untied)
+        if c.llama:  # rotary positions: no position table; the head is wte, or its own lm_head
+            self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        else:
+            self.wpe = nn.Embedding(c.context, c.d_model)
         bank_of = cfg.bank_of()
         self.blocks = nn.ModuleList(
             Block(
@@ -141,7 +222,8 @@ class TransformerLM(nn.Module):
         )
         self.atoms = nn.ModuleDict({
             a.slot: AtomDictionary(a.n_atoms, len(cfg.atom_rows(a)), c.d_model,
-                                   resid_std if a.slot in RESIDUAL_SLOTS else INIT_STD)
+                                   resid_std if a.slot in RESIDUAL_SLOTS else INIT_STD,
+                                   c.slot_shape(a.slot, 1) if c.llama else None)
             for a in cfg.atoms
         })
         # which row of each dictionary's output a layer reads (its own row, or its block's)
@@ -155,12 +237,16 @@ class TransformerLM(nn.Module):
             cfg.experts, c.d_model, c.activation == "swiglu", INIT_STD, resid_std)
         self.aux_loss: Tensor = torch.zeros(())  # weighted expert balance loss of the last forward
         self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
-        self.ln_f = _norm(c.d_model)
+        self.ln_f = _norm(c)
         self._init_direct(resid_std)
 
     def _init_direct(self, resid_std: float) -> None:
         nn.init.normal_(self.wte.weight, std=INIT_STD)
-        nn.init.normal_(self.wpe.weight, std=INIT_STD)
+        if self.cfg.chassis.llama:
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, std=INIT_STD)
+        else:
+            nn.init.normal_(self.wpe.weight, std=INIT_STD)
         for block in self.blocks:
             for name, p in block.named_parameters(recurse=False):
                 nn.init.normal_(p, std=resid_std if name in RESIDUAL_SLOTS else INIT_STD)
@@ -179,8 +265,14 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds the chassis context {self.cfg.chassis.context}")
         weights = self.materialise()
         atoms = {slot: dictionary.generate() for slot, dictionary in self.atoms.items()}  # (rows, d, d) each
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
+        c = self.cfg.chassis
+        rope = None
+        if c.llama:
+            x = self.wte(idx)  # (B, T, d); positions enter as rotations of q and k
+            rope = rotary(c, T, idx.device)
+        else:
+            pos = torch.arange(T, device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
         kv: dict[int, tuple[Tensor, Tensor]] = {}
         if self.experts is not None:
             self.experts.reset()
@@ -193,13 +285,14 @@ class TransformerLM(nn.Module):
                     if i in rows:
                         w[slot] = atoms[slot][rows[i]]
             src = self.kv_source[i]
-            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i)
+            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope)
             if src == i:
                 kv[i] = kv_i
         if self.experts is not None:
             # the training loop adds this to the LM loss (proxy._loop); evaluation reads the LM loss only
             self.aux_loss = self.cfg.experts.balance_weight * self.experts.balance_loss()
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
+        head = self.wte.weight if getattr(self, "lm_head", None) is None else self.lm_head.weight
+        logits = F.linear(self.ln_f(x), head)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

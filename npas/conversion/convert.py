@@ -62,10 +62,19 @@ def convertible_problems(src: ArchConfig, dst: ArchConfig) -> list[str]:
         if getattr(a, name) != getattr(b, name):
             out.append(f"chassis.{name} differs (trained {getattr(a, name)!r}, allocation {getattr(b, name)!r}); "
                        f"convert to an allocation of the trained model's chassis")
+    if a.family != b.family:
+        out.append(f"chassis.family differs (trained {a.family!r}, allocation {b.family!r}); convert to an "
+                   f"allocation of the trained model's chassis")
+    elif a.llama:
+        # rotary pairs and grouped heads do not survive a narrowed residual: one llama chassis only
+        for name in ("d_model", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings"):
+            if getattr(a, name) != getattr(b, name):
+                out.append(f"chassis.{name} differs (trained {getattr(a, name)!r}, allocation "
+                           f"{getattr(b, name)!r}); a llama model converts to allocations of its own chassis")
     if b.d_model > a.d_model:
         out.append(f"the allocation's d_model={b.d_model} is wider than the trained model's {a.d_model}; conversion "
                    f"can only keep or narrow the residual stream")
-    if b.context > a.context:
+    if b.context > a.context and not a.llama:  # llama: rotary positions, no table that ends
         out.append(f"the allocation's context={b.context} is longer than the trained model's {a.context}, whose "
                    f"position embeddings end there; use context <= {a.context}")
     if src.kv_source != tuple(range(a.n_layers)):
@@ -283,7 +292,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                 prov.add(f"blocks.{b}.{ln}.weight", [s for i in layers for s in src.norms[i][ln].sources],
                          f"tied {mode} of layers {layers}" + narrowed)
     ctx = cfg.chassis.context
-    for name in ("wte", "wpe", "ln_f"):
+    for name in src.embed:  # wte, ln_f, and wpe (classic) or an untied lm_head (llama)
         v = narrow_vector(plan, src.embed[name].value)
         params[f"{name}.weight"].copy_(v[:ctx] if name == "wpe" else v)
         prov.add(f"{name}.weight", src.embed[name].sources, "copy" + narrowed

@@ -51,7 +51,7 @@ def plan_residual(src: SourceModel, d_new: int) -> ResidualPlan:
     d, H = src.cfg.chassis.d_model, src.cfg.chassis.n_heads
     if d_new == d:
         return ResidualPlan(None, None, None)
-    resid = _unit(src.embed["wte"].value).sum(0) + _unit(src.embed["wpe"].value).sum(0)
+    resid = sum(_unit(src.embed[t].value).sum(0) for t in ("wte", "wpe", "lm_head") if t in src.embed)
     qk = torch.zeros(d)
     vo = torch.zeros(d)
     for ws in src.layers:

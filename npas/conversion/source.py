@@ -31,7 +31,7 @@ class SourceModel:
     cfg: ArchConfig
     layers: list[dict[str, Weight]]  # layer -> slot -> (out, in) weight at the layer's MLP width
     norms: list[dict[str, Weight]]  # layer -> "ln_1" / "ln_2" -> (d,) gain
-    embed: dict[str, Weight]  # "wte", "wpe" (rows, d) and "ln_f" (d,)
+    embed: dict[str, Weight]  # "wte", "wpe" (classic) or "lm_head" (llama, untied) (rows, d) and "ln_f" (d,)
 
 
 def _slot_sources(cfg: ArchConfig, layer: int, slot: str) -> tuple[str, ...]:
@@ -79,9 +79,10 @@ def read_source(model: torch.nn.Module) -> SourceModel:
         owner, prefix = (layer, f"h.{i}") if hasattr(layer, "ln_1") else (model.blocks[b], f"blocks.{b}")
         norms.append({ln: Weight(getattr(owner, ln).weight.detach().float().clone(), (f"{prefix}.{ln}.weight",))
                       for ln in ("ln_1", "ln_2")})
-    embed = {
-        "wte": Weight(model.wte.weight.detach().float().clone(), ("wte.weight",)),
-        "wpe": Weight(model.wpe.weight.detach().float().clone(), ("wpe.weight",)),
-        "ln_f": Weight(model.ln_f.weight.detach().float().clone(), ("ln_f.weight",)),
-    }
+    if cfg.chassis.llama:  # rotary positions, no table; an untied head of its own
+        tables = ("wte", "ln_f") + (("lm_head",) if model.lm_head is not None else ())
+    else:
+        tables = ("wte", "wpe", "ln_f")
+    embed = {name: Weight(getattr(model, name).weight.detach().float().clone(), (f"{name}.weight",))
+             for name in tables}
     return SourceModel(cfg, layers, norms, embed)

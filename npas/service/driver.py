@@ -12,7 +12,6 @@ the creating driver (`npas.service.learned`), and every later driver reads it fr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -325,7 +324,7 @@ def _run(study: optuna.Study, handle: StorageHandle, space: Space, record: Study
                "glob": corpus.glob, "text_field": corpus.text_field,
                # the chassis whose untied model the recipe's base lr is for: the fair parameterization
                # scales every candidate's per-group rates against it (training/parameterization.py)
-               "reference": dataclasses.asdict(space.reference_chassis),
+               "reference": space.reference_chassis.to_dict(),
                "repeats": record.repeats}  # seeds per trial: the trainable loops over them
     if init is not None:
         payload["init_from"] = init  # each worker converts this model into its trial's allocation

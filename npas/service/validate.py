@@ -12,7 +12,6 @@ from the linked study alone and goes into the source study's user attr ``fidelit
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
@@ -177,7 +176,7 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
                                     text_field=record.text_field,
                                     val_fraction=searched.val_fraction, test_fraction=searched.test_fraction,
                                     score_recipe=recipe.to_dict(),
-                                    reference=dataclasses.asdict(space.reference_chassis))
+                                    reference=space.reference_chassis.to_dict())
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)

@@ -47,10 +47,18 @@ atom coefficient      ``k**-SHARING_EXPONENT`` with ``k`` the mean layers readin
 LoRA factor (A, B)    ``w**a * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
                       it); the rank's effect on step size is the model's alpha/r scaling
 norm gain             ``k**-SHARING_EXPONENT`` (vector-like: width- and depth-free); k > 1  model's
-                      only for a shared block's norms when norms are tied
+                      only for a shared block's norms when norms are tied; a llama
+                      chassis' RMSNorm gains follow the same rule as LayerNorm gains
 embedding (wte, wpe)  1 (muP input weights; wte is also the tied output head, kept at 1   model's
                       because the model has no output multiplier to carry 1/width)
+output head (lm_head) 1: a llama chassis' untied head, like the tied head it replaces      model's
 ====================  =================================================================  ==========
+
+On a llama chassis the attention slots are not square: q is (n_heads x head_dim, d_model), k and v
+(grouped-query) are (n_kv_heads x head_dim, d_model), o is (d_model, n_heads x head_dim). They follow
+the matrix rule with those shapes: k and v are input slots like q, with fan-in d_model (their smaller
+fan-out changes nothing), and o's fan-in is n_heads x head_dim; ``w`` compares each with the same slot
+of the reference chassis, so the reference still trains at multiplier 1.
 
 ``a = WIDTH_EXPONENT`` and ``b = DEPTH_EXPONENT`` (1 is full muP / depth-muP; the default 1/2 is
 what bench/lr_transfer.py supports at proxy scale, see the constants). ``mean over uses`` is weighted by the elements each use reads. Init: hidden matrices are rescaled
@@ -81,7 +89,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from npas.allocation.config import ArchConfig, Chassis, slot_shape
+from npas.allocation.config import ArchConfig, Chassis
 from npas.allocation.sharing import RESIDUAL_SLOTS
 
 SHARING_EXPONENT = 0.5  # lr multiplier k**-0.5 for a tensor read k times per element (see the table)
@@ -129,11 +137,11 @@ def sharing_factor(k: float) -> float:
 
 def _use_factors(cfg: ArchConfig, ref: Chassis, uses: Iterable[tuple[int, str]]) -> tuple[float, float, float]:
     """(elements read, mean of w*d, mean of w) over ``(layer, slot)`` uses, weighted by elements read."""
-    d, depth_ratio = cfg.chassis.d_model, ref.n_layers / cfg.chassis.n_layers
+    depth_ratio = ref.n_layers / cfg.chassis.n_layers
     total = wd = ww = 0.0
     for layer, slot in uses:
-        out_f, fan_in = slot_shape(slot, d, cfg.mlp_widths[layer])
-        w = slot_shape(slot, ref.d_model, ref.d_ff)[1] / fan_in
+        out_f, fan_in = cfg.chassis.slot_shape(slot, cfg.mlp_widths[layer])  # GQA K/V: narrower out_f
+        w = ref.slot_shape(slot, ref.d_ff)[1] / fan_in
         n = out_f * fan_in
         total += n
         wd += n * width_factor(w) * depth_factor(slot, depth_ratio)
@@ -176,7 +184,7 @@ def _bank_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
 def _lora_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
     layer, slot = int(m[1]), m[2]
     d_in = p.shape[1] if m[3] == "A" else s.model.h[layer].lora[slot].A.shape[1]
-    w = slot_shape(slot, s.ref.d_model, s.ref.d_ff)[1] / d_in
+    w = s.ref.slot_shape(slot, s.ref.d_ff)[1] / d_in
     return Rule("lora", width_factor(w) * depth_factor(slot, s.depth_ratio))
 
 
@@ -241,7 +249,7 @@ RULES: tuple[tuple[re.Pattern[str], Callable[[_Scope, re.Match[str], nn.Paramete
     (re.compile(r"experts\.routers\.(\d+)$"), _router_rule),
     (re.compile(r"atoms\.(\w+)\.(atoms|coef)$"), _atom_rule),
     (re.compile(r"(?:h\.\d+\.)?ln_\w+\.weight$"), _norm_rule),
-    (re.compile(r"(?:wte|wpe)\.weight$"), _embedding_rule),
+    (re.compile(r"(?:wte|wpe|lm_head)\.weight$"), _embedding_rule),
 )
 
 

@@ -62,24 +62,27 @@ def _atoms_note(cfg: ArchConfig) -> str:
     """Which projections come from atoms, K, and the coefficient rows: the numbers behind the count."""
     if not cfg.atoms:
         return ""
-    d = cfg.chassis.d_model
-    groups: dict[tuple[int, str], list[str]] = {}
-    for a in cfg.atoms:
-        groups.setdefault((a.n_atoms, a.scope), []).append(a.slot.removeprefix("attn_"))
+    groups: dict[tuple[int, str, tuple[int, int]], list[str]] = {}
+    for a in cfg.atoms:  # d x d, or a llama chassis' slot shape (GQA's K/V atoms are narrower)
+        shape = cfg.chassis.slot_shape(a.slot, 1)
+        groups.setdefault((a.n_atoms, a.scope, shape), []).append(a.slot.removeprefix("attn_"))
     rows = sum(len(cfg.atom_rows(a)) for a in cfg.atoms)
-    parts = [f"{','.join(s)}: K={k} atoms of {d}x{d} per projection, coefficients per {scope}"
-             for (k, scope), s in groups.items()]
+    parts = [f"{','.join(s)}: K={k} atoms of {o}x{i} per projection, coefficients per {scope}"
+             for (k, scope, (o, i)), s in groups.items()]
     return f" ({'; '.join(parts)}; {rows} coefficient rows)"
 
 
 def _kv_note(cfg: ArchConfig) -> str:
     """How many layers put their own keys and values in the cache: KV sharing is what lowers it."""
-    L = cfg.chassis.n_layers
+    c = cfg.chassis
+    L = c.n_layers
     k, v = (sum(cfg.layer_reads(i, s) for i in range(L)) for s in ("attn_k", "attn_v"))
+    gqa = f"{c.kv_heads} of {c.n_heads} heads x {c.head_size} for K and for V" if c.kv_heads < c.n_heads else ""
     if k == v == L:
-        return ""
+        return f" ({gqa}: grouped-query attention)" if gqa else ""
     shared = "keys and values" if cfg.kv_mode == "kv" else "values"
-    return f" (K cached by {k} of {L} layers, V by {v} of {L}: the others reuse their group's {shared})"
+    return (f" (K cached by {k} of {L} layers, V by {v} of {L}: the others reuse their group's {shared}"
+            + (f"; {gqa}" if gqa else "") + ")")
 
 
 def run(args: argparse.Namespace) -> int:
