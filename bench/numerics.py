@@ -15,11 +15,16 @@ each bench's ``code_version`` asks ``keyed`` instead:
    put; not found, the legacy version is returned (a genuinely new version, as before) and one line
    says the numerics changed.
 
-The probe, on 1 CPU thread, for every distinct (allocation, recipe without seed and learning rate,
-reference chassis) of the experiment: build the model with a fixed seed, train ``K_STEPS`` real
-steps through ``npas.training.proxy.train_model`` (the function every bench run goes through) under
-the recipe cut to ``K_STEPS`` steps with one evaluation batch, and hash every parameter and buffer
-after the steps (bytes) with the train and validation losses. For every distinct full recipe it also
+The probe, on 1 CPU thread, for every distinct (mechanisms, recipe without seed and learning rate,
+reference chassis) of the experiment's runs, where ``mechanisms`` is an allocation's parameter names
+and config with sizes abstracted (one allocation per signature, the smallest: every mechanism the
+experiment uses is trained, not every size of it; proxy_fidelity's 12 candidates are 12 signatures):
+build the model with a fixed seed, train ``K_STEPS`` real steps through
+``npas.training.proxy.train_model`` (the function every bench run goes through) under the recipe cut
+to ``K_STEPS`` steps of at most ``PROBE_BATCH`` windows (the recipe's batch size changes no code
+path, only the cost) with one evaluation batch, and hash every parameter and buffer after the steps
+(bytes) with the train and validation losses. Only outputs are hashed (sorted), never a config's
+JSON, so adding a config field whose default changes nothing keeps the probe. For every distinct full recipe it also
 hashes the learning-rate schedule at EVERY step (``Recipe.lr_at``: cheap, and sees a schedule edit
 that acts late) and the recipe's fields (a field added later and left at its default is ignored, so
 adding an option does not move old experiments). ``NUMERICS_EPOCH`` and ``K_STEPS`` are in the hash.
@@ -30,7 +35,8 @@ edit does one of these):
   clipping or optimizer-state rule that only bites late, a data-order change past the first batch);
 - an evaluation change beyond the first validation batch, or in the test split's scoring;
 - a change that depends on the learning rate itself other than through the schedule (one training
-  per allocation runs at the first learning rate the experiment lists);
+  per signature runs at the first learning rate the experiment lists), or one that acts only on a
+  size of a mechanism the probe's smallest allocation of that signature does not have;
 - GPU-only paths (autocast dtypes, fused kernels): the probe runs on CPU in float32;
 - ``init_state`` (weights a conversion run starts from) and anything a job passes beside
   (allocation, recipe, reference).
@@ -65,6 +71,7 @@ if str(ROOT) not in sys.path:
 NUMERICS_EPOCH = 1  # bump by hand for a numerics change the probe cannot see (module docstring)
 K_STEPS = 2  # real training steps per probed allocation
 PROBE_SEED = 0  # init and batch order of every probe run, whatever seeds the experiment uses
+PROBE_BATCH = 4  # training windows per probe step (at most): the same code path as the recipe's batch, cheaper
 TABLES = ROOT / "bench" / "results" / "numerics"
 # Recipe fields when the probe was written: these are hashed as they are; a field added later is
 # hashed only when it is set away from its default (a new option must not move old experiments).
@@ -109,11 +116,13 @@ def _corpus(recipe: Any) -> Any:
 
 
 def _short(recipe: Any) -> Any:
-    """The recipe cut to K_STEPS steps with one evaluation (one batch) at the end, on the probe seed."""
+    """The recipe cut to K_STEPS steps of at most PROBE_BATCH windows, one evaluation batch at the end,
+    on the probe seed."""
     from npas.training.recipe import Recipe
 
     return Recipe.from_dict({**recipe.to_dict(), "steps": K_STEPS, "warmup_steps": min(recipe.warmup_steps, K_STEPS),
-                             "eval_every": K_STEPS, "eval_batches": 1, "seed": PROBE_SEED})
+                             "eval_every": K_STEPS, "eval_batches": 1, "seed": PROBE_SEED,
+                             "batch_size": min(recipe.batch_size, PROBE_BATCH)})
 
 
 def _train_hash(cfg: Any, recipe: Any, reference: Any) -> bytes:
@@ -195,7 +204,8 @@ def probe(runs: Iterable[Run]) -> str:
         key = json.dumps([mechanisms(cfg), short, _ref_dict(ref)], sort_keys=True)
         if key not in trained or _size(cfg) < _size(trained[key][0]):
             trained[key] = (cfg, recipe, ref)
-    h = hashlib.sha256(f"npas-numerics epoch {NUMERICS_EPOCH} k {K_STEPS} seed {PROBE_SEED}\n".encode())
+    h = hashlib.sha256(f"npas-numerics epoch {NUMERICS_EPOCH} k {K_STEPS} seed {PROBE_SEED} batch {PROBE_BATCH}\n"
+                       .encode())
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
