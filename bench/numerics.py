@@ -15,6 +15,12 @@ each bench's ``code_version`` asks ``keyed`` instead:
    put; not found, the legacy version is returned (a genuinely new version, as before) and one line
    says the numerics changed.
 
+Who asks: ``bench/proxy_fidelity.py``, ``bench/lr_transfer.py`` and the evidence pool
+(``bench/evidence/runs.py: run_jobs``, one probe per experiment's jobs, one shared table
+``evidence.json``). Not ``bench/evidence/taper_scale.py`` (GPU-only runs at d_model 256: its probe
+costs minutes on CPU, and its cache was made at e984e29, whose npas cannot run today's bench code to
+be probed) nor ``conversion.py``'s ``runs.code_version()`` calls without jobs: those keep the file hash.
+
 The probe, on 1 CPU thread, for every distinct (mechanisms, recipe without seed and learning rate,
 reference chassis) of the experiment's runs, where ``mechanisms`` is an allocation's parameter names
 and config with sizes abstracted (one allocation per signature, the smallest: every mechanism the
@@ -299,15 +305,6 @@ def lr_transfer_runs(mod: Any, setup: Any) -> list[Run]:
             for a in cfgs for par in PARAMETERIZATIONS for lr in setup.grid]
 
 
-def taper_scale_runs(mod: Any) -> list[Run]:
-    """Every arm at every (lr, dtype) the bench runs (the dtype only acts on GPU: see the docstring)."""
-    from npas.training.recipe import Recipe
-
-    cfgs = mod.configs()
-    return [(cfgs[r["arm"]], Recipe.from_dict({**mod.RECIPE.to_dict(), "lr": r["lr"], "min_lr": r["lr"] / 10,
-                                                "dtype": r["dtype"]}), mod.CHASSIS) for r in mod.runs()]
-
-
 def evidence_runs(jobs: Sequence[dict[str, Any]]) -> list[Run]:
     """The evidence pool's jobs (bench/evidence/runs.py) as (allocation, recipe, reference)."""
     from npas.allocation.config import ArchConfig
@@ -331,10 +328,7 @@ def _cli_runs(experiment: str) -> tuple[str, list[Run]]:
         setup = mod.Setup(mod.REFERENCE, mod.RECIPE, mod.GRID, mod.SEEDS, mod.LORA_RANKS, mod.RESULTS, 1)
         return files_version(mod.VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]), \
             lr_transfer_runs(mod, setup)
-    if experiment == "taper_scale":
-        mod = load_module("bench/evidence/taper_scale.py")
-        return files_version(mod.VERSIONED, [mod.RECIPE.to_dict(), mod.CHASSIS.__dict__]), taper_scale_runs(mod)
-    raise SystemExit(f"unknown experiment {experiment!r}: one of proxy_fidelity, lr_transfer, taper_scale "
+    raise SystemExit(f"unknown experiment {experiment!r}: one of proxy_fidelity, lr_transfer "
                      "(evidence experiments: run the script with --plan and NPAS_RECORD_PROBE=1)")
 
 
@@ -344,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("show", "record"), help="show: probe, legacy and resolved version; "
                    "record: add {probe: legacy} to the table (only at the code the cached runs were made with)")
-    p.add_argument("experiment", help="proxy_fidelity | lr_transfer | taper_scale")
+    p.add_argument("experiment", help="proxy_fidelity | lr_transfer")
     p.add_argument("--as", dest="as_version", default=None,
                    help="record: the version to record (default: this checkout's legacy version); for migrating, "
                         "with an older npas first on PYTHONPATH whose files_version gave that version")

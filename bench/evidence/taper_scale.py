@@ -61,12 +61,7 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    if str(ROOT) not in sys.path:  # the bench package, when a script runs from bench/evidence
-        sys.path.insert(0, str(ROOT))
-    from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
-
-    return numerics.keyed("taper_scale", device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__]),
-                          lambda: numerics.taper_scale_runs(sys.modules[__name__]))
+    return device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
 
 
 def runs() -> list[dict[str, Any]]:
