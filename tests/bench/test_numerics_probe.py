@@ -117,5 +117,5 @@ def test_proxy_fidelity_keeps_its_cached_runs():
     _, cands = mod.load_candidates(setup)
     jobs = mod.jobs_of(setup, cands)
     cached = [j for j in jobs if (setup.out / f"{j.key(setup, version)}.json").exists()]
-    assert len(cached) >= 90
+    assert len(cached) >= 92  # of 96: all but 4 costly 2x-steps runs were cached at 5e8cca1e3a
     assert json.loads((setup.out / f"{cached[0].key(setup, version)}.json").read_text())["code_version"] == version
