@@ -111,7 +111,10 @@ def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
 
 # ------------------------------------------------------------------------------------------ runs
 def code_version(setup: Setup) -> str:
-    return files_version(VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__])
+    from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
+
+    return numerics.keyed("lr_transfer", files_version(VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]),
+                          lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
 
 
 def recipe_for(setup: Setup, job: Job) -> Recipe:

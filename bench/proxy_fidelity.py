@@ -206,8 +206,11 @@ def _table_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
 
 
 def code_version(setup: Setup) -> str:
-    return files_version(VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
-                                     if k not in ("seed", "parameterization")})
+    from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
+
+    return numerics.keyed("proxy_fidelity", files_version(VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
+                          if k not in ("seed", "parameterization")}),
+                          lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
 
 
 # ------------------------------------------------------------------------------------------ runs

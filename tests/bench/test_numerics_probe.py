@@ -1,0 +1,121 @@
+"""bench/numerics.py: the numerics probe keeps a cache's code version while the numbers are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import numerics
+from npas.allocation.config import Chassis, reference_config
+from npas.training import proxy
+from npas.training.recipe import Recipe
+
+CHASSIS = Chassis(vocab_size=68, context=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+RECIPE = Recipe(name="probe-test", seq_len=16, batch_size=2, steps=50, warmup_steps=5, eval_every=50,
+                eval_batches=2, threads=1)
+
+
+def runs(recipe: Recipe = RECIPE) -> list[tuple]:
+    return [(reference_config(CHASSIS), recipe, CHASSIS)]
+
+
+@pytest.fixture(autouse=True)
+def tables(tmp_path, monkeypatch):
+    monkeypatch.setattr(numerics, "TABLES", tmp_path)
+    monkeypatch.setattr(numerics, "ROOT", tmp_path.parent)
+    monkeypatch.delenv("NPAS_RECORD_PROBE", raising=False)
+    numerics._MEMO.clear()
+    return tmp_path
+
+
+def test_probe_is_deterministic():
+    assert numerics.probe(runs()) == numerics.probe(runs())
+
+
+def test_probe_sees_a_changed_lr_multiplier(monkeypatch):
+    before = numerics.probe(runs())
+    real = proxy.optimizer_groups
+
+    def scaled(*a, **k):  # one parameterization rule's multiplier changed (x1.5 on the first group)
+        groups = real(*a, **k)
+        groups[0]["lr_mult"] *= 1.5
+        return groups
+
+    monkeypatch.setattr(proxy, "optimizer_groups", scaled)
+    assert numerics.probe(runs()) != before
+
+
+def test_probe_sees_a_changed_init_seed(monkeypatch):
+    before = numerics.probe(runs())
+    monkeypatch.setattr(numerics, "PROBE_SEED", 1)
+    assert numerics.probe(runs()) != before
+
+
+def test_probe_sees_a_schedule_edit_acting_only_at_the_last_step(monkeypatch):
+    before = numerics.probe(runs())
+    real = Recipe.lr_at
+    monkeypatch.setattr(Recipe, "lr_at", lambda self, s: real(self, s) * (0.5 if s == self.steps - 1 else 1.0))
+    assert numerics.probe(runs()) != before
+
+
+def test_probe_ignores_the_seed_and_name_but_not_the_batch():
+    base = numerics.probe(runs())
+    relabelled = Recipe.from_dict({**RECIPE.to_dict(), "seed": 7, "name": "other"})
+    assert numerics.probe(runs(relabelled)) == base
+    wider = Recipe.from_dict({**RECIPE.to_dict(), "batch_size": 3})
+    assert numerics.probe(runs(wider)) != base
+
+
+def test_unchanged_numerics_keep_the_recorded_version(tables):
+    """An edit of a versioned file that changes no number: a new file hash, the same probe -> the old key."""
+    numerics.record("exp", numerics.probe(runs()), "aaaaaaaaaa")
+    assert numerics.keyed("exp", "bbbbbbbbbb", runs()) == "aaaaaaaaaa"
+    assert numerics.keyed("exp", "cccccccccc", lambda: runs()) == "aaaaaaaaaa"
+
+
+def test_unknown_probe_falls_back_to_the_file_hash(tables, capsys):
+    numerics.record("exp", "0123456789abcdef", "aaaaaaaaaa")
+    assert numerics.keyed("exp", "bbbbbbbbbb", runs()) == "bbbbbbbbbb"
+    assert "numerics changed" in capsys.readouterr().out
+    assert numerics.keyed("exp", "bbbbbbbbbb", []) == "bbbbbbbbbb"  # nothing to probe: the file hash
+
+
+def test_record_env_adds_the_pair_and_never_overwrites(tables, monkeypatch):
+    monkeypatch.setenv("NPAS_RECORD_PROBE", "1")
+    assert numerics.keyed("exp", "aaaaaaaaaa", runs()) == "aaaaaaaaaa"
+    numerics._MEMO.clear()
+    monkeypatch.setenv("NPAS_RECORD_PROBE", "dddddddddd")  # the same probe claimed for another version
+    assert numerics.keyed("exp", "bbbbbbbbbb", runs()) == "aaaaaaaaaa"
+    assert numerics.read_table("exp") == {numerics.probe(runs()): "aaaaaaaaaa"}
+
+
+def test_mechanisms_tell_tied_from_untied_blocks_but_not_sizes():
+    from dataclasses import replace
+
+    untied = reference_config(CHASSIS)
+    tied = replace(untied, block_of_layer=(0, 0))
+    wider = reference_config(replace(CHASSIS, d_model=32, d_ff=64))
+    assert numerics.mechanisms(untied) == numerics.mechanisms(wider)
+    assert numerics.mechanisms(untied) != numerics.mechanisms(tied)
+
+
+@pytest.mark.slow
+def test_proxy_fidelity_keeps_its_cached_runs():
+    """The committed table maps today's proxy_fidelity probe to the version of its cached CPU runs
+    (5e8cca1e3a, made at 65aa0da): an edit that leaves its numerics alone must not re-key them. Fails
+    (rightly) after a real numerics change for its candidates; then rerun the bench, not the table."""
+    import json
+
+    from bench.device import load_module
+    from tests.conftest import ROOT
+
+    numerics.TABLES = ROOT / "bench" / "results" / "numerics"
+    numerics.ROOT = ROOT
+    mod = load_module("bench/proxy_fidelity.py")
+    setup = mod.make_setup(False, None, None, None, 1)
+    version = mod.code_version(setup)
+    assert version == "5e8cca1e3a"
+    _, cands = mod.load_candidates(setup)
+    jobs = mod.jobs_of(setup, cands)
+    cached = [j for j in jobs if (setup.out / f"{j.key(setup, version)}.json").exists()]
+    assert len(cached) >= 92  # of 96: all but 4 costly 2x-steps runs were cached at 5e8cca1e3a
+    assert json.loads((setup.out / f"{cached[0].key(setup, version)}.json").read_text())["code_version"] == version
