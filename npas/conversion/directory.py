@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -115,7 +115,7 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         raise DataError(f"the corpus {corpus.source} reads into other tokens than {dense_dir}'s tokenizer; "
                         "pass --data with the text the model was trained on")
     ref = metrics.get(REFERENCE_KEY)  # further training scales against what the source trained against
-    reference = asdict(src_cfg.chassis) if ref is None else asdict(read_chassis(ref, f"{dense_dir}/{METRICS_FILE}"))
+    reference = (src_cfg.chassis if ref is None else read_chassis(ref, f"{dense_dir}/{METRICS_FILE}")).to_dict()
 
     calibration = calibration_ids(corpus, recipe.seq_len)  # training text only: never the validation split
     conversion = convert_model(source, cfg, tie_init=tie_init, seed=seed, calibration=calibration)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def reference_chassis(study: optuna.Study) -> dict | None:
         log.warning("study %s: its space no longer parses (%s); the export records no reference chassis",
                     study.study_name, str(err).splitlines()[0])
         return None
-    return dataclasses.asdict(space.reference_chassis)
+    return space.reference_chassis.to_dict()
 
 
 def export(study: optuna.Study, pick: str = "knee") -> ArchConfig:

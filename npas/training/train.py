@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     else:
         for name in (MODEL_FILE, TOKENIZER_FILE, VOCAB_FILE, CONFIG_FILE):  # never leave stale weights beside new metrics
             (out / name).unlink(missing_ok=True)
-    extra: dict[str, Any] = {"reference": asdict(reference if reference is not None else cfg.chassis)}
+    extra: dict[str, Any] = {"reference": (reference if reference is not None else cfg.chassis).to_dict()}
     if started_from is not None:
         extra["started_from"] = str(started_from)
     write_metrics(out, result, recipe, corpus, extra)
@@ -110,12 +110,13 @@ def read_chassis(d: Any, where: str) -> Any:
     """A recorded reference chassis (a mapping of Chassis fields), refused in one line if malformed."""
     from npas.allocation.config import Chassis
 
-    names = [f.name for f in fields(Chassis)]
-    if (not isinstance(d, dict) or set(d) - set(names) or any(n not in d for n in names if n != "activation")
-            or any(isinstance(d[n], bool) or not isinstance(d[n], int) for n in names[:-1])):
-        raise ConfigError(f"{where}: {REFERENCE_KEY} must be a chassis mapping with integer keys {names[:-1]} "
-                          f"(and activation), got {d!r}; export or train it again")
-    chassis = Chassis(**d)
+    names = {f.name for f in fields(Chassis)}
+    sizes = ("vocab_size", "context", "d_model", "n_layers", "n_heads", "d_ff")  # what every chassis states
+    if (not isinstance(d, dict) or set(d) - names or any(n not in d for n in sizes)
+            or any(isinstance(d[n], bool) or not isinstance(d[n], int) for n in sizes)):
+        raise ConfigError(f"{where}: {REFERENCE_KEY} must be a chassis mapping with integer keys {list(sizes)} "
+                          f"(and optionally {sorted(names - set(sizes))}), got {d!r}; export or train it again")
+    chassis = Chassis(**d)  # the family's own fields are checked by problems() below
     problems = chassis.problems()
     if problems:
         raise ConfigError(f"{where}: {REFERENCE_KEY} {problems[0]}; export or train it again")

@@ -3,7 +3,6 @@ hint says so: following the hint starts from the converted loss, not from a rand
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -68,7 +67,7 @@ def test_convert_hint_continues_from_the_converted_weights(dense_dir: Path, quic
     assert val < converted + 0.3 and val < RANDOM_INIT - 0.6, (val, converted)
     metrics = read_metrics(out)
     assert metrics["started_from"] == str(conv.resolve())
-    assert metrics["reference"] == dataclasses.asdict(CHASSIS)  # the dense source's chassis, as recorded
+    assert metrics["reference"] == CHASSIS.to_dict()  # the dense source's chassis, as recorded
 
     scratch = tmp_path / "scratch"  # what the old hint (`npas train OUT/config.yaml`) did: a random init
     assert main(["train", str(conv / "config.yaml"), "--steps", "1", "--out", str(scratch), "--device", "cpu",

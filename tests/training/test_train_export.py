@@ -95,7 +95,7 @@ def test_export_records_the_reference_and_train_uses_its_multipliers(tmp_path):
     study, _ = _study_with_trial(space, cfg, Recipe.from_dict({**RECIPE, "steps": 2, "eval_every": 2, "warmup_steps": 1}))
     out = tmp_path / "best.yaml"
     doc = write_export(study, out, "trial=0")
-    assert doc["reference"] == dataclasses.asdict(space.reference_chassis)
+    assert doc["reference"] == space.reference_chassis.to_dict()
     read = read_allocation_file(out)
     assert read.exported and read.cfg == cfg and read.reference == space.reference_chassis
     assert _mults(read.cfg, read.reference) == _mults(cfg, space.reference_chassis)
@@ -115,7 +115,7 @@ def test_train_of_an_export_reproduces_the_trials_loss_bitwise(tmp_path, capsys)
     assert "note:" not in capsys.readouterr().err
     metrics = read_metrics(out)
     assert metrics["result"]["val_loss"] == trial_loss  # bit for bit
-    assert metrics["reference"] == dataclasses.asdict(space.reference_chassis)
+    assert metrics["reference"] == space.reference_chassis.to_dict()
 
     # an export from before the reference was recorded: its own chassis, said in one line, not an error
     old = yaml.safe_load(export.read_text())
