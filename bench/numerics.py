@@ -282,11 +282,14 @@ def keyed(experiment: str, legacy: str, runs: Callable[[], Sequence[Run]] | Sequ
 
 # ------------------------------------------------------------------------------------------ experiments
 def proxy_fidelity_runs(mod: Any, setup: Any) -> list[Run]:
-    """Every candidate under both parameterizations at the proxy recipe; the mid and long recipes'
-    schedules (their only difference) ride along as extra recipes of the same trainings."""
+    """Every candidate of the original table (the first ``n_full``: the horizon rows' added candidates
+    train under the same code and would only move the fingerprint) under both parameterizations at the
+    proxy recipe; the mid and long recipes' schedules (their only difference) ride along as extra
+    recipes of the same trainings."""
     from npas.training.recipe import PARAMETERIZATIONS, Recipe
 
     _, cands = mod.load_candidates(setup)
+    cands = cands[:getattr(setup, "n_full", len(cands))]  # the original table's candidates: what its version keys
     ref = mod.REFERENCE[0]
     out = []
     for base in (setup.proxy, setup.mid, setup.long):
