@@ -91,8 +91,25 @@ def weights_dir(setup: common.Setup) -> Path:
     return (setup.cache / "conversion_weights") if setup.cache else setup.out_dir / "conversion_weights"
 
 
+_VERSION: list[str] = []  # set once by main (`set_version`): every phase of the experiment keys its runs alike
+
+
+def set_version(setup: common.Setup, dense_cfg: ArchConfig, cfg: ArchConfig, up: Recipe) -> str:
+    """The experiment's code version, from the numerics probe of its two allocations (the dense parent
+    at the recipe, the tied + LoRA model at the uptraining recipe), fixed for the whole run: its phases
+    (dense, converted, scratch, the learning-rate check) train in separate calls, and a version per
+    call's job list would key them apart."""
+    _VERSION[:] = [runs.code_version(dense_jobs(setup, dense_cfg, list(setup.seeds)[:1])
+                                     + [_job(setup, CONVERTED, cfg, up, list(setup.seeds)[0], 1.0)])]
+    return _VERSION[0]
+
+
+def version() -> str:
+    return _VERSION[0] if _VERSION else runs.code_version()
+
+
 def stem(job: dict[str, Any]) -> str:
-    return Path(runs.cache_path(job, Path("."), "w", runs.code_version())).stem
+    return Path(runs.cache_path(job, Path("."), "w", version())).stem
 
 
 def before_uptraining_file(setup: common.Setup, cfg: ArchConfig, dense_job: dict[str, Any]) -> Path:
@@ -149,7 +166,7 @@ def best_factors(check: dict[str, dict[float, float | None]]) -> dict[str, float
 
 
 def _cached_loss(setup: common.Setup, job: dict[str, Any]) -> float | None:
-    path = runs.cache_path(job, setup.cache, runs.device_kind(), runs.code_version()) if setup.cache else None
+    path = runs.cache_path(job, setup.cache, runs.device_kind(), version()) if setup.cache else None
     if path is None or not path.exists():
         return None
     rec = json.loads(path.read_text())
@@ -172,7 +189,7 @@ def dense_at_its_best(setup: common.Setup, dense_cfg: ArchConfig) -> tuple[float
     best = min(check, key=lambda f: check[f])
     recs = []
     for j in runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(best)):
-        path = runs.cache_path(j, setup.cache, runs.device_kind(), runs.code_version())
+        path = runs.cache_path(j, setup.cache, runs.device_kind(), version())
         if path.exists() and (rec := json.loads(path.read_text())).get("status") == "ok":
             recs.append({**rec, "name": f"{DENSE} x{best:g}"})
     return best, check, recs
@@ -193,6 +210,7 @@ def main() -> None:
     ch = setup.chassis
     dense_cfg, cfg = reference_config(ch), relaxed_config(ch)
     up, lineage = recipes(setup.recipe)
+    set_version(setup, dense_cfg, cfg, up)
     acc = {DENSE: common.accounting_row(DENSE, dense_cfg, dense_cfg)}
     for name in (CONVERTED, SCRATCH_UP, SCRATCH_LINEAGE):
         acc[name] = common.accounting_row(name, cfg, dense_cfg)
@@ -230,7 +248,7 @@ def main() -> None:
                     + checks.get(arm, []) for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
     if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
         scratch = [j for jobs in scratch_jobs.values() for j in jobs]
-        runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True)
+        runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True, version=version())
         again = _forget_dense_without_weights(setup, djobs, cjobs, cfg, dry=True)
         if again:
             print(f"plus {len(again)} dense run(s) cached but retrained first, their weights being gone (seeds "
@@ -238,7 +256,7 @@ def main() -> None:
                   "tokens more")
         raise SystemExit(0)
     _forget_dense_without_weights(setup, djobs, cjobs, cfg)
-    dense = runs.run_jobs(djobs, setup.workers, setup.cache)
+    dense = runs.run_jobs(djobs, setup.workers, setup.cache, version=version())
     ok = {r["seed"] for r in dense if r.get("status") == "ok"}
     missing = [s for s in dseeds if s not in ok]
     if missing:
@@ -249,8 +267,9 @@ def main() -> None:
         weights[j["recipe"]["seed"]], at0[j["recipe"]["seed"]] = convert(setup, j, cfg, up)
     for j in cjobs:
         j["init_weights"] = weights[j["recipe"]["seed"]]
-    converted = runs.run_jobs(cjobs, setup.workers, setup.cache)
-    scratch = {arm: runs.run_jobs(jobs, setup.workers, setup.cache) for arm, jobs in scratch_jobs.items()}
+    converted = runs.run_jobs(cjobs, setup.workers, setup.cache, version=version())
+    scratch = {arm: runs.run_jobs(jobs, setup.workers, setup.cache, version=version())
+               for arm, jobs in scratch_jobs.items()}
     main_seeds = set(setup.seeds)
     results = [r for r in dense + converted + scratch[SCRATCH_UP] + scratch[SCRATCH_LINEAGE]
                if r["seed"] in main_seeds]
@@ -277,12 +296,12 @@ def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchCo
     alone are all the report needs. Returns those seeds; ``dry`` (the plan) deletes nothing."""
     if setup.cache is None:
         return set()
-    version, kind = runs.code_version(), runs.device_kind()
-    todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, version).exists()}
+    ver, kind = version(), runs.device_kind()
+    todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, ver).exists()}
     todo |= {j["recipe"]["seed"] for j in djobs if not before_uptraining_file(setup, cfg, j).exists()}
     again = set()
     for j in djobs:
-        path = runs.cache_path(j, setup.cache, kind, version)
+        path = runs.cache_path(j, setup.cache, kind, ver)
         if j["recipe"]["seed"] in todo and path.exists() and not Path(j["save_weights"]).exists():
             again.add(j["recipe"]["seed"])
             if not dry:

@@ -89,14 +89,15 @@ def device_kind() -> str:
 
 
 def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
-             plan_only: bool = False) -> list[dict[str, Any]]:
+             plan_only: bool = False, version: str | None = None) -> list[dict[str, Any]]:
     """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
 
     With a ``cache`` folder, finished runs are read from it and every new one is written the moment
     it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
-    nothing and returns what is cached."""
+    nothing and returns what is cached. ``version``: the experiment's code version when it runs its
+    jobs in several calls (conversion.py: dense, then converted) and keys them all alike."""
     t0 = time.perf_counter()
-    version, kind = code_version(jobs), device_kind()
+    version, kind = version or code_version(jobs), device_kind()  # an experiment in phases passes its one version
     paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
     out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
     todo = [i for i, r in enumerate(out) if r is None]
