@@ -240,6 +240,11 @@ def test_malformed_input_is_one_line_exit_2_nothing_written(case: Case, guarded:
             path.write_text(content, encoding="utf-8")
     before = _tree(guarded)
     argv = [a.replace("{in}", str(inputs)) for a in case.argv]
+    assert_refused_in_one_line(argv, case.fragment, capsys, guarded, before)
+
+
+def assert_refused_in_one_line(argv: list[str], fragment: str, capsys, guarded, before) -> None:
+    """`npas ARGV` exits 2 with one `error:` line naming `fragment`, no traceback, nothing written."""
     try:
         code = main(argv)
     except SystemExit as e:  # argparse refuses a flag by exiting
@@ -249,5 +254,5 @@ def test_malformed_input_is_one_line_exit_2_nothing_written(case: Case, guarded:
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert "error:" in lines[0] and case.fragment in lines[0], lines[0]
+    assert "error:" in lines[0] and fragment in lines[0], lines[0]
     assert _tree(guarded) == before, f"files written: {sorted(_tree(guarded) - before)}"

@@ -26,6 +26,7 @@ from tests.conftest import ROOT
 from tests.presentation.test_inputs import (
     TINY,
     _tree,
+    assert_refused_in_one_line,
     guarded,  # noqa: F401 (a fixture: no Ray, the working folder watched)
     with_key,
 )
@@ -336,17 +337,7 @@ def test_round_two_input_is_one_line_exit_2_nothing_written(case: Case, fixtures
     study_before = _trials(fixtures["db"], fixtures["study"]) if reads_study else None
     argv = [a.replace("{in}", str(inputs)).replace("{db}", fixtures["db"]).replace("{study}", fixtures["study"])
             for a in case.argv]
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse refuses a flag by exiting
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "error:" in lines[0] and case.fragment in lines[0], lines[0]
-    assert _tree(guarded) == before, f"files written: {sorted(_tree(guarded) - before)}"
+    assert_refused_in_one_line(argv, case.fragment, capsys, guarded, before)
     if reads_study:
         assert _trials(fixtures["db"], fixtures["study"]) == study_before  # the study is as it was
 
