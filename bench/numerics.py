@@ -35,6 +35,13 @@ hashes the learning-rate schedule at EVERY step (``Recipe.lr_at``: cheap, and se
 that acts late) and the recipe's fields (a field added later and left at its default is ignored, so
 adding an option does not move old experiments). ``NUMERICS_EPOCH`` and ``K_STEPS`` are in the hash.
 
+Two fingerprints, two tables. The exact probe (a hash of the bytes) is equal only on one kind of
+machine: other CPUs' kernels round differently (moving from an Intel to an AMD host on 2026-12-02
+re-keyed every cache). So each training also yields *values* (its losses and three positive moments
+of every tensor, float64), recorded beside the hash in ``<experiment>.values.json``; a probe whose
+hash is unknown still resolves to the version whose values it matches within ``RTOL`` (1e-5: the
+rounding of another thread count moves them by <1e-7, a changed rule by ~1e-3).
+
 What the probe cannot see (bump ``NUMERICS_EPOCH`` by hand, or do not record the new probe, when an
 edit does one of these):
 - a change acting only after ``K_STEPS`` steps, other than the learning-rate schedule (e.g. a
@@ -61,6 +68,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import struct
@@ -78,6 +86,11 @@ NUMERICS_EPOCH = 1  # bump by hand for a numerics change the probe cannot see (m
 K_STEPS = 2  # real training steps per probed allocation
 PROBE_SEED = 0  # init and batch order of every probe run, whatever seeds the experiment uses
 PROBE_BATCH = 4  # training windows per probe step (at most): the same code path as the recipe's batch, cheaper
+# Another machine's kernels round differently: its probe values differ from the recording machine's by
+# ~1e-7 relative after K_STEPS steps, while a numerics change (an init, an update rule, a schedule) moves
+# weights by the learning rate's order (~1e-3 of their scale) or losses by far more than this.
+RTOL = 1e-5
+ATOL = 1e-9
 TABLES = ROOT / "bench" / "results" / "numerics"
 # Recipe fields when the probe was written: these are hashed as they are; a field added later is
 # hashed only when it is set away from its default (a new option must not move old experiments).
@@ -131,7 +144,10 @@ def _short(recipe: Any) -> Any:
                              "batch_size": min(recipe.batch_size, PROBE_BATCH)})
 
 
-def _train_hash(cfg: Any, recipe: Any, reference: Any) -> bytes:
+def _train(cfg: Any, recipe: Any, reference: Any) -> tuple[bytes, list[float]]:
+    """One probe training: (its bitwise digest, its values). The digest is exact but belongs to one
+    machine (another CPU's kernels round differently); the values (losses and three positive moments
+    of every tensor, float64) match across machines within ``RTOL``."""
     import torch
 
     from npas.allocation.config import Chassis
@@ -142,10 +158,18 @@ def _train_hash(cfg: Any, recipe: Any, reference: Any) -> bytes:
     model, res = train_model(cfg, short, _corpus(short), device="cpu",
                              reference=None if ref is None else Chassis(**ref))
     h = hashlib.sha256()
+    values: list[float] = [float(res.steps_done), float(res.status == "ok"), float(res.train_loss),
+                           float(res.val_loss)]
     for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode() + b"\0" + t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        t32 = t.detach().to("cpu", torch.float32).contiguous()
+        h.update(name.encode() + b"\0" + t32.numpy().tobytes())
+        x = t32.to(torch.float64).flatten()
+        # positive terms only (no cancellation, so a relative tolerance means something); the fixed
+        # weights see a permutation
+        w = 1.0 + 0.5 * torch.cos(torch.arange(x.numel(), dtype=torch.float64))
+        values += [float(x.abs().sum()), float((x * x).sum()), float((x.abs() * w).sum())]
     h.update(json.dumps([res.status, res.steps_done, res.train_loss, res.val_loss]).encode())
-    return h.digest()
+    return h.digest(), values
 
 
 _SIG: dict[str, tuple[list[Any], int, str]] = {}
@@ -196,8 +220,15 @@ def _schedule_bytes(recipe: Any) -> bytes:
     return struct.pack(f"<{recipe.steps}d", *(recipe.lr_at(s) for s in range(recipe.steps)))
 
 
-def probe(runs: Iterable[Run]) -> str:
-    """The numerics fingerprint of an experiment's runs (module docstring): 16 hex digits."""
+def _schedule_values(recipe: Any) -> list[float]:
+    lr = [recipe.lr_at(s) for s in range(recipe.steps)]
+    return [float(len(lr)), math.fsum(lr), math.fsum(x * x for x in lr), math.fsum(i * x for i, x in enumerate(lr)),
+            *(lr[int(q * (len(lr) - 1))] for q in (0.0, 0.1, 0.5, 0.8, 0.9, 1.0))]
+
+
+def measure(runs: Iterable[Run]) -> tuple[str, dict[str, Any]]:
+    """The numerics fingerprint of an experiment's runs (module docstring): the exact probe (16 hex
+    digits, one machine's) and its values (every machine's, compared within ``RTOL``)."""
     import torch
 
     runs = list(runs)
@@ -216,16 +247,38 @@ def probe(runs: Iterable[Run]) -> str:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     try:
-        # only outputs are hashed, in their own order: a config field added later (at a default that
-        # changes nothing) must not move the probe
-        for digest in sorted(_train_hash(*run) for run in trained.values()):
-            h.update(digest)
+        done = {key: _train(*run) for key, run in trained.items()}
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(det)
+    # only outputs are hashed, in their own order: a config field added later (at a default that
+    # changes nothing) must not move the probe
+    for digest in sorted(d for d, _ in done.values()):
+        h.update(digest)
     for key in sorted(recipes):
         h.update(key.encode() + b"\0" + _schedule_bytes(recipes[key]))
-    return h.hexdigest()[:16]
+    values = {"epoch": NUMERICS_EPOCH, "k": K_STEPS, "seed": PROBE_SEED, "batch": PROBE_BATCH,
+              "trainings": sorted(v for _, v in done.values()),
+              "schedules": sorted(_schedule_values(recipes[k]) for k in recipes)}
+    return h.hexdigest()[:16], values
+
+
+def probe(runs: Iterable[Run]) -> str:
+    """The exact probe alone (16 hex digits; equal only on one machine)."""
+    return measure(runs)[0]
+
+
+def close(a: Any, b: Any, rtol: float | None = None) -> bool:
+    """Two probe values equal within ``RTOL`` (relative to the larger magnitude, with a floor of
+    ``ATOL``), same structure throughout."""
+    rtol = RTOL if rtol is None else rtol
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], rtol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, rtol) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return abs(a - b) <= max(ATOL, rtol * max(abs(a), abs(b)))
+    return a == b
 
 
 # ------------------------------------------------------------------------------------------ table
@@ -233,14 +286,24 @@ def table_path(experiment: str) -> Path:
     return TABLES / f"{experiment}.json"
 
 
+def values_path(experiment: str) -> Path:
+    return TABLES / f"{experiment}.values.json"
+
+
 def read_table(experiment: str) -> dict[str, str]:
     p = table_path(experiment)
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def record(experiment: str, probe_hash: str, legacy: str) -> None:
-    """Add {probe: legacy version} to the experiment's table (only with the code the cached runs of
-    `legacy` were made with)."""
+def read_values(experiment: str) -> list[dict[str, Any]]:
+    p = values_path(experiment)
+    return json.loads(p.read_text()) if p.exists() else []
+
+
+def record(experiment: str, probe_hash: str, legacy: str, values: dict[str, Any] | None = None) -> None:
+    """Add {probe: legacy version} to the experiment's table, and the probe's values to its values
+    table (only with the code the cached runs of `legacy` were made with, or code whose probe equals
+    that code's)."""
     table = read_table(experiment)
     if table.get(probe_hash) not in (None, legacy):
         print(f"[numerics] {experiment}: probe {probe_hash} already stands for version {table[probe_hash]}; "
@@ -250,20 +313,36 @@ def record(experiment: str, probe_hash: str, legacy: str) -> None:
     p = table_path(experiment)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+    if values is not None:
+        rows = read_values(experiment)
+        if not any(r["version"] == legacy and close(r["values"], values) for r in rows):
+            rows.append({"version": legacy, "values": values})
+            values_path(experiment).write_text(json.dumps(rows, indent=1) + "\n")
     print(f"[numerics] {experiment}: recorded probe {probe_hash} -> version {legacy} in {p.relative_to(ROOT)}",
           flush=True)
 
 
-def resolve(experiment: str, legacy: str, probe_hash: str) -> str:
-    """The code version to key runs by: the table's version for this probe, else ``legacy``."""
+def resolve(experiment: str, legacy: str, probe_hash: str, values: dict[str, Any] | None = None) -> str:
+    """The code version to key runs by: the table's version for this probe (exact, this machine's
+    kind), else the version whose recorded values this probe's values match within ``RTOL`` (any
+    machine), else ``legacy``."""
     rec = os.environ.get("NPAS_RECORD_PROBE")
     if rec:  # "1": the current legacy version; else the version to record (migrating from older code)
-        record(experiment, probe_hash, legacy if rec == "1" else rec)
+        record(experiment, probe_hash, legacy if rec == "1" else rec, values)
     known = read_table(experiment).get(probe_hash)
     if known is not None:
         return known
+    if values is not None:
+        matches = sorted({r["version"] for r in read_values(experiment) if close(r["values"], values)})
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            print(f"[numerics] {experiment}: probe values match versions {matches}; code version {legacy}",
+                  flush=True)
+            return legacy
     print(f"[numerics] {experiment}: numerics changed (probe {probe_hash} not in "
-          f"{table_path(experiment).relative_to(ROOT)}); code version {legacy}", flush=True)
+          f"{table_path(experiment).relative_to(ROOT)}, values in none of {values_path(experiment).name}); "
+          f"code version {legacy}", flush=True)
     return legacy
 
 
@@ -276,7 +355,7 @@ def keyed(experiment: str, legacy: str, runs: Callable[[], Sequence[Run]] | Sequ
     memo = (experiment, legacy, hashlib.sha256(json.dumps(
         [[c.to_json(), r.to_dict(), _ref_dict(x)] for c, r, x in runs], sort_keys=True).encode()).hexdigest())
     if memo not in _MEMO:
-        _MEMO[memo] = resolve(experiment, legacy, probe(runs))
+        _MEMO[memo] = resolve(experiment, legacy, *measure(runs))
     return _MEMO[memo]
 
 
@@ -348,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     legacy, runs = _cli_runs(a.experiment)
     t0 = time.perf_counter()
-    ph = probe(runs)
+    ph, values = measure(runs)
     import npas
 
     print(f"{a.experiment}: legacy version {legacy} (of this checkout's files), probe {ph} "
           f"({time.perf_counter() - t0:.1f} s, {len(runs)} runs; npas from {Path(npas.__file__).parent})", flush=True)
     if a.action == "record":
-        record(a.experiment, ph, a.as_version or legacy)
-    print(f"{a.experiment}: code version {resolve(a.experiment, legacy, ph)}")
+        record(a.experiment, ph, a.as_version or legacy, values)
+    print(f"{a.experiment}: code version {resolve(a.experiment, legacy, ph, values)}")
     return 0
 
 

@@ -163,8 +163,12 @@ def candidates(space: Space, n: int) -> list[Candidate]:
 
 def jobs_of(setup: Setup, cands: list[Candidate]) -> list[Job]:
     """Every run: the original table's over the first ``n_full`` candidates (``_table_jobs``, in its
-    order and with its cache keys), then the horizon rows' (``_horizon_jobs``)."""
-    return _table_jobs(setup, cands[:setup.n_full]) + _horizon_jobs(setup, cands)
+    order and with its cache keys), then the horizon rows' (``_horizon_jobs``), then the original
+    table's mid-length diagnostic (part of no verdict, so a time-boxed session spends its hours on
+    the rows that decide something first)."""
+    table = _table_jobs(setup, cands[:setup.n_full])
+    return ([j for j in table if j.kind != "mid"] + _horizon_jobs(setup, cands)
+            + [j for j in table if j.kind == "mid"])
 
 
 def _horizon_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:

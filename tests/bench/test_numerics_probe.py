@@ -88,6 +88,40 @@ def test_record_env_adds_the_pair_and_never_overwrites(tables, monkeypatch):
     assert numerics.read_table("exp") == {numerics.probe(runs()): "aaaaaaaaaa"}
 
 
+def _nudged(values, rel):
+    """Probe values as another machine's kernels would round them: every number moved by `rel`."""
+    if isinstance(values, dict):
+        return {k: _nudged(v, rel) for k, v in values.items()}
+    if isinstance(values, list):
+        return [_nudged(v, rel) for v in values]
+    return values * (1 + rel) if isinstance(values, float) else values
+
+
+def test_another_machines_rounding_keeps_the_version(tables, monkeypatch):
+    """The exact probe belongs to one machine (other CPUs' kernels round differently: the 2026-12-02
+    move from an Intel to an AMD host re-keyed every cache). Its values, within RTOL, do not."""
+    ph, values = numerics.measure(runs())
+    numerics.record("exp", ph, "aaaaaaaaaa", values)
+    elsewhere = (ph[::-1], _nudged(values, 1e-7))
+    monkeypatch.setattr(numerics, "measure", lambda r: elsewhere)
+    assert numerics.keyed("exp", "bbbbbbbbbb", runs()) == "aaaaaaaaaa"
+
+
+def test_probe_values_see_a_changed_lr_multiplier(monkeypatch):
+    _, before = numerics.measure(runs())
+    real = proxy.optimizer_groups
+
+    def scaled(*a, **k):
+        groups = real(*a, **k)
+        groups[0]["lr_mult"] *= 1.5
+        return groups
+
+    monkeypatch.setattr(proxy, "optimizer_groups", scaled)
+    _, after = numerics.measure(runs())
+    assert not numerics.close(after, before)
+    assert numerics.close(_nudged(before, 1e-7), before)
+
+
 def test_mechanisms_tell_tied_from_untied_blocks_but_not_sizes():
     from dataclasses import replace
 
@@ -112,7 +146,7 @@ def test_proxy_fidelity_keeps_its_cached_runs():
     numerics.ROOT = ROOT
     mod = load_module("bench/proxy_fidelity.py")
     setup = mod.make_setup(False, None, None, None, 1)
-    version = mod.code_version(setup)
+    version = mod.code_version(setup)  # by the exact probe on a recorded machine kind, else by its values
     assert version == "5e8cca1e3a"
     _, cands = mod.load_candidates(setup)
     jobs = mod.jobs_of(setup, cands)
