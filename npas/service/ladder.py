@@ -41,11 +41,13 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from npas.service.fidelity import Interval, rank_correlation, rank_flips
 from npas.service.noise import NOISE_SIGMAS
 
 DEFAULT_ETA = 4  # the default rungs are 4x apart (horizon/16, /4, /1): keep the top quarter of each
 DEFAULT_SEED_STD = 0.010  # nats; see the module docstring (issue #33's long-run seed standard error)
 MIN_RESIDUAL_PAIRS = 10  # fewer trials with two rungs give a residual std too loose to use
+MIN_TAU_PAIRS = 10  # a rung-to-rung tau over fewer trials is not shown (issue #34: suppressed below 10)
 
 
 @dataclass(frozen=True)
@@ -211,3 +213,38 @@ class Ladder:
             return []
         above = {r.trial: r.loss for r in self.results.get(up, [])}
         return [(r.loss, above[r.trial]) for r in self.results.get(rung, []) if r.trial in above]
+
+    def update_noise(self, seed_stds: Sequence[tuple[float, int]] = ()) -> Noise:
+        """Re-estimate the noise from the study's seed stds and every rung-to-rung pair so far
+        (``estimate_noise``); a search calls this as results arrive, so later decisions use more data."""
+        pairs = [p for r in self.rungs for p in self.rung_pairs(r)]
+        self.noise = estimate_noise(seed_stds, pairs, self.noise.std if self.noise.source == "given"
+                                    else DEFAULT_SEED_STD)
+        return self.noise
+
+
+@dataclass(frozen=True)
+class RungAgreement:
+    """How well a rung's order predicts the next rung's, over the trials promoted between them: the free
+    certificate every promotion gives (issue #34 item 5). ``tau`` is None below ``MIN_TAU_PAIRS``."""
+
+    rung: int
+    next_rung: int
+    n: int  # trials with a loss at both rungs
+    tau: Interval | None  # Kendall tau with its bootstrap interval over those trials
+    flips: int  # pairs of them whose order the upper rung reversed
+    pairs: int  # all pairs of them
+
+
+def agreement(ladder: Ladder, rung: int) -> RungAgreement | None:
+    """The rung-to-rung certificate from ``rung`` to the next one; None at the top rung. Only promoted
+    trials have two rungs, so this is the agreement among the better trials -- the part of the ranking
+    a search acts on, and a harder test than tau over all candidates."""
+    up = ladder.next_rung(rung)
+    if up is None:
+        return None
+    pairs = ladder.rung_pairs(rung)
+    lower, upper = [x for x, _ in pairs], [y for _, y in pairs]
+    tau = rank_correlation(lower, upper) if len(pairs) >= MIN_TAU_PAIRS else None
+    flips, total = rank_flips(lower, upper)
+    return RungAgreement(rung, up, len(pairs), tau, flips, total)

@@ -97,3 +97,20 @@ def test_rung_pairs_pair_a_trials_losses_at_consecutive_rungs():
     ladder.report(1, rr("b", 2.0))
     ladder.report(2, rr("a", 0.5))
     assert ladder.rung_pairs(1) == [(1.0, 0.5)] and ladder.rung_pairs(2) == []
+
+
+def test_the_rung_to_rung_agreement_is_suppressed_below_ten_pairs():
+    from npas.service.ladder import MIN_TAU_PAIRS, agreement
+
+    ladder = Ladder(rungs=(1, 2), eta=2)
+    for i in range(MIN_TAU_PAIRS - 1):
+        ladder.report(1, rr(f"t{i}", 1.0 + i))
+        ladder.report(2, rr(f"t{i}", 0.5 + i if i != 3 else 0.5 + 1.5))  # t3 overtakes t2 at the next rung
+    few = agreement(ladder, 1)
+    assert few is not None and few.n == MIN_TAU_PAIRS - 1 and few.tau is None and few.flips == 1
+    ladder.report(1, rr("t9", 20.0))
+    ladder.report(2, rr("t9", 19.0))
+    enough = agreement(ladder, 1)
+    assert enough.n == MIN_TAU_PAIRS and enough.tau.value == pytest.approx(1 - 2 * 1 / 45)
+    assert enough.tau.low is not None and enough.pairs == 45 and agreement(ladder, 2) is None
+    assert ladder.update_noise().source == "residual"  # ten rung-to-rung pairs now
