@@ -41,8 +41,10 @@ def toy(config: dict) -> None:
 
 
 @pytest.mark.slow
-def test_paused_trials_resume_from_their_checkpoint_and_never_train_twice(ray_local, tmp_path):
+def test_paused_trials_resume_from_their_checkpoint_and_never_train_twice(ray_local, tmp_path, monkeypatch):
     from ray import tune
+
+    monkeypatch.setenv("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # a checkpoint per rung is the point
 
     log = tmp_path / "steps.log"
     log.touch()
