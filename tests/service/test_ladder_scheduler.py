@@ -40,27 +40,30 @@ def toy(config: dict) -> None:
                              "resumed_from": resumed_from}, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-@pytest.mark.slow
-def test_paused_trials_resume_from_their_checkpoint_and_never_train_twice(ray_local, tmp_path, monkeypatch):
+def run_toy(tmp_path: Path, max_concurrent: int = 0) -> tuple[list[tuple[str, str]], object, LadderScheduler]:
+    """Nine toy trials under the ladder (eta 3): the steps they trained, Tune's results, the scheduler."""
     from ray import tune
-
-    monkeypatch.setenv("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # a checkpoint per rung is the point
 
     log = tmp_path / "steps.log"
     log.touch()
     sched = LadderScheduler(rungs=RUNGS, eta=3)
-    tuner = tune.Tuner(
+    grid = tune.Tuner(
         toy,
         param_space={"a": tune.grid_search(A), "log": str(log)},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=sched),
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=sched, max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="ladder", verbose=0,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
-    )
-    grid = tuner.fit()
+    ).fit()
     assert not grid.errors
-
     steps = [tuple(line.split()) for line in log.read_text().splitlines()]
     assert len(steps) == len(set(steps)), "a step was trained twice"
+    return steps, grid, sched
+
+
+@pytest.mark.slow
+def test_paused_trials_resume_from_their_checkpoint_and_never_train_twice(ray_local, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # a checkpoint per rung is the point
+    steps, grid, sched = run_toy(tmp_path)
     per_trial = Counter(tid for tid, _ in steps)
     a_of, reached, resumed = {}, {}, {}
     for r in grid:
@@ -81,3 +84,15 @@ def test_paused_trials_resume_from_their_checkpoint_and_never_train_twice(ray_lo
     assert any(resumed.values()) and all(set(v) <= set(RUNGS[:-1]) for v in resumed.values())
     assert all(reached[tid] > max(v) for tid, v in resumed.items() if v)
     assert sched.rung_losses(top[0])[RUNGS[-1]] == pytest.approx(a_of[top[0]] + 1 / RUNGS[-1])
+
+
+@pytest.mark.slow
+def test_paused_trials_holding_every_concurrency_slot_do_not_deadlock_the_search(ray_local, tmp_path, monkeypatch):
+    # Tune counts a paused trial against max_concurrent_trials until it completes: two paused trials at
+    # rung 4 (quota 0 with eta 3) would block the searcher forever; the scheduler stops the worst one
+    monkeypatch.setenv("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    steps, grid, sched = run_toy(tmp_path, max_concurrent=2)
+    assert len(list(grid)) == len(A) and len(sched.ladder.results[RUNGS[0]]) == len(A)  # every trial ran
+    per_trial = Counter(tid for tid, _ in steps)
+    for r in grid:
+        assert per_trial[r.metrics["trial_id"]] == r.metrics["trained"] == r.metrics["rung"]  # ends at a rung
