@@ -21,7 +21,10 @@ When nothing runs and nothing is pending, paused trials that were not promoted c
 by results that will never come, so they are stopped (``stop_trial``): all of them once the searcher is
 finished; otherwise the worst-ranked one at the lowest rung, one per call -- a searcher that counts
 paused trials against a concurrency limit would else wait forever for a slot, and that trial is the
-one least likely to be promoted. ``_supports_buffered_results`` is False (as Tune's HyperBand): a
+one least likely to be promoted. That only keeps the search moving: paused trials that hold every
+slot starve the upper rungs (tests/service/test_ladder_scheduler.py, max_concurrent_trials=2), so a
+search should limit *running* trials (Tune's resources, or a searcher that does not count paused
+ones), not live ones. ``_supports_buffered_results`` is False (as Tune's HyperBand): a
 buffered trial would train past a rung before the decision at that rung is made.
 
 Only Tune's scheduler interface is used (``TrialScheduler``; the controller's ``get_trials``,
