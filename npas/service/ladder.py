@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -213,6 +213,27 @@ class Ladder:
             return []
         above = {r.trial: r.loss for r in self.results.get(up, [])}
         return [(r.loss, above[r.trial]) for r in self.results.get(rung, []) if r.trial in above]
+
+    @classmethod
+    def rebuild(cls, rungs: Sequence[int], rung_losses: Mapping[Hashable, Mapping[int, float]],
+                eta: int = DEFAULT_ETA, noise: Noise | None = None,
+                objectives: Mapping[Hashable, tuple[float, ...]] | None = None,
+                promoted: Mapping[Hashable, Iterable[int]] | None = None) -> Ladder:
+        """The ladder of a study from what its trials recorded -- what a resumed driver, or a second
+        driver on the same study, knows. A trial with a loss above a rung was promoted from it; so was
+        one whose record says so (``promoted``: trial -> rungs it was promoted from, for a promotion
+        decided but not yet trained: a driver must record it before resuming the trial, or another
+        driver may decide it again). Nothing is decided here: ``decide(rung)`` afterwards returns the
+        promotions now due (paused trials whose rank qualifies them), never one already made."""
+        ladder = cls(tuple(rungs), eta, noise or Noise(DEFAULT_SEED_STD, "default"))
+        for trial, losses in rung_losses.items():
+            objs = (objectives or {}).get(trial, ())
+            reached = sorted(int(t) for t in losses if int(t) in ladder.rungs)
+            for t in reached:
+                ladder.results.setdefault(t, []).append(RungResult(trial, float(losses[t]), objs))
+                if t != reached[-1] or t in set((promoted or {}).get(trial, ())):
+                    ladder.promoted.setdefault(t, []).append(trial)
+        return ladder
 
     def update_noise(self, seed_stds: Sequence[tuple[float, int]] = ()) -> Noise:
         """Re-estimate the noise from the study's seed stds and every rung-to-rung pair so far

@@ -72,6 +72,7 @@ def save(climb: Climb, directory: str | Path) -> Path:
         "param_groups": groups, "opt_scalars": scalars, "lr_factor": climb.lr_factor,
         "rung_losses": {str(t): _finite_or_none(v) for t, v in climb.rung_losses.items()},
         "fork_steps": climb.fork_steps, "failed": climb.failed,
+        "config_hash": str(getattr(getattr(tr.model, "cfg", None), "hash", "")),
     }
     tmp = d / (STATE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
@@ -102,6 +103,10 @@ def load(directory: str | Path, cfg: Any, corpus: Corpus, device: str | torch.de
     d = Path(directory)
     state = read_state(d)
     recipe = Recipe.from_dict(state["recipe"], source=str(d / STATE))
+    saved, given = state.get("config_hash") or "", str(getattr(cfg, "hash", ""))
+    if saved and given and saved != given:
+        raise DataError(f"{d} holds a run of allocation {saved}, not of {given}; resume it with the allocation "
+                        "it was started with")
     dev = pick_device(device)
     check_compatible(cfg, recipe, corpus)
     try:

@@ -114,3 +114,17 @@ def test_the_rung_to_rung_agreement_is_suppressed_below_ten_pairs():
     assert enough.n == MIN_TAU_PAIRS and enough.tau.value == pytest.approx(1 - 2 * 1 / 45)
     assert enough.tau.low is not None and enough.pairs == 45 and agreement(ladder, 2) is None
     assert ladder.update_noise().source == "residual"  # ten rung-to-rung pairs now
+
+
+def test_a_resumed_driver_rebuilds_the_ladder_from_rung_losses_and_reruns_nothing():
+    # what the study recorded when the first driver died: a went up to 400, b, c and d paused at 100
+    recorded = {"a": {100: 1.0, 400: 0.8}, "b": {100: 1.3}, "c": {100: 1.2}, "d": {100: 1.5}, "e": {100: 1.1}}
+    ladder = Ladder.rebuild((100, 400, 1600), recorded, eta=2, noise=Noise(1e-6, "given"))
+    assert ladder.promoted == {100: ["a"]} and len(ladder.results[100]) == 5
+    due = ladder.decide(100)  # five at rung 100: quota 2, a already promoted, e (1.1) is due now
+    assert due.promote == ("e",) and ladder.is_promoted("e", 100)
+    assert ladder.decide(100).promote == ()  # decided once: deciding again promotes nobody twice
+    assert ladder.decide(400).promote == ()  # one trial at 400: quota 0, a waits there
+    # a second driver that reads the promotion of e from the record does not make it again
+    other = Ladder.rebuild((100, 400, 1600), recorded, eta=2, noise=Noise(1e-6, "given"), promoted={"e": [100]})
+    assert other.is_promoted("e", 100) and other.decide(100).promote == ()

@@ -86,6 +86,9 @@ def test_the_checkpoint_is_safetensors_and_json_only(corpus, tmp_path):
     assert state["step"] == 6 and state["lr_factor"] == 2.0 and state["rung_losses"] == {"8": c.rung_losses[8]}
     loaded = checkpoint.load(d, REF, corpus, device="cpu")
     assert [g["lr_mult"] for g in loaded.trainer.opt.param_groups] == [g["lr_mult"] for g in c.trainer.opt.param_groups]
+    other = reference_config(Chassis(vocab_size=68, context=16, d_model=32, n_layers=2, n_heads=2, d_ff=32))
+    with pytest.raises(DataError, match="resume it with the allocation it was started with"):
+        checkpoint.load(d, other, corpus)
     (d / "state.json").unlink()
     with pytest.raises(DataError, match="not a complete climb checkpoint"):
         checkpoint.load(d, REF, corpus)
