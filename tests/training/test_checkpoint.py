@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from npas.allocation.config import Chassis, reference_config
+from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.errors import DataError
 from npas.training import checkpoint, climb, forks
 from npas.training.data import load_corpus
@@ -17,6 +17,9 @@ from npas.training.recipe import Recipe
 
 CHASSIS = Chassis(vocab_size=68, context=16, d_model=32, n_layers=2, n_heads=2, d_ff=64)
 REF = reference_config(CHASSIS)
+# both layers share one block (its MLP narrowed for layer 1) and carry LoRA deltas: shared and per-layer
+# tensors and their optimizer states must all travel
+TIED = ArchConfig(chassis=CHASSIS, mlp_widths=(64, 32), block_of_layer=(0, 0), lora_attn=(2, 2))
 # rungs 8 (fork from step 6), 12 (fork from 10) and 16 (the run's own decay from 13)
 WSD = Recipe(name="wsd-ckpt", seq_len=16, batch_size=4, steps=16, lr=1e-2, min_lr=1e-3, warmup_steps=2,
              eval_every=4, eval_batches=1, threads=1, schedule="wsd", horizon=16, rungs=(8, 12, 16))
@@ -42,11 +45,12 @@ def test_a_climb_to_the_top_is_the_one_go_wsd_run(corpus, small_blocks):
     assert c.next_rung is None and c.top == 16
 
 
-def test_resumed_from_a_checkpoint_matches_an_uninterrupted_run_bitwise(corpus, small_blocks, tmp_path):
-    straight = climb.start(REF, WSD, corpus, device="cpu")
+@pytest.mark.parametrize("cfg", [REF, TIED], ids=["reference", "tied"])
+def test_resumed_from_a_checkpoint_matches_an_uninterrupted_run_bitwise(corpus, small_blocks, tmp_path, cfg):
+    straight = climb.start(cfg, WSD, corpus, device="cpu")
     straight.climb()
 
-    paused = climb.start(REF, WSD, corpus, device="cpu")
+    paused = climb.start(cfg, WSD, corpus, device="cpu")
     assert paused.step_up() == (8, straight.rung_losses[8])
     assert paused.trainer.step == WSD.decay_start(8) == 6 and paused.trained_steps == 8
     checkpoint.save(paused, tmp_path / "ckpt")
@@ -54,7 +58,7 @@ def test_resumed_from_a_checkpoint_matches_an_uninterrupted_run_bitwise(corpus, 
     torch.manual_seed(12345)  # another worker's RNG: the checkpoint's must win
     torch.rand(7)
 
-    resumed = checkpoint.load(tmp_path / "ckpt", REF, corpus, device="cpu")
+    resumed = checkpoint.load(tmp_path / "ckpt", cfg, corpus, device="cpu")
     assert resumed.trainer.step == 6 and resumed.rung_losses == {8: straight.rung_losses[8]}
     assert resumed.next_rung == 12
     assert resumed.climb() == straight.rung_losses  # 12 and 16, bit for bit
