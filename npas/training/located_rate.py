@@ -1,0 +1,110 @@
+"""A learning rate located per candidate at the first rung: a factor of the recipe's fair rate.
+
+The fair parameterization keeps learning-rate optima close across allocations but not close enough
+to rank them (issue #35: at the proxy recipe one allocation gains 0.091 nats from x1 to x2 while
+another is best at x1, more than twice the long-run spread of the candidates it must order). A
+search that trains every candidate at one rate ranks rates as much as allocations. So each
+candidate's stable-phase rate is chosen at the first rung, where runs are cheapest: one run per
+factor of a multiplicative grid around the fair rate (default x0.5, x1, x2, x4), each trained to rung
+1 and scored there by its cooldown fork, and the factor with the lowest rung-1 loss wins. An optimum
+at an edge of the grid is not located, so the grid then extends one x2 step past that edge and
+tries again, at most ``MAX_EXTENSIONS`` times (an optimum still at the edge after that is reported
+as such: ``Located.at_edge``).
+
+The factor multiplies every parameter group's fair rate, warmup and floor included
+(``npas.training.climb.scale_rates``): the fair rules between groups stay as they are and only the
+candidate's overall rate moves. The winning run is not retrained: its climb, paused at rung 1, *is*
+the trial's run and goes on up the ladder, so its steps are the trial's ``trained_steps``; the other
+grid runs' steps are counted apart as ``lr_grid_steps`` (and in the ladder's compute).
+
+``next_factor`` is the rule alone (pure, on the losses seen so far); ``locate`` runs it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from npas.training import climb as _climb
+from npas.training.data import Corpus
+from npas.training.recipe import Recipe
+
+DEFAULT_GRID = (0.5, 1.0, 2.0, 4.0)  # factors of the fair rate tried at rung 1
+STEP = 2.0  # an extension moves one x2 step past the edge
+MAX_EXTENSIONS = 2
+
+
+def best_factor(losses: Mapping[float, float]) -> float:
+    """The factor with the lowest loss; a non-finite loss (a diverged run) counts as +inf, and equal
+    losses go to the factor nearest x1 (then the lower one): never move the rate for nothing."""
+    if not losses:
+        raise ValueError("no factor has been tried")
+    return min(losses, key=lambda f: (losses[f] if math.isfinite(losses[f]) else math.inf,
+                                      abs(math.log(f)), f))
+
+
+def next_factor(losses: Mapping[float, float], grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
+                max_extensions: int = MAX_EXTENSIONS) -> float | None:
+    """The next factor to train to rung 1, or None when the rate is located. First the grid's untried
+    factors in order; then, while the best is at an edge of what was tried and fewer than
+    ``max_extensions`` factors beyond the grid were tried, one ``step`` past that edge."""
+    untried = [f for f in grid if f not in losses]
+    if untried:
+        return untried[0]
+    extensions = sum(1 for f in losses if f not in grid)
+    if extensions >= max_extensions or len(losses) < 2:
+        return None
+    best, low, high = best_factor(losses), min(losses), max(losses)
+    if best == high:
+        return high * step
+    if best == low:
+        return low / step
+    return None
+
+
+@dataclass(frozen=True)
+class Located:
+    """The outcome of the rung-1 rate search for one candidate."""
+
+    factor: float  # the chosen factor of the fair rate: the trial's lr_factor
+    losses: dict[float, float]  # rung-1 loss of every factor tried, in the order tried
+    at_edge: bool  # the best is still at an edge after every extension: not located, only bounded
+    lr_grid_steps: int  # steps trained by the grid's runs that were not kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lr_factor": self.factor, "lr_grid": {repr(f): (v if math.isfinite(v) else None)
+                                                      for f, v in self.losses.items()},
+                "lr_at_edge": self.at_edge, "lr_grid_steps": self.lr_grid_steps}
+
+
+def search(try_factor: Callable[[float], tuple[float, int]], grid: Sequence[float] = DEFAULT_GRID,
+           step: float = STEP, max_extensions: int = MAX_EXTENSIONS) -> Located:
+    """Run the rule with ``try_factor(f) -> (rung-1 loss, steps trained)``; the chosen factor's steps are
+    left out of ``lr_grid_steps`` (they are the trial's own)."""
+    losses: dict[float, float] = {}
+    cost: dict[float, int] = {}
+    while (f := next_factor(losses, grid, step, max_extensions)) is not None:
+        losses[f], cost[f] = try_factor(f)
+    best = best_factor(losses)
+    edge = best in (min(losses), max(losses)) and len(losses) > 1
+    return Located(best, losses, edge, sum(c for g, c in cost.items() if g != best))
+
+
+def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, reference: Any = None,
+           grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
+           max_extensions: int = MAX_EXTENSIONS) -> tuple[_climb.Climb, Located]:
+    """Train one WSD run per factor to the first rung (its cooldown fork) and keep the best run: the
+    returned climb is the trial's own run, paused at rung 1 at the located factor, ready to go on."""
+    kept: dict[str, Any] = {}  # the best run so far and its loss: one model in memory beside the current
+
+    def try_factor(f: float) -> tuple[float, int]:
+        c = _climb.start(cfg, recipe, corpus, device, reference, lr_factor=f)
+        _, loss = c.step_up()
+        if not kept or best_factor({f: loss, kept["run"].lr_factor: kept["loss"]}) == f:
+            kept.update(run=c, loss=loss)  # best_factor's order is total: the pairwise best is the best
+        return loss, c.trained_steps
+
+    located = search(try_factor, grid, step, max_extensions)
+    return kept["run"], located
