@@ -78,10 +78,32 @@ def rotary(c: Chassis, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
     1 / theta^(2i / head_dim) for i < head_dim / 2, angles pos x inv_freq, repeated for both halves.
     Computed in fp32 per forward (a few thousand elements), so no buffer changes with the model's dtype."""
     hd = c.head_size
-    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+    inv_freq = scaled_inv_freq(1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device)
+                                                      .float() / hd)), c.rope)
     freqs = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def scaled_inv_freq(inv_freq: Tensor, rope: dict) -> Tensor:
+    """Hugging Face's rope_scaling applied to the default inverse frequencies (modeling_rope_utils):
+    linear divides every frequency by `factor`; llama3 (Llama 3.1) divides the low frequencies by
+    `factor`, keeps the high ones and interpolates between. Neither rescales cos/sin (attention_factor 1)."""
+    kind = rope.get("rope_type", rope.get("type"))
+    if not kind or kind == "default":
+        return inv_freq
+    factor = float(rope["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, out)
 
 
 def rotate_half(x: Tensor) -> Tensor:
