@@ -74,9 +74,10 @@ def write_output(model: torch.nn.Module, cfg: ArchConfig, tokenizer: Any, out: P
         from npas.conversion.hf_export import write_hf
 
         return write_hf(model, cfg, out, tokenizer, unroll=unroll)
+    from safetensors.torch import save_file
+
     from npas.allocation.transformer import export_state
     from npas.training.train import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE
-    from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(export_state(model), str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": cfg.hash})
