@@ -150,10 +150,7 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
     (out / PROVENANCE_FILE).write_text(json.dumps(conversion.provenance.to_dict(), indent=1) + "\n",
                                        encoding="utf-8")
     (out / METRICS_FILE).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    res = ConvertResult(conversion, val, source_val if math.isfinite(source_val) else None, out, doc)
-    res.note = note  # type: ignore[attr-defined]
-    res.written = written  # type: ignore[attr-defined]
-    return res
+    return ConvertResult(conversion, val, source_val if math.isfinite(source_val) else None, out, doc, note, written)
 
 
 def reformat_dir(model_dir: str | Path, unroll: bool) -> dict[str, Any]:

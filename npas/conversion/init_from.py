@@ -60,6 +60,13 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
                         "--tokenizer: a study that starts from this model searches with the model's tokenizer")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
+        from npas.conversion.hf_source import is_hf_dir
+
+        if is_hf_dir(d):  # the space must state the checkpoint's chassis: say which, ready to paste
+            import yaml
+
+            chassis = yaml.safe_dump(cfg.chassis.to_dict(), default_flow_style=True, width=1 << 16).strip()
+            problems.append(f"give the space the checkpoint's chassis: {chassis}")
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
     return {"dir": str(d), "weights": _fingerprint(d), "config_hash": cfg.hash}
 

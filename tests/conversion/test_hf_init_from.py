@@ -106,3 +106,13 @@ def test_train_format_hf_writes_the_npas_model_type_for_a_tied_allocation(tmp_pa
     assert model.npas.cfg.hash == cfg.hash
     assert main(["convert", str(out), "--out", str(tmp_path / "x")]) == 2  # not a LLaMA architecture: refused
     assert "NpasForCausalLM" in capsys.readouterr().err
+
+
+def test_a_space_of_another_chassis_is_refused_with_the_checkpoints_chassis(tmp_path, bpe):
+    src = tmp_path / "src"
+    make_llama(src, bpe, tied=True)
+    (tmp_path / "space.yaml").write_text(SPACE.replace("d_model: 32", "d_model: 64"))
+    corpus = load_corpus(None, 0.1, 0.1, tokenizer=source_tokenizer(src))
+    space = npas.load_space(tmp_path / "space.yaml").bind(vocab_size=corpus.vocab_size)
+    with pytest.raises(ConfigError, match=r"d_model differs.*give the space the checkpoint's chassis: \{.*d_model: 32"):
+        describe_source(src, space.reference_chassis, corpus)
