@@ -263,3 +263,30 @@ def test_mistral_without_a_sliding_window_reads_like_llama(tmp_path, capsys):
     (tmp_path / "src" / "config.json").write_text(json.dumps(config | {"sliding_window": 16}))
     out = tmp_path / "out"
     assert "sliding_window" in refused(capsys, ["convert", str(tmp_path / "src"), "--out", str(out)], out)
+
+
+def test_config_fields_are_honoured_or_refused_without_weights():
+    from npas.conversion.hf_source import hf_chassis
+    from npas.errors import ConfigError
+
+    base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 256}
+    c = hf_chassis(base | {"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 4}, "pretraining_tp": 2,
+                           "head_dim": 32, "num_key_value_heads": 1, "rms_norm_eps": 1e-5}, "legacy")
+    assert c.rope == {"rope_type": "linear", "factor": 4} and c.rope_theta == 5e5 and c.head_size == 32
+    assert c.kv_heads == 1 and c.rms_norm_eps == 1e-5 and c.tie_embeddings is False  # LlamaConfig's default
+    c3 = hf_chassis(base | {"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                                             "high_freq_factor": 4}}, "x")
+    assert c3.rope["original_max_position_embeddings"] == 256  # transformers' fallback
+    assert ArchConfig.from_yaml(npas_yaml(c3)).chassis == c3  # round-trips through config.yaml
+    for bad, word in (({"hidden_act": "gelu"}, "hidden_act"), ({"mlp_bias": True}, "mlp_bias"),
+                      ({"rope_scaling": {"rope_type": "dynamic", "factor": 2}}, "dynamic"),
+                      ({"rope_scaling": {"rope_type": "linear"}}, "factor"), ({"architectures": []}, "none given")):
+        with pytest.raises(ConfigError, match=word):
+            hf_chassis(base | bad, "x")
+
+
+def npas_yaml(chassis) -> str:
+    from npas.allocation.config import reference_config
+
+    return reference_config(chassis).to_yaml()
