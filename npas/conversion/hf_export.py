@@ -12,12 +12,11 @@ reads:
     when npas is imported, see `npas.__init__`): config.json carries the allocation, the weights are
     npas's own state dict, each shared tensor stored once.
 
-`NpasForCausalLM` runs npas's forward on the whole sequence at every step and keeps no KV cache
-(`use_cache` is False): generate() recomputes the prefix each token. That is also why KV sharing needs
-nothing special here: a layer that reads another's keys and values gets them inside the same forward.
-(A cache would hold one K/V entry per *source* layer only, i.e. a cross-layer-shared model's cache is
-smaller by the share of consumer layers; npas does not implement it.) Attention masks are ignored:
-batch prompts of equal length, without padding.
+`NpasForCausalLM` decodes with transformers' DynamicCache: npas's forward takes the cache, and only
+KV *source* layers store keys and values in it (a layer that shares another's keys and values stores
+nothing; value-only sharing stores its own keys only), so cross-layer KV sharing shrinks the cache to
+the share of source layers, which is what it is for. Attention masks are ignored: batch prompts of equal
+length, without padding.
 """
 
 from __future__ import annotations
@@ -124,7 +123,7 @@ def write_hf(model: TransformerLM, cfg: ArchConfig, out: str | Path, tokenizer: 
     save_file(state, str(out / HF_WEIGHTS), metadata={"format": "pt"})
     (out / HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (out / "generation_config.json").write_text(json.dumps(
-        {"use_cache": kind == "llama", "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}, indent=2)
+        {"use_cache": True, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}, indent=2)
         + "\n", encoding="utf-8")
     if tokenizer is not None:
         (out / "tokenizer.json").write_text(tokenizer.to_json(), encoding="utf-8")
@@ -135,7 +134,7 @@ def npas_config_dict(cfg: ArchConfig) -> dict[str, Any]:
     c = cfg.chassis
     return {"architectures": ["NpasForCausalLM"], "model_type": MODEL_TYPE, "allocation": cfg.to_dict(),
             "vocab_size": c.vocab_size, "hidden_size": c.d_model, "num_hidden_layers": c.n_layers,
-            "max_position_embeddings": c.context, "tie_word_embeddings": False, "use_cache": False,
+            "max_position_embeddings": c.context, "tie_word_embeddings": False, "use_cache": True,
             "dtype": cfg.dtype}
 
 
@@ -159,7 +158,7 @@ def hf_classes() -> tuple[type, type]:
         hidden_size: int = 0
         num_hidden_layers: int = 0
         max_position_embeddings: int = 0
-        use_cache: bool = False
+        use_cache: bool = True
 
     class NpasForCausalLM(PreTrainedModel, GenerationMixin):
         """npas's TransformerLM (`self.npas`) behind transformers' causal-LM interface; no KV cache."""
@@ -167,7 +166,6 @@ def hf_classes() -> tuple[type, type]:
         config_class = NpasConfig
         base_model_prefix = "npas"
         main_input_name = "input_ids"
-        _supports_cache_class = False
 
         def __init__(self, config: NpasConfig) -> None:
             super().__init__(config)
@@ -181,13 +179,18 @@ def hf_classes() -> tuple[type, type]:
             return self.npas.wte
 
         def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                    labels: Tensor | None = None, **kwargs: Any) -> CausalLMOutputWithPast:
-            logits, _ = self.npas(input_ids)
+                    labels: Tensor | None = None, cache: Any = None, use_cache: bool | None = None,
+                    **kwargs: Any) -> CausalLMOutputWithPast:
+            if use_cache and cache is None:
+                from transformers import DynamicCache
+
+                cache = DynamicCache(config=self.config)
+            logits, _ = self.npas(input_ids, cache=cache if use_cache is not False else None)
             loss = None
             if labels is not None:  # transformers' convention: labels are the inputs, shifted here
                 loss = torch.nn.functional.cross_entropy(
                     logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
-            return CausalLMOutputWithPast(loss=loss, logits=logits)
+            return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache is not False else None)
 
     transformers.AutoConfig.register(MODEL_TYPE, NpasConfig, exist_ok=True)
     transformers.AutoModelForCausalLM.register(NpasConfig, NpasForCausalLM, exist_ok=True)

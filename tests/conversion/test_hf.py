@@ -290,3 +290,33 @@ def npas_yaml(chassis) -> str:
     from npas.allocation.config import reference_config
 
     return reference_config(chassis).to_yaml()
+
+
+@pytest.mark.parametrize("kv_mode", ["none", "kv", "v"])
+def test_generate_decodes_with_a_cache_holding_only_kv_source_layers(tmp_path, kv_mode):
+    from transformers import DynamicCache
+
+    src = tmp_path / "src"
+    make_llama(src, tied=True)
+    d = read_hf_dir(src).cfg.to_dict()
+    d.update(block_of_layer=[0, 1, 0], lora_attn=[4, 4, 4])
+    if kv_mode != "none":
+        d.update(kv_source=[0, 0, 2], kv_mode=kv_mode)
+    cfg = ArchConfig.from_dict(d)
+    res = convert_hf_dir(src, cfg, tmp_path / "hf", fmt="hf")
+    model = res.conversion.model.eval()
+    x = ids(2, 9)
+    cache = DynamicCache(config=AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config)
+    with torch.no_grad():  # prefill 5, then one token, then three: the same logits as one full forward
+        parts = [model(x[:, a:b], cache=cache)[0] for a, b in ((0, 5), (5, 6), (6, 9))]
+        assert (torch.cat(parts, 1) - model(x)[0]).abs().max().item() <= 1e-5
+    stored = [i for i, layer in enumerate(cache.layers) if getattr(layer, "keys", None) is not None
+              and layer.keys.numel()]
+    assert stored == ([0, 1, 2] if kv_mode != "kv" else [0, 2])  # a full KV consumer stores nothing
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    lengths = []
+    hf.npas.wte.register_forward_hook(lambda _m, inp, _o: lengths.append(inp[0].shape[1]))
+    with torch.no_grad():
+        cached = hf.generate(x[:1, :5], max_new_tokens=6, do_sample=False)
+        assert lengths == [5] + [1] * 5  # the prompt once, then one token per step
+        assert torch.equal(cached, hf.generate(x[:1, :5], max_new_tokens=6, do_sample=False, use_cache=False))
