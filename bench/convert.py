@@ -3,6 +3,7 @@
     python bench/convert.py --quick     # tiny chassis, smoke recipes, 1 seed: minutes on 2 cores
     python bench/convert.py --plan      # print what the full run trains, and its cost, without running it
     python bench/convert.py             # the full run (hours on 2 CPU cores; minutes on a GPU)
+    python bench/convert.py --hf --plan # issue 37: a LLaMA saved in Hugging Face format (bench/convert_hf.py)
 
 One dense reference is trained with the dense recipe (`long` in the full run). Three allocations at
 0.5x and 0.25x of the reference's parameters -- cycle tying + LoRA (rank 8), template pools, taper +
@@ -159,8 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", action="store_true", help="print the run's plan and exit")
     ap.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available)")
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 full, 1 quick)")
+    ap.add_argument("--hf", action="store_true", help="a LLaMA trained here, saved in Hugging Face format, converted "
+                    "to cycle + LoRA at 0.5x vs scratch, each arm at its located rate (bench/convert_hf.py)")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.hf:
+        from bench.convert_hf import HFMode, cycle_lora, hf_modes, print_hf_plan, run_hf
+
+        hmode = hf_modes()["quick" if args.quick else "full"]
+        if args.seeds is not None:
+            hmode = HFMode(hmode.chassis, hmode.dense, hmode.uptrain, tuple(range(args.seeds)))
+        cfg = cycle_lora(hmode.chassis)
+        print_hf_plan(hmode, cfg)
+        return 0 if args.plan else run_hf(hmode, cfg, args.device)
     mode = modes()["quick" if args.quick else "full"]
     if args.seeds is not None:
         mode = Mode(mode.chassis, mode.dense, mode.proxy, tuple(range(args.seeds)))

@@ -31,6 +31,50 @@ _LAZY = {
 }
 
 
+def _register_hf_when_imported() -> None:
+    """Make `AutoModelForCausalLM.from_pretrained` read npas's Hugging Face model type once npas is
+    imported, without importing transformers here (seconds): register now if transformers is loaded,
+    else right after its package finishes importing (a one-shot meta-path hook)."""
+    import sys
+
+    if "transformers" in sys.modules:
+        _register_hf()
+        return
+    import importlib.abc
+    import importlib.util
+
+    class _Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):  # noqa: ANN001
+            if name != "transformers":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def run(module):  # noqa: ANN001
+                exec_module(module)
+                _register_hf()
+
+            spec.loader.exec_module = run
+            return spec
+
+    sys.meta_path.insert(0, _Hook())
+
+
+def _register_hf() -> None:
+    try:
+        from npas.conversion.hf_export import register
+
+        register()
+    except Exception:  # noqa: BLE001 - a transformers npas does not support must not break `import transformers`
+        pass
+
+
+_register_hf_when_imported()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)

@@ -92,7 +92,12 @@ LLAMA_MAX: dict[str, int] = {"n_kv_heads": 2**12, "head_dim": 2**12}
 # Defaults of the llama-only fields (Hugging Face LlamaConfig's rope_theta and rms_norm_eps). A classic
 # chassis keeps every one of them at its default, and its serialisation omits them (old hashes hold).
 LLAMA_DEFAULTS: dict[str, Any] = {"n_kv_heads": 0, "head_dim": 0, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
-                                  "tie_embeddings": True}
+                                  "tie_embeddings": True, "rope_scaling": None}
+# Hugging Face rope_scaling types npas's rotary embedding computes (`transformer.rotary`), and the keys each reads
+ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,9 @@ class Chassis:
     rope_theta: float = 10000.0  # llama: rotary base, inv_freq = 1 / theta^(2i / head_dim)
     rms_norm_eps: float = 1e-6  # llama: RMSNorm's epsilon
     tie_embeddings: bool = True  # llama: the output head reads the token embedding (False: own lm_head)
+    # llama: Hugging Face's rope_scaling ({"rope_type": "linear" | "llama3", "factor": ..., ...}); None: plain
+    # rotary. Held as sorted (key, value) pairs so the chassis stays hashable; written back as a mapping
+    rope_scaling: Any = None
 
     def __post_init__(self) -> None:
         # one canonical form, so equal models hash equal: derived dimensions are stored as 0
@@ -130,6 +138,13 @@ class Chassis:
             v = getattr(self, name)
             if is_int(v):
                 object.__setattr__(self, name, float(v))
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+
+    @property
+    def rope(self) -> dict[str, Any]:
+        """rope_scaling as a mapping ({} for plain rotary positions)."""
+        return dict(self.rope_scaling or ())
 
     def problems(self) -> list[str]:
         out = []
@@ -170,6 +185,7 @@ class Chassis:
                 out.append(f"chassis.{name}: must be a finite number > 0, got {v!r}")
         if not isinstance(self.tie_embeddings, bool):
             out.append(f"chassis.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
+        out += rope_scaling_problems(self.rope_scaling)
         if out:
             return out
         if not self.head_dim and self.d_model % self.n_heads:
@@ -229,7 +245,30 @@ class Chassis:
         d["n_kv_heads"] = self.kv_heads
         if not self.head_dim:
             del d["head_dim"]
+        if self.rope_scaling is None:  # llama chassis written before rope scaling existed keep their hashes
+            del d["rope_scaling"]
+        else:
+            d["rope_scaling"] = self.rope
         return d
+
+
+def rope_scaling_problems(rope_scaling: Any) -> list[str]:
+    """Why a rope_scaling value is not one npas computes (empty when it is, or is None)."""
+    if rope_scaling is None:
+        return []
+    if not isinstance(rope_scaling, tuple | dict):
+        return [f"chassis.rope_scaling: must be a mapping or null, got {rope_scaling!r}"]
+    d = dict(rope_scaling)
+    kind = d.get("rope_type", d.get("type"))
+    if kind not in ROPE_SCALING_KEYS:
+        return [f"chassis.rope_scaling: rope_type {kind!r} is not supported; npas computes the default rotary "
+                f"embedding and rope_type {' or '.join(ROPE_SCALING_KEYS)}"]
+    bad = [k for k in ROPE_SCALING_KEYS[kind] if isinstance(d.get(k), bool)
+           or not isinstance(d.get(k), int | float) or not d[k] > 0]
+    if bad:
+        return [f"chassis.rope_scaling: {kind} needs positive numbers {list(ROPE_SCALING_KEYS[kind])}, "
+                f"got {d!r}"]
+    return []
 
 
 @dataclass(frozen=True)

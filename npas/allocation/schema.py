@@ -58,6 +58,10 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
                 problems.append(f"chassis.family: must be classic or llama, got {ch['family']!r}")
             if "tie_embeddings" in ch and not isinstance(ch["tie_embeddings"], bool):
                 problems.append(f"chassis.tie_embeddings: must be true or false, got {ch['tie_embeddings']!r}")
+            if ch.get("rope_scaling") is not None and (not isinstance(ch["rope_scaling"], dict) or not all(
+                    isinstance(v, int | float | str) for v in ch["rope_scaling"].values())):
+                problems.append(f"chassis.rope_scaling: must be a mapping of numbers and rope_type, got "
+                                f"{ch['rope_scaling']!r}")
             if len(problems) == before:
                 out["chassis"] = Chassis(**ch)
     for name in ("mlp_widths", "block_of_layer", "lora_attn", "lora_mlp", "kv_source"):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,15 +74,37 @@ def _norm(c: Chassis) -> nn.Module:
     return nn.LayerNorm(c.d_model, bias=False)  # bias-free LayerNorm: d parameters
 
 
-def rotary(c: Chassis, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def rotary(c: Chassis, T: int, device: torch.device, start: int = 0) -> tuple[Tensor, Tensor]:
     """(cos, sin), each (T, head_dim), of Hugging Face's default rotary embedding: inv_freq =
     1 / theta^(2i / head_dim) for i < head_dim / 2, angles pos x inv_freq, repeated for both halves.
     Computed in fp32 per forward (a few thousand elements), so no buffer changes with the model's dtype."""
     hd = c.head_size
-    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
-    freqs = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, hd/2)
+    inv_freq = scaled_inv_freq(1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device)
+                                                      .float() / hd)), c.rope)
+    freqs = torch.outer(torch.arange(start, start + T, device=device).float(), inv_freq)  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def scaled_inv_freq(inv_freq: Tensor, rope: dict) -> Tensor:
+    """Hugging Face's rope_scaling applied to the default inverse frequencies (modeling_rope_utils):
+    linear divides every frequency by `factor`; llama3 (Llama 3.1) divides the low frequencies by
+    `factor`, keeps the high ones and interpolates between. Neither rescales cos/sin (attention_factor 1)."""
+    kind = rope.get("rope_type", rope.get("type"))
+    if not kind or kind == "default":
+        return inv_freq
+    factor = float(rope["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, out)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -102,6 +125,17 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
         return x
     B, n_kv, T, hd = x.shape
     return x[:, :, None].expand(B, n_kv, n_rep, T, hd).reshape(B, n_kv * n_rep, T, hd)
+
+
+def _causal(T: int, S: int, start: int, device: torch.device) -> dict[str, Any]:
+    """Causal attention of T new queries (positions start..start+T-1) over S = start + T keys: the
+    plain causal flag without a cache prefix, no mask for one new token, else an explicit mask."""
+    if start == 0 and S == T:
+        return {"is_causal": True}
+    if T == 1:
+        return {}
+    pos = torch.arange(start, start + T, device=device)
+    return {"attn_mask": torch.arange(S, device=device)[None, :] <= pos[:, None]}
 
 
 class Block(nn.Module):
@@ -155,7 +189,8 @@ class Layer(nn.Module):
 
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module,
                 kv: tuple[Tensor, Tensor] | None = None, moe: ExpertPools | None = None,
-                layer: int = 0, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                layer: int = 0, rope: tuple[Tensor, Tensor] | None = None, cache: Any = None,
+                start: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """The layer's output and the (k, v) it attended with, for layers that share them.
         With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`). On a
         llama chassis `rope` is the (cos, sin) of the positions: q and k are rotated before attention
@@ -172,11 +207,16 @@ class Layer(nn.Module):
             out[:2] = [apply_rotary(t, *rope) for t in out[:2]]  # q, and k when this layer computes it
         if len(out) == 3:
             q, k, v = out
+            if cache is not None:  # a KV source: its keys and values join the cache
+                k, v = cache.update(k, v, layer)
         elif len(out) == 2:  # value-only sharing: own keys, the source's values
             q, k, v = out[0], out[1], kv[1]
+            if cache is not None:  # only its own keys are cached (an empty value slot)
+                k = cache.update(k, k[..., :0, :], layer)[0]
         else:
-            q, (k, v) = out[0], kv
-        y = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), is_causal=True)
+            q, (k, v) = out[0], kv  # full KV sharing: nothing of this layer's is cached
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep),
+                                           **_causal(T, k.shape[2], start, x.device))
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_heads * hs)
         x = x + self._linear(y, "attn_o", w["attn_o"])
         h = ln_2(x)
@@ -259,19 +299,26 @@ class TransformerLM(nn.Module):
                 weights[b][slot] = w
         return weights
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, cache: Any = None) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, T, V) and the mean cross-entropy against `targets` (None without them).
+
+        `cache` (incremental decoding, e.g. a transformers DynamicCache: `get_seq_length()` and
+        `update(k, v, layer)`) holds the keys and values of the tokens before `idx`; only KV *source*
+        layers store theirs (a "v"-mode consumer its keys only): cross-layer KV sharing shrinks the cache
+        to the share of source layers."""
         B, T = idx.shape
-        if T > self.cfg.chassis.context:
-            raise ValueError(f"sequence length {T} exceeds the chassis context {self.cfg.chassis.context}")
+        start = 0 if cache is None else int(cache.get_seq_length())
+        if start + T > self.cfg.chassis.context:
+            raise ValueError(f"sequence length {start + T} exceeds the chassis context {self.cfg.chassis.context}")
         weights = self.materialise()
         atoms = {slot: dictionary.generate() for slot, dictionary in self.atoms.items()}  # (rows, d, d) each
         c = self.cfg.chassis
         rope = None
         if c.llama:
             x = self.wte(idx)  # (B, T, d); positions enter as rotations of q and k
-            rope = rotary(c, T, idx.device)
+            rope = rotary(c, T, idx.device, start)
         else:
-            pos = torch.arange(T, device=idx.device)
+            pos = torch.arange(start, start + T, device=idx.device)
             x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
         kv: dict[int, tuple[Tensor, Tensor]] = {}
         if self.experts is not None:
@@ -285,7 +332,7 @@ class TransformerLM(nn.Module):
                     if i in rows:
                         w[slot] = atoms[slot][rows[i]]
             src = self.kv_source[i]
-            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope)
+            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope, cache, start)
             if src == i:
                 kv[i] = kv_i
         if self.experts is not None:

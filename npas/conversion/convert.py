@@ -67,7 +67,8 @@ def convertible_problems(src: ArchConfig, dst: ArchConfig) -> list[str]:
                    f"allocation of the trained model's chassis")
     elif a.llama:
         # rotary pairs and grouped heads do not survive a narrowed residual: one llama chassis only
-        for name in ("d_model", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings"):
+        for name in ("d_model", "n_kv_heads", "head_dim", "rope_theta", "rms_norm_eps", "tie_embeddings",
+                     "rope_scaling"):
             if getattr(a, name) != getattr(b, name):
                 out.append(f"chassis.{name} differs (trained {getattr(a, name)!r}, allocation "
                            f"{getattr(b, name)!r}); a llama model converts to allocations of its own chassis")

@@ -51,6 +51,8 @@ class ConvertResult:
     source_val_loss: float | None  # the source model's own, from its metrics.json
     out: Path
     metrics: dict
+    note: str | None = None  # a Hugging Face source converted without a loss pass: why (`hf_convert`)
+    written: dict | None = None  # what --format hf wrote ({"kind", "params", "bytes"}, `hf_export.write_hf`)
 
 
 def fingerprint_weights(model_dir: str | Path) -> str:

@@ -24,22 +24,51 @@ from npas.conversion.directory import fingerprint_weights
 from npas.errors import ConfigError, DataError, StudyError
 
 
-def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> dict[str, str]:
-    """{"dir", "weights", "config_hash"} of a trained model a study's trials can start from, or the
-    reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus)."""
+def _load(d: str | Path) -> tuple[Any, Any, ArchConfig]:
+    """(model, tokenizer or None, cfg) of an npas model directory or a Hugging Face checkpoint
+    (`hf_source` reads those: config.json + safetensors, tokenizer.json when it has one)."""
+    from npas.conversion.hf_source import is_hf_dir, read_hf_dir
     from npas.training.train import load_trained
 
+    if is_hf_dir(d):
+        ck = read_hf_dir(d)
+        return ck.model, ck.tokenizer, ck.cfg
+    return load_trained(d)
+
+
+def _fingerprint(d: str | Path) -> str:
+    from npas.conversion.hf_source import fingerprint_hf_weights, is_hf_dir
+
+    return fingerprint_hf_weights(d) if is_hf_dir(d) else fingerprint_weights(d)
+
+
+def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> dict[str, str]:
+    """{"dir", "weights", "config_hash"} of a trained model a study's trials can start from, or the
+    reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus).
+    `dense_dir` is an npas model directory or a Hugging Face LLaMA checkpoint (`hf_source`)."""
     d = Path(dense_dir).expanduser().resolve()
-    _, tokenizer, cfg = load_trained(d)
-    if tokenizer.fingerprint != corpus.tokenizer.fingerprint:  # first: another vocabulary size follows from it
+    _, tokenizer, cfg = _load(d)
+    if tokenizer is None:  # a checkpoint without tokenizer.json: the user's --tokenizer, if its ids fit
+        if corpus.tokenizer.vocab_size != cfg.chassis.vocab_size:
+            raise DataError(f"--init-from {dense_dir} has no tokenizer.json and its vocab_size is "
+                            f"{cfg.chassis.vocab_size}, but --tokenizer {corpus.tokenizer.name} has "
+                            f"{corpus.tokenizer.vocab_size} tokens; pass the model's tokenizer.json")
+    elif tokenizer.fingerprint != corpus.tokenizer.fingerprint:  # first: another vocabulary size follows from it
         raise DataError(f"--init-from {dense_dir} reads text with its own {tokenizer.name} ({tokenizer.vocab_size} "
                         f"tokens, fingerprint {tokenizer.fingerprint}), not with tokenizer {corpus.tokenizer.name} "
                         f"({corpus.tokenizer.vocab_size} tokens, fingerprint {corpus.tokenizer.fingerprint}); drop "
                         "--tokenizer: a study that starts from this model searches with the model's tokenizer")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
+        from npas.conversion.hf_source import is_hf_dir
+
+        if is_hf_dir(d):  # the space must state the checkpoint's chassis: say which, ready to paste
+            import yaml
+
+            chassis = yaml.safe_dump(cfg.chassis.to_dict(), default_flow_style=True, width=1 << 16).strip()
+            problems.append(f"give the space the checkpoint's chassis: {chassis}")
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    return {"dir": str(d), "weights": fingerprint_weights(d), "config_hash": cfg.hash}
+    return {"dir": str(d), "weights": _fingerprint(d), "config_hash": cfg.hash}
 
 
 def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
@@ -47,11 +76,16 @@ def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
     (its embeddings index those tokens) when none is given; a given one is kept, and `describe_source`
     refuses it unless it is that very tokenizer. A directory that cannot be read is left to
     `describe_source` to refuse, with its own message."""
-    if tokenizer is not None:
-        return tokenizer
+    from npas.conversion.hf_source import is_hf_dir, read_hf_tokenizer
     from npas.training.train import TOKENIZER_FILE, VOCAB_FILE
 
     d = Path(dense_dir).expanduser()
+    if is_hf_dir(d) and not (d / TOKENIZER_FILE).is_file() and tokenizer is None:
+        _, note = read_hf_tokenizer(d, 0)
+        raise DataError(f"--init-from {dense_dir}: {note}; pass --tokenizer path/to/tokenizer.json with the "
+                        "model's vocabulary")
+    if tokenizer is not None:
+        return tokenizer
     for name in (TOKENIZER_FILE, VOCAB_FILE):
         if (d / name).is_file():
             return str(d / name)
@@ -75,12 +109,10 @@ def check_same_source(study_name: str, stored: dict | None, given: dict | None) 
 
 @functools.lru_cache(maxsize=2)
 def _source(directory: str, weights: str):
-    from npas.training.train import load_trained
-
-    if fingerprint_weights(directory) != weights:
+    if _fingerprint(directory) != weights:
         raise DataError(f"{directory} here holds other weights than the study started from ({weights}); give "
                         "every node the same model")
-    return load_trained(directory)[0]
+    return _load(directory)[0]
 
 
 def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64

@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
+    p.add_argument("--format", choices=("npas", "hf"), default="npas", dest="fmt",
+                   help="npas: model.safetensors + config.yaml (continuable with `npas train DIR`); hf: a Hugging "
+                        "Face checkpoint AutoModelForCausalLM.from_pretrained loads (needs npas[hf]); a plain dense "
+                        "llama allocation is a stock LlamaForCausalLM")
+    p.add_argument("--unroll", action="store_true", help="with --format hf: any llama allocation as a stock "
+                   "LlamaForCausalLM, shared weights materialised per layer")
     p.set_defaults(func=run_train)
 
     s = sub.add_parser("sample", help="generate text from a model written by `npas train`")
@@ -49,9 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from npas.conversion.hf_convert import check_format
     from npas.training.recipe import load_recipe
     from npas.training.train import MODEL_FILE, train_allocation
 
+    check_format(getattr(args, "fmt", "npas"), getattr(args, "unroll", False))  # before any work
     path = Path(args.config)
     recipe = load_recipe(args.recipe)
     if args.steps is not None:
@@ -100,6 +108,15 @@ def run_train(args: argparse.Namespace) -> int:
         raise TrialError(f"training failed: {result.failure_reason}; metrics in {out / 'metrics.json'}")
     print(f"{result.status}: val_loss {result.val_loss:.4f} nats/token ({result.val_bpb:.3f} bits/byte), "
           f"{result.steps_done} steps, {result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s")
+    if getattr(args, "fmt", "npas") == "hf":
+        from npas.conversion.hf_convert import reformat_dir
+
+        written = reformat_dir(out, args.unroll)
+        kind = "stock LlamaForCausalLM" if written["kind"] == "llama" else "npas model type (import npas first)"
+        print(f"wrote {out}/ as a Hugging Face checkpoint ({kind}): {written['params']:,} stored params, "
+              f"{written['bytes'] / 2**20:.2f} MiB of weights; load it with "
+              f"AutoModelForCausalLM.from_pretrained({str(out)!r}), or convert it with `npas convert {out} --out DIR`")
+        return 0
     print(f"wrote {out}/ (model.safetensors, tokenizer.json, config.yaml, metrics.json); try "
           f"`npas sample {out} --prompt 'ROMEO:'`")
     return 0

@@ -1,0 +1,172 @@
+"""`bench/convert.py --hf` (issue 37, item 6): a LLaMA-family model trained here and saved in Hugging Face
+format, converted to cycle tying + LoRA at 0.5x its parameters and uptrained, against the same allocation
+from scratch at equal uptraining and at equal total steps.
+
+Each arm trains at its *located* rate: a learning-rate grid (multiples of the recipe's lr) on seed 0,
+extended one step past an edge until the best rate is interior (at most `MAX_EXTEND` extensions), then
+every seed at that rate. Comparisons are paired by seed (same seed, same validation batches): the mean
+difference with a 95% t-interval.
+
+PASS: converted + uptraining beats scratch at equal uptraining on every seed. The equal-total-steps
+comparison (scratch trained for the dense model's steps plus the uptraining's) is reported with its
+verdict either way.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import torch
+
+from npas.allocation.budget import count
+from npas.allocation.config import ArchConfig, Chassis, reference_config
+from npas.allocation.space_parser import parse_space
+from npas.training.recipe import Recipe, load_recipe
+
+GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
+MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
+
+
+@dataclass(frozen=True)
+class HFMode:
+    chassis: Chassis
+    dense: Recipe
+    uptrain: Recipe
+    seeds: tuple[int, ...]
+
+
+def hf_modes() -> dict[str, HFMode]:
+    full = Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=352, activation="swiglu",
+                   family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
+    quick = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=176, activation="swiglu",
+                    family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
+    smoke = load_recipe("smoke")
+    return {"full": HFMode(full, load_recipe("long"), load_recipe("proxy"), (0, 1, 2, 3, 4)),
+            "quick": HFMode(quick, smoke.with_steps(300), smoke.with_steps(100), (0, 1))}
+
+
+def cycle_lora(ch: Chassis) -> ArchConfig:
+    """Cycle tying (L/2 unique blocks) + LoRA rank 8 on attention and MLP, fitted to 0.5x by the search's fit."""
+    import yaml
+
+    chassis = yaml.safe_dump(ch.to_dict(), default_flow_style=True, width=1 << 16).strip()
+    text = (f"name: convert-hf-bench\nchassis: {chassis}\nbudget: 0.5x\nobjectives: [val_loss, train_memory_bytes]\n"
+            f"recipe: proxy\nfit: {{width: mlp, max_width_scale: 8.0}}\nknobs:\n"
+            f"  tying: {{mode: [cycle], unique_blocks: [{ch.n_layers // 2}]}}\n"
+            f"  relaxation: {{rank: [8], targets: [both]}}\n")
+    cand = parse_space(text, "convert-hf bench").sample(optuna.create_study().ask())
+    if not cand.feasible:
+        raise SystemExit(f"cycle+lora8 at 0.5x: {cand.fit.reason}")
+    return cand.config
+
+
+def with_lr(recipe: Recipe, mult: float, seed: int, steps: int | None = None) -> Recipe:
+    d = recipe.to_dict()
+    ratio = recipe.min_lr / recipe.lr
+    d.update(lr=recipe.lr * mult, min_lr=recipe.lr * mult * ratio, seed=seed)
+    out = Recipe.from_dict(d)
+    return out if steps is None else out.with_steps(steps)
+
+
+ARMS = ("converted", "scratch_equal_uptrain", "scratch_equal_total")
+
+
+def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
+    d, u = mode.dense, mode.uptrain
+    ref = count(reference_config(mode.chassis)).stored_params
+    total = d.steps + u.steps
+    steps = {"converted": u.steps, "scratch_equal_uptrain": u.steps, "scratch_equal_total": total}
+    grid_steps = sum(len(GRID) * s for s in steps.values())
+    seed_steps = sum((len(mode.seeds) - 1) * s for s in steps.values())  # seed 0 is in the grid
+    worst = grid_steps + MAX_EXTEND * sum(steps.values())  # each arm extends at most MAX_EXTEND times
+    print(f"plan (--hf): dense {mode.chassis.family} reference {ref:,} params, {d.name} {d.steps} steps x "
+          f"{d.tokens_per_step:,} tokens, saved as a stock LlamaForCausalLM and read back with npas convert's reader")
+    print(f"  allocation cycle+lora8@0.5x: {count(cfg).stored_params:,} params ({count(cfg).stored_params / ref:.3f}x) "
+          f"{cfg.summary()}")
+    print(f"  arms: converted + uptraining ({u.name}, {u.steps} steps); scratch at equal uptraining ({u.steps}); "
+          f"scratch at equal total steps ({total})")
+    print(f"  rate location per arm on seed 0: lr x {list(GRID)} of {u.lr:g}, extended up to {MAX_EXTEND} times "
+          f"past an edge optimum; then seeds {list(mode.seeds)} at the located rate; paired 95% t-intervals")
+    print(f"  optimizer steps: dense {d.steps:,} + grids {grid_steps:,} + seeds {seed_steps:,} = "
+          f"{d.steps + grid_steps + seed_steps:,} (at most {d.steps + worst + seed_steps:,} with extensions)")
+
+
+def _t95(n: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
+
+
+def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
+    from npas.conversion import convert_model
+    from npas.conversion.calibration import calibration_ids
+    from npas.conversion.hf_export import write_hf
+    from npas.conversion.hf_source import read_hf_dir
+    from npas.training.data import load_corpus
+    from npas.training.proxy import eval_batches, evaluate, train_model
+
+    corpus = load_corpus(None, mode.dense.val_fraction, mode.dense.test_fraction)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    evals = eval_batches(corpus, mode.uptrain)
+    t0 = time.perf_counter()
+    dense, _ = train_model(reference_config(mode.chassis), mode.dense, corpus, device=dev)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_hf(dense.to("cpu"), reference_config(mode.chassis), Path(tmp) / "llama-hf", corpus.tokenizer)
+        ck = read_hf_dir(Path(tmp) / "llama-hf")
+    dense_val = evaluate(ck.model.to(dev), evals, dev, mode.uptrain)
+    ck.model.to("cpu")
+    print(f"dense (read back from HF format): val {dense_val:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    calibration = calibration_ids(corpus, mode.uptrain.seq_len)
+    total = mode.dense.steps + mode.uptrain.steps
+
+    def train(arm: str, mult: float, seed: int) -> float:
+        steps = total if arm == "scratch_equal_total" else mode.uptrain.steps
+        recipe = with_lr(mode.uptrain, mult, seed, steps)
+        init = None
+        if arm == "converted":
+            init = {k: v.clone() for k, v in convert_model(ck.model, cfg, seed=seed,
+                                                           calibration=calibration).model.state_dict().items()}
+        return train_model(cfg, recipe, corpus, device=dev, init_state=init)[1].val_loss
+
+    located, losses = {}, {}
+    for arm in ARMS:
+        tried = {m: train(arm, m, 0) for m in GRID}
+        for _ in range(MAX_EXTEND):
+            best = min(tried, key=tried.get)
+            if best == min(tried):
+                tried[best / 2] = train(arm, best / 2, 0)
+            elif best == max(tried):
+                tried[best * 2] = train(arm, best * 2, 0)
+            else:
+                break
+        best = min(tried, key=tried.get)
+        interior = min(tried) < best < max(tried)
+        located[arm] = (best, interior)
+        losses[arm] = {0: tried[best]} | {s: train(arm, best, s) for s in mode.seeds if s != 0}
+        print(f"  {arm}: lr x{best:g} ({'interior' if interior else 'EDGE'}) "
+              + " ".join(f"{m:g}:{v:.4f}" for m, v in sorted(tried.items()))
+              + f"; seeds {[round(losses[arm][s], 4) for s in mode.seeds]} [{time.perf_counter() - t0:.0f} s]",
+              flush=True)
+    print("\n| arm | lr | rate | " + " | ".join(f"seed {s}" for s in mode.seeds) + " | mean |")
+    print("|---|---|---|" + "---|" * len(mode.seeds) + "---|")
+    for arm in ARMS:
+        vals = [losses[arm][s] for s in mode.seeds]
+        print(f"| {arm} | {mode.uptrain.lr * located[arm][0]:.2e} | {'interior' if located[arm][1] else 'edge'} | "
+              + " | ".join(f"{v:.4f}" for v in vals) + f" | {statistics.mean(vals):.4f} |")
+    for other, label in (("scratch_equal_uptrain", "equal uptraining"), ("scratch_equal_total", "equal total steps")):
+        diff = [losses["converted"][s] - losses[other][s] for s in mode.seeds]
+        mean = statistics.mean(diff)
+        half = _t95(len(diff)) * statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else math.nan
+        wins = sum(d < 0 for d in diff)
+        verdict = "PASS" if wins == len(diff) else "MISS"
+        if other == "scratch_equal_total":
+            verdict = f"converted {'better' if mean < 0 else 'worse'} (reported, no target)"
+        print(f"converted vs scratch at {label}: paired diff {mean:+.4f} ± {half:.4f} nats (95% t), converted better "
+              f"on {wins}/{len(diff)} seeds -> {verdict}")
+    return 0
