@@ -56,18 +56,16 @@ FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 
 
 @pytest.fixture(scope="session")
-def smoke_study(ray_local, tmp_path_factory):
-    """One small real search (real Ray, real SQLite; tiny space, fast recipe, 6 trials, seed 1) shared,
-    read-only, by every test that needs a finished study: (study, storage url). Tests must not add
-    trials to it; one that needs to write makes its own."""
-    import npas
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+def smoke_study(tmp_path_factory):
+    """A finished study of one small real search (tiny space, fast recipe, 6 trials, seed 1; real Ray,
+    real SQLite), shared read-only by every test that needs one: (study, storage url). It is rebuilt
+    from tests/data/smoke_study.json into a fresh SQLite file rather than searched again (that costs a
+    Ray start and ~15 s); tests/service/test_study_fixture.py (slow tier) checks the file still has the
+    shape today's search writes. Tests must not add trials to it; one that needs to write makes its own."""
+    from tests.study_fixture import load, rebuild
 
     url = f"sqlite:///{tmp_path_factory.mktemp('smoke')}/npas.db"
-    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                launch=Launch(workers=2, early_stop=False))
-    return st, url
+    return rebuild(load(), url), url
 
 
 def needs(available: bool, reason: str) -> pytest.MarkDecorator:
