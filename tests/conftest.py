@@ -23,6 +23,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.pop("RAY_ADDRESS", None)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without the plugin
+def pytest_xdist_make_scheduler(config, log):
+    """pyproject's `--dist loadgroup`, with a test module as the unit where no xdist_group is marked:
+    a module's tests run on one worker, so each module-scoped fixture (a real search, a bench run) runs
+    once, not once per worker; tests marked xdist_group(NAME) still go together across modules."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleOrGroup(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = super()._split_scope(nodeid)
+            return group if group != nodeid else nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_optuna():
     import optuna

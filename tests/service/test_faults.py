@@ -27,7 +27,7 @@ from npas.service.study import counts_toward_target, status
 from tests.conftest import ROOT
 from tests.service.test_search import NEEDS_PG, PG_URL, STORAGES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]  # one at a time: see pyproject
 TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
 
 
