@@ -40,6 +40,14 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleOrGroup(config, log)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests of an xdist_group first (the Ray-cluster and shared bench-run groups:
+    the longest units of work), so no worker starts one of them while the other is about to run out of
+    work; pyproject's --no-loadscope-reorder then keeps this order (every worker collects the same)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: else file order
+
+
 @pytest.fixture(autouse=True)
 def _quiet_optuna():
     import optuna

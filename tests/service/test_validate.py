@@ -150,7 +150,6 @@ sys.exit(main(["validate", {name!r}, "--storage", {url!r}, "--recipe", {fast!r},
 
 
 @pytest.mark.slow  # fault tolerance: a validate subprocess killed mid-run and resumed
-@pytest.mark.xdist_group("ray_cluster")  # killed at a moment of its progress: one at a time, see pyproject
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp_path, monkeypatch, capsys):
     url = f"sqlite:///{tmp_path}/v.db"
