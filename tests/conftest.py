@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# torch's intra-op threads: two for a single process on 2 cores, one per pytest-xdist worker (two workers
+# of two spinning OpenMP threads each would oversubscribe the cores)
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 # A contributor's own cluster (`ray start --head`, or RAY_ADDRESS exported for it) must never be joined by
 # accident: every Ray a test wants is started here with address="local". Tests that join a cluster on
 # purpose (tests/service/test_faults.py) pass RAY_ADDRESS to their subprocesses explicitly.
