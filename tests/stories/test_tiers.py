@@ -144,7 +144,7 @@ def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
                              cwd=ROOT, env={**env, "RAY_ADDRESS": address}, capture_output=True, text=True,
                              timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-        assert "3 passed" in out.stdout  # the last starts the session's own Ray (address="local")
+        assert "3 passed" in out.stdout  # the search test starts the session's own Ray (address="local")
     finally:
         stop_node(head)
         shutil.rmtree(tmp, ignore_errors=True)
