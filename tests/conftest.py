@@ -16,11 +16,38 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# torch's intra-op threads: two for a single process on 2 cores, one per pytest-xdist worker (two workers
+# of two spinning OpenMP threads each would oversubscribe the cores)
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 # A contributor's own cluster (`ray start --head`, or RAY_ADDRESS exported for it) must never be joined by
 # accident: every Ray a test wants is started here with address="local". Tests that join a cluster on
 # purpose (tests/service/test_faults.py) pass RAY_ADDRESS to their subprocesses explicitly.
 os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without the plugin
+def pytest_xdist_make_scheduler(config, log):
+    """pyproject's `--dist loadgroup`, with a test module as the unit where no xdist_group is marked:
+    a module's tests run on one worker, so each module-scoped fixture (a real search, a bench run) runs
+    once, not once per worker; tests marked xdist_group(NAME) still go together across modules."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleOrGroup(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = super()._split_scope(nodeid)
+            return group if group != nodeid else nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests of an xdist_group first (the Ray-cluster and shared bench-run groups:
+    the longest units of work), so no worker starts one of them while the other is about to run out of
+    work; pyproject's --no-loadscope-reorder then keeps this order (every worker collects the same)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: else file order
 
 
 @pytest.fixture(autouse=True)
@@ -56,18 +83,16 @@ FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 
 
 @pytest.fixture(scope="session")
-def smoke_study(ray_local, tmp_path_factory):
-    """One small real search (real Ray, real SQLite; tiny space, fast recipe, 6 trials, seed 1) shared,
-    read-only, by every test that needs a finished study: (study, storage url). Tests must not add
-    trials to it; one that needs to write makes its own."""
-    import npas
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+def smoke_study(tmp_path_factory):
+    """A finished study of one small real search (tiny space, fast recipe, 6 trials, seed 1; real Ray,
+    real SQLite), shared read-only by every test that needs one: (study, storage url). It is rebuilt
+    from tests/data/smoke_study.json into a fresh SQLite file rather than searched again (that costs a
+    Ray start and ~15 s); tests/service/test_study_fixture.py (slow tier) checks the file still has the
+    shape today's search writes. Tests must not add trials to it; one that needs to write makes its own."""
+    from tests.study_fixture import load, rebuild
 
     url = f"sqlite:///{tmp_path_factory.mktemp('smoke')}/npas.db"
-    st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
-                launch=Launch(workers=2, early_stop=False))
-    return st, url
+    return rebuild(load(), url), url
 
 
 def needs(available: bool, reason: str) -> pytest.MarkDecorator:

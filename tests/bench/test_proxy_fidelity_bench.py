@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -48,9 +49,19 @@ def pfr(pf):
     return importlib.import_module("bench.proxy_fidelity_report")
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[str, Path]:
+    """One `--quick` run (24 trainings, a minute or more) shared by the tests below: (stdout, its cache
+    directory). A test that writes more runs works on a copy of the directory."""
+    out_dir = tmp_path_factory.mktemp("quick")
+    return _bench("--quick", "--out", str(out_dir)), out_dir
+
+
+# both tests share quick_run: the same xdist worker (pyproject's --dist loadgroup) runs them
 @pytest.mark.slow  # a bench --quick run that trains in a subprocess
-def test_quick_runs_caches_and_reruns_nothing(tmp_path):
-    out = _bench("--quick", "--out", str(tmp_path))
+@pytest.mark.xdist_group("proxy_fidelity_quick")
+def test_quick_runs_caches_and_reruns_nothing(quick_run):
+    out, tmp_path = quick_run
     runs = sorted(tmp_path.glob("*.json"))
     # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x, + one fair WSD run to T each
     assert len(runs) == 4 * 2 * 2 + 4 + 4
@@ -139,8 +150,11 @@ def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
 
 
 @pytest.mark.slow  # a bench --quick run that trains in a subprocess
-def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(tmp_path):
+@pytest.mark.xdist_group("proxy_fidelity_quick")
+def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(quick_run, tmp_path):
+    shutil.copytree(quick_run[1], tmp_path, dirs_exist_ok=True)  # the plain --quick runs, cached: 12 new ones
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
+    assert "ran 12, cached 24" in out  # the repeats and the second long seed add to the cache, reusing it
     recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     # + one more fair proxy seed per candidate, + fair at 2x steps, + one fair WSD run each
     assert len(recs) == 4 * 2 * 3 + 4 + 4 + 4

@@ -249,6 +249,7 @@ def two_node_cluster(ray_head, tmp_path, ray_temp):
         stop_node(worker)
 
 
+@pytest.mark.xdist_group("ray_cluster")  # a `ray start` cluster of its own: one at a time, see pyproject
 def test_two_node_ray_cluster_survives_losing_a_node(two_node_cluster, tmp_path):
     """The driver finds the cluster through RAY_ADDRESS (what Ray's docs suggest) with --ray-address auto."""
     address, env, worker = two_node_cluster
@@ -273,6 +274,7 @@ def test_two_node_ray_cluster_survives_losing_a_node(two_node_cluster, tmp_path)
     assert retried, "no trial was retried after its node died"
 
 
+@pytest.mark.xdist_group("ray_cluster")  # a `ray start` cluster of its own: one at a time, see pyproject
 def test_a_driver_without_the_clusters_token_fails_fast_and_writes_nothing(ray_head, tmp_path):
     address, env, _ = ray_head
     no_token = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}

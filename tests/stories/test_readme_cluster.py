@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from tests.conftest import ROOT
 from tests.service.test_faults import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]  # one at a time: see pyproject
 RAY = str(Path(sys.executable).parent / "ray")
 TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")

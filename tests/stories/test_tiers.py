@@ -114,10 +114,11 @@ def test_conftest_drops_ray_address_for_the_session():
 
 
 @pytest.mark.slow  # a Ray head and a pytest run with a real search: about a minute
+@pytest.mark.xdist_group("ray_cluster")  # a cluster of its own: one at a time, see pyproject
 def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
     """`ray start --head` as a contributor runs it (default settings, the cluster recorded in Ray's temp
     dir, where Ray's init finds it when given no address) and RAY_ADDRESS exported for it: the dashboard tests, whose
-    shared search once joined that cluster and failed, still pass."""
+    shared search once joined that cluster and failed, still pass, and so does a search on the session's Ray."""
     import shutil
     import tempfile
 
@@ -138,11 +139,12 @@ def test_tests_pass_with_a_contributors_cluster_up(tmp_path):
         wait_until(lambda: os.path.exists(record) or head.poll() is not None, 120, "the head's cluster record")
         assert os.path.exists(record), (tmp_path / "head.log").read_text()[-3000:]  # what a bare ray.init() reads
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                              "tests/presentation/test_dashboard.py", "-k", "pareto_info_points or taper_and_curves"],
+                              "tests/presentation/test_dashboard.py", "tests/service/test_search.py",
+                              "-k", "pareto_info_points or taper_and_curves or failed_trials_are_recorded"],
                              cwd=ROOT, env={**env, "RAY_ADDRESS": address}, capture_output=True, text=True,
                              timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-        assert "2 passed" in out.stdout
+        assert "3 passed" in out.stdout  # the search test starts the session's own Ray (address="local")
     finally:
         stop_node(head)
         shutil.rmtree(tmp, ignore_errors=True)
