@@ -27,7 +27,6 @@ Groups (each bench module exposes ``device_specs() -> list[dict]``):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -47,6 +46,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.harness import store  # noqa: E402
+from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
@@ -83,7 +85,7 @@ def export(groups: list[str], out: Path) -> list[dict]:
     specs: list[dict] = []
     for g in groups:
         mine = evidence_specs() if g == "evidence" else load_module(GROUPS[g]).device_specs()
-        missing = [s for s in mine if not (ROOT / s["dest"]).exists()]
+        missing = [s for s in mine if not store.exists(ROOT / s["dest"])]
         for s in missing:
             s["group"] = g
         print(f"  {g}: {len(mine)} runs, {len(missing)} not cached yet", flush=True)
@@ -115,7 +117,7 @@ def evidence_specs() -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ run (there)
 def _corpus(recipe: Any) -> Any:
-    from npas.training.data import load_corpus
+    from npas import load_corpus
 
     key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
     if key not in _CORPUS:
@@ -127,10 +129,15 @@ def run_spec(spec: dict) -> dict:
     """Train one spec'd run; the record is the spec's ``meta`` plus what the run measured."""
     import torch
 
-    from npas.allocation.config import ArchConfig, Chassis
-    from npas.training.forks import train_model  # cosine: npas.training.proxy's loop, as before
-    from npas.training.proxy import eval_batches, evaluate, pick_device
-    from npas.training.recipe import Recipe
+    from npas import (
+        ArchConfig,
+        Chassis,
+        Recipe,
+        eval_batches,
+        evaluate,
+        pick_device,
+        train_model,  # cosine: npas.training.proxy's loop, as before
+    )
 
     cfg = ArchConfig.from_json(spec["config"])
     recipe = Recipe.from_dict(spec["recipe"])
@@ -153,7 +160,7 @@ def run_spec(spec: dict) -> dict:
     if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
         from safetensors.torch import save_file
 
-        from npas.allocation.transformer import export_state
+        from npas import export_state
         dest = ROOT / spec["save_weights"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         save_file(export_state(model), str(dest.with_suffix(".tmp")))
@@ -313,17 +320,6 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
 
 
 # ------------------------------------------------------------------------------------------ cache versions
-def files_version(files: Sequence[str], settings: Any = None) -> str:
-    """A cache's code version: the hash of the files that decide a run's numbers (path and content)
-    and of the settings every run shares, so an edit to either starts a fresh cache."""
-    h = hashlib.sha256()
-    for rel in files:
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
-    if settings is not None:
-        h.update(json.dumps(settings, sort_keys=True).encode())
-    return h.hexdigest()[:10]
-
-
 def bench_parser(description: str, quick_help: str, results: Path) -> argparse.ArgumentParser:
     """The options every cached training bench (lr_transfer, proxy_fidelity) shares; the bench adds its
     own. ``--code-version`` reports the cache of an earlier code version (device runs outlive the code
@@ -353,7 +349,7 @@ def version_to_read(p: argparse.ArgumentParser, a: argparse.Namespace, current: 
 # ------------------------------------------------------------------------------------------ collect
 def collect(folder: Path) -> int:
     tar = folder / "results.tar.gz"
-    n = 0
+    n, touched = 0, set()
     with tarfile.open(tar) as t:
         for m in t.getmembers():
             if not m.isfile() or not m.name.endswith(".json"):
@@ -364,8 +360,12 @@ def collect(folder: Path) -> int:
             dest = ROOT / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(t.extractfile(m).read())
+            touched.add(dest.parent)
             n += 1
     print(f"collected {n} records from {tar}")
+    for folder in sorted(touched & set(store.folders())):  # an experiment's cache: fold into its JSON Lines
+        folded, total = store.compact(folder)
+        print(f"  {folder.relative_to(ROOT)}: {folded} folded, {total} runs compacted")
     return 0
 
 

@@ -19,12 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
-from report import format_table
-from stats import optimum_words, paired_interval, summarize
 
-import npas
-from npas.allocation.config import ArchConfig
-from npas.training.recipe import Recipe
+if str(ROOT) not in sys.path:  # bench.harness, when a script runs from bench/evidence
+    sys.path.insert(0, str(ROOT))
+
+from report import format_table  # noqa: E402
+from stats import optimum_words, paired_interval, summarize  # noqa: E402
+
+import npas  # noqa: E402
+from bench.harness import store  # noqa: E402
+from npas import ArchConfig, Recipe  # noqa: E402
 
 
 def device_module():
@@ -99,7 +103,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     t0 = time.perf_counter()
     version, kind = version or code_version(jobs), device_kind()  # an experiment in phases passes its one version
     paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
-    out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
+    out: list[dict[str, Any] | None] = [store.load(p) if p and store.exists(p) else None for p in paths]
     todo = [i for i, r in enumerate(out) if r is None]
     tokens = sum(Recipe.from_dict(jobs[i]["recipe"]).steps * Recipe.from_dict(jobs[i]["recipe"]).tokens_per_step
                  for i in todo)
