@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
 from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402  # noqa: E402
 
@@ -165,7 +165,7 @@ def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> i
     done = [0]
 
     def save(j: Job, rec: dict) -> None:
-        write_record(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
+        store.save(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
         done[0] += 1
         _progress(done[0], len(todo), j, t0)
 

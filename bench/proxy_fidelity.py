@@ -61,7 +61,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
+from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
 from npas import (  # noqa: E402
@@ -295,9 +295,9 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
         return now + eta > max_minutes * 60 * 1.1
 
     def save(j: Job, rec: dict) -> None:
-        write_record(setup.out / f"{j.key(setup, version)}.json",
-                     {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                      "parameterization": j.parameterization, **rec, "code_version": version})
+        store.save(setup.out / f"{j.key(setup, version)}.json",
+                   {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                    "parameterization": j.parameterization, **rec, "code_version": version})
         work[0] += rec["tokens"] * 3 * j.cand.flops
         work[1] += rec["wall_s"]
         print(f"  {j.kind:<5} {j.cand.name:<14} {j.parameterization:<8} seed {j.seed:<5} {rec['status']:<7} "

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.device import bench_parser, run_pool, version_to_read, write_record  # noqa: E402
+from bench.device import bench_parser, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
@@ -75,8 +75,8 @@ def run_missing(recipe: Recipe, arms: list[Candidate], factors: tuple[float, ...
 
     def save(job: tuple[Candidate, float, int], rec: dict) -> None:
         c, f, s = job
-        write_record(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
-                                                            "code_version": version})
+        store.save(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
+                                                          "code_version": version})
         loss = rec["val_loss"] if rec["status"] == "ok" else None
         print(f"  {c.name:<14} x{f:<4g} seed {s}: val {'-' if loss is None else f'{loss:.4f}'} "
               f"({rec['wall_s']:.0f} s, {time.perf_counter() - t0:.0f} s elapsed)", flush=True)

@@ -36,7 +36,6 @@ cached check (seed 99), the dense parent stays as trained, and the report is `co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +146,7 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     with torch.no_grad():
         at0 = evaluate(conv.model.float(), eval_batches(corpus, up), torch.device("cpu"), up)
     save_file(export_state(conv.model), str(dest))
-    at0_file.write_text(json.dumps({"seed": seed, "val_loss": at0}) + "\n")
+    store.save(at0_file, {"seed": seed, "val_loss": at0})
     return str(dest), float(at0)
 
 

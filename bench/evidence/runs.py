@@ -126,7 +126,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     def done(i: int, rec: dict[str, Any]) -> None:
         out[i] = rec
         if paths[i] is not None:
-            dev.write_record(paths[i], {**rec, "code_version": version})
+            store.save(paths[i], {**rec, "code_version": version})
         finished[0] += 1
         _progress(finished[0], len(todo), rec, t0)
 

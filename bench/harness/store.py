@@ -5,10 +5,10 @@ legacy layout gave its one-JSON-per-run file). Records live in one of two places
 both, so a bench, a lent GPU machine (``bench/device.py collect``) or an older checkout can keep
 writing the legacy files while the committed cache is compacted:
 
-- legacy: ``<folder>/<key>.json``, one file per run (what writers still write: atomic, so a killed
-  bench never leaves half a record);
-- compacted: ``<folder>/runs-<version>.jsonl``, one line ``{"key": ..., "record": ...}`` per run, sorted
-  by key, one file per experiment folder and code version.
+- compacted: ``<folder>/runs-<version>.jsonl``, one line ``{"key": ..., "record": ...}`` per run, one
+  file per experiment folder and code version; ``save`` appends to it (the benches' CPU runs);
+- legacy: ``<folder>/<key>.json``, one file per run: what a lent GPU machine's records unpack to
+  (``bench/device.py collect``, which then compacts) and what a checkout from before the harness writes.
 
 ``compact(folder)`` folds the legacy files into the compacted files and deletes them; it is
 idempotent (a key already compacted is overwritten by its legacy file, the newer write). Records
@@ -54,10 +54,17 @@ def _compacted(folder: Path) -> dict[str, Any]:
         return hit[1]
     records: dict[str, Any] = {}
     for p in files:
-        for line in p.read_text().splitlines():
-            if line.strip():
+        lines = p.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
                 row = json.loads(line)
-                records[row["key"]] = row["record"]
+            except json.JSONDecodeError:
+                if i == len(lines) - 1 or not line.endswith("}"):  # a write cut short by a kill: it trains again
+                    continue
+                raise
+            records[row["key"]] = row["record"]  # appended later, so a rerun's record wins
     _loaded[folder] = (stamp, records)
     return records
 
@@ -75,6 +82,25 @@ def load(path: Path) -> Any:
         return _compacted(path.parent)[path.name]
     except KeyError:
         raise FileNotFoundError(path) from None
+
+
+def save(path: Path, doc: Any) -> None:
+    """Cache one finished run whose legacy file would be ``path``: one line appended to its folder's
+    ``runs-<version>.jsonl`` (a single write, so a kill loses at most that line; ``compact`` re-sorts).
+    A name without a code version is not a run and is written as its own JSON file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    version = version_of(path.name)
+    if version is None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        tmp.replace(path)
+        return
+    line = json.dumps({"key": path.name, "record": doc}, default=str) + "\n"
+    dest = path.parent / f"runs-{version}.jsonl"
+    with open(dest, "ab+") as f:
+        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"  # a write cut short by a kill
+        f.write((b"\n" if torn else b"") + line.encode())
+    path.unlink(missing_ok=True)  # an older legacy record would shadow this one
 
 
 def names(folder: Path) -> list[str]:

@@ -55,6 +55,20 @@ def test_a_legacy_writer_beside_the_compacted_store_is_read_and_folded(tmp_path:
     assert store.names(tmp_path) == [B]
 
 
+def test_save_appends_a_run_that_survives_a_cut_short_write_and_compacts(tmp_path: Path):
+    _write(tmp_path, A, {"val_loss": 9.0})  # a stale legacy record must not shadow the new one
+    store.save(tmp_path / A, {"val_loss": 1.0})
+    store.save(tmp_path / B, {"val_loss": 2.0, "path": Path("x")})  # written as the legacy writer did (default=str)
+    assert [p.name for p in tmp_path.iterdir()] == ["runs-0123456789.jsonl"]
+    with open(tmp_path / "runs-0123456789.jsonl", "a") as f:
+        f.write('{"key": "arm-s2-0123456789.json", "rec')  # a kill mid-write: that run just trains again
+    assert store.names(tmp_path) == [A, B] and store.load(tmp_path / B) == {"val_loss": 2.0, "path": "x"}
+    store.save(tmp_path / "arm-s3-0123456789.json", {"val_loss": 3.0})  # the next write after it
+    assert store.load(tmp_path / "arm-s3-0123456789.json") == {"val_loss": 3.0}
+    store.save(tmp_path / "report.json", {"a": 1})  # not a run: its own file, as before
+    assert json.loads((tmp_path / "report.json").read_text()) == {"a": 1}
+
+
 def test_compact_command_names_a_bad_experiment_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "bench.harness", "compact", "nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
