@@ -39,16 +39,17 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read  # noqa: E402
+from bench.device import bench_parser, make_spec, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.version import NUMERICS_FILES  # noqa: E402
+from bench.harness.version import code_version as harness_version  # noqa: E402
 from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
 SEEDS = (10, 11)  # fresh seeds: the parameterization's exponents were chosen looking at seeds 0 and 1
 # Files whose content decides a run's loss; their hash is the cache's code version.
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+VERSIONED = NUMERICS_FILES
 CPU_FLOPS = 5e10  # training FLOP/s of one thread, measured here: d_model 64-128 runs reach 50-70 GFLOP/s
 
 REFERENCE = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=256)
@@ -110,11 +111,16 @@ def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
 
 
 # ------------------------------------------------------------------------------------------ runs
+def version_settings(setup: Setup) -> list[dict]:
+    """What every run shares besides the files: the base recipe and the reference chassis."""
+    return [setup.recipe.to_dict(), setup.reference.__dict__]
+
+
 def code_version(setup: Setup) -> str:
     from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
 
-    return numerics.keyed("lr_transfer", files_version(VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]),
-                          lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
+    return harness_version("lr_transfer", VERSIONED, version_settings(setup),
+                           lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
 
 
 def recipe_for(setup: Setup, job: Job) -> Recipe:

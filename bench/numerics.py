@@ -401,13 +401,11 @@ def _cli_runs(experiment: str) -> tuple[str, list[Run]]:
     if experiment == "proxy_fidelity":
         mod = load_module("bench/proxy_fidelity.py")
         setup = mod.make_setup(False, None, None, None, 1)
-        return files_version(mod.VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
-                                             if k not in ("seed", "parameterization")}), proxy_fidelity_runs(mod, setup)
+        return files_version(mod.VERSIONED, mod.version_settings(setup)), proxy_fidelity_runs(mod, setup)
     if experiment == "lr_transfer":
         mod = load_module("bench/lr_transfer.py")
         setup = mod.Setup(mod.REFERENCE, mod.RECIPE, mod.GRID, mod.SEEDS, mod.LORA_RANKS, mod.RESULTS, 1)
-        return files_version(mod.VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]), \
-            lr_transfer_runs(mod, setup)
+        return files_version(mod.VERSIONED, mod.version_settings(setup)), lr_transfer_runs(mod, setup)
     raise SystemExit(f"unknown experiment {experiment!r}: one of proxy_fidelity, lr_transfer "
                      "(evidence experiments: run the script with --plan and NPAS_RECORD_PROBE=1)")
 

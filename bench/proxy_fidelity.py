@@ -61,8 +61,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read  # noqa: E402
+from bench.device import bench_parser, make_spec, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
+from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
 from npas import (  # noqa: E402
     PARAMETERIZATIONS,
@@ -79,8 +81,7 @@ SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
 RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
 RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
 # Files whose content decides a run's loss; their hash (with the base recipe) is the code version.
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+VERSIONED = NUMERICS_FILES
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
@@ -214,12 +215,16 @@ def _table_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
     return out
 
 
+def version_settings(setup: Setup) -> dict[str, Any]:
+    """What every run shares besides the files: the base recipe, less what varies per run."""
+    return {k: v for k, v in setup.proxy.to_dict().items() if k not in ("seed", "parameterization")}
+
+
 def code_version(setup: Setup) -> str:
     from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
 
-    return numerics.keyed("proxy_fidelity", files_version(VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
-                          if k not in ("seed", "parameterization")}),
-                          lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
+    return harness_version("proxy_fidelity", VERSIONED, version_settings(setup),
+                           lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
 
 
 # ------------------------------------------------------------------------------------------ runs

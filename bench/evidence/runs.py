@@ -28,6 +28,7 @@ from stats import optimum_words, paired_interval, summarize  # noqa: E402
 
 import npas  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.version import code_version as code_version_of  # noqa: E402
 from npas import ArchConfig, Recipe  # noqa: E402
 
 
@@ -71,11 +72,9 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
 def code_version(jobs: Sequence[dict[str, Any]] = ()) -> str:
     """The legacy file-hash version, kept as the recorded one while the probe of ``jobs`` (the experiment's
     runs; none: the file hash alone) finds its numerics unchanged (bench/numerics.py)."""
-    if str(ROOT) not in sys.path:  # the bench package, when a script runs from bench/evidence
-        sys.path.insert(0, str(ROOT))
     from bench import numerics
 
-    return numerics.keyed("evidence", device_module().files_version(VERSIONED), lambda: numerics.evidence_runs(jobs))
+    return code_version_of("evidence", VERSIONED, None, lambda: numerics.evidence_runs(jobs))
 
 
 def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:

@@ -22,3 +22,17 @@ def files_version(files: Sequence[str], settings: Any = None) -> str:
     if settings is not None:
         h.update(json.dumps(settings, sort_keys=True).encode())
     return h.hexdigest()[:10]
+
+
+# The files whose content decides a proxy run's loss: the training loop and the allocation it builds.
+# Every CPU bench keys its cache on them (the evidence pool adds atoms.py); their order is part of the key.
+NUMERICS_FILES = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
+                  "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+
+
+def code_version(experiment: str, files: Sequence[str], settings: Any, probe: Any) -> str:
+    """The one code version of a bench's cache: ``files_version(files, settings)``, kept at its recorded
+    value while ``probe()`` (the experiment's numerics, ``bench/numerics.py``) is unchanged."""
+    from bench import numerics
+
+    return numerics.keyed(experiment, files_version(files, settings), probe)
