@@ -38,7 +38,6 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402,F401  (re-exported)
+from bench.harness.pool import run_pool  # noqa: E402,F401  (re-exported: the evidence pool's)
 from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
@@ -195,40 +196,6 @@ def write_record(path: Path, doc: dict) -> None:
     tmp.replace(path)
 
 
-def run_pool(todo: Sequence[Any], worker: Any, args: Any, save: Any, workers: int, fits: Any = None) -> int:
-    """The CPU benches' one training loop: ``worker(*args(job))`` for each job of ``todo``, at most
-    ``workers`` at a time on spawned processes (in this process when ``workers`` is 1), in order;
-    ``save(job, record)`` runs here the moment a job finishes, so a killed bench keeps every finished
-    run. With ``fits(job) -> bool`` (a time box), a job starts only while it fits: one that would overrun
-    gives way to a cheaper one behind it, and none starts once nothing fits. Returns how many ran."""
-    queue = list(todo)
-
-    def take() -> Any:
-        for i, job in enumerate(queue):
-            if fits is None or fits(job):
-                return queue.pop(i)
-        return None
-
-    ran = 0
-    if workers <= 1:
-        while queue and (job := take()) is not None:
-            save(job, worker(*args(job)))
-            ran += 1
-        return ran
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        live: dict[Future, Any] = {}
-        while queue or live:
-            while queue and len(live) < workers and (job := take()) is not None:
-                live[pool.submit(worker, *args(job))] = job
-            if not live:
-                break
-            done, _ = wait(list(live), return_when=FIRST_COMPLETED)
-            for fut in done:
-                save(live.pop(fut), fut.result())
-                ran += 1
-    return ran
-
-
 class Pool:
     """One group's runs: at most ``workers`` in flight, priority order, none started that would end
     past the deadline at this group's observed pace (the spec's ``est_s`` until a run finishes)."""
@@ -317,33 +284,6 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
         print(f"[device] {p.group}: {p.done} ran ({p.failed} failed), {p.skipped} not started", flush=True)
     print(f"[device] wall {time.time() - t0:.0f} s", flush=True)
     return 0
-
-
-# ------------------------------------------------------------------------------------------ cache versions
-def bench_parser(description: str, quick_help: str, results: Path) -> argparse.ArgumentParser:
-    """The options every cached training bench (lr_transfer, proxy_fidelity) shares; the bench adds its
-    own. ``--code-version`` reports the cache of an earlier code version (device runs outlive the code
-    they ran: any later edit of a versioned file moves the current version)."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
-    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
-    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    p.add_argument("--code-version", default=None,
-                   help="with --report: the cached runs of this code version (a run's version is in its file name)")
-    p.add_argument("--out", type=Path, default=None, help=f"cache folder (default {results.relative_to(ROOT)})")
-    return p
-
-
-def version_to_read(p: argparse.ArgumentParser, a: argparse.Namespace, current: str) -> str:
-    """The version whose cache this invocation reads: ``--code-version`` when given (report only),
-    else the current code's."""
-    if not a.code_version or a.code_version == current:
-        return current
-    if not a.report:
-        p.error("--code-version only reads a cache: add --report (runs always train at the current code)")
-    print(f"reporting runs of code version {a.code_version} (the code now is {current})", flush=True)
-    return a.code_version
 
 
 # ------------------------------------------------------------------------------------------ collect

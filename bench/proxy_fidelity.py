@@ -61,8 +61,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import bench_parser, make_spec, run_pool, version_to_read  # noqa: E402
+from bench.device import make_spec  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
 from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402

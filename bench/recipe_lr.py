@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.device import bench_parser, run_pool, version_to_read  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
     Candidate,

@@ -5,8 +5,12 @@ and its report.
   recorded version while the probed numerics are unchanged);
 - ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
   both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);
-- ``bench/device.py``: the device runner (export GPU-ready jobs, run them on a lent GPU, collect), the
-  CPU training pool (``run_pool``), the shared command line (``bench_parser``).
+- ``pool``: the CPU training pool (``run_pool``: spawned 1-thread workers, each record saved the moment
+  it arrives, an optional time box);
+- ``cli``: the shared command line of the cached benches (``bench_parser``, ``version_to_read``);
+- ``bench/device.py``: the device runner: ``export`` every GPU-ready job (each bench registers them with
+  a ``device_specs()`` hook, listed in its ``GROUPS``), ``run`` them on a lent GPU, ``collect`` (which
+  compacts what it unpacked).
 
 Experiments import npas's public API only (``import npas``; ``npas.__init__`` lists the entry points).
 """
