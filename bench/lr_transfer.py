@@ -11,7 +11,7 @@ parameterization and the old ``uniform`` one side by side.
 Target: under ``fair``, every arm's optimum (mean loss over seeds) within one grid step of the
 reference's.
 
-Finished runs are cached one JSON each in ``bench/results/lr_transfer/`` keyed by (arm, lr, seed,
+Finished runs are cached in ``bench/results/lr_transfer/`` (``bench/harness/store.py``) keyed by (arm, lr, seed,
 parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
 stopped; the code version hashes the npas files that decide the numbers plus the recipe and the
 reference chassis, so a change to any of them starts afresh (and editing this report does not).

@@ -30,7 +30,7 @@ bootstrap interval, tau over the pairs the long runs resolve (gap > 2 sigma), to
 target: the paired bootstrap interval of tau(fork at T/4) - tau(proxy) lies above 0. A WSD run's
 cache key adds the hash of forks.py and recipe.py, so the cosine runs keep their keys.
 
-Every finished run is cached as one JSON in ``bench/results/proxy_fidelity/`` keyed by (candidate
+Every finished run is cached in ``bench/results/proxy_fidelity/`` (``bench/harness/store.py``) keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
 never reruns. The code version hashes the npas files that decide a loss plus the base recipe, so a
 change to either starts afresh; the frozen space keeps later edits of the shipped one from moving

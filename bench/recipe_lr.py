@@ -15,7 +15,7 @@ Target: every arm's optimum (mean over seeds) at x1 of the recipe's rate, i.e. t
 half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are missing). The
 sub-grid position from a parabola in log2(lr) is printed beside it.
 
-Each finished run is one JSON in ``bench/results/recipe_lr/`` keyed by (arm, allocation hash,
+Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
 factor, seed, code version); the code version hashes the npas files that decide a loss plus the
 recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
 

@@ -1,6 +1,6 @@
 """The evidence scripts' training pool and its cache: every run is one ``bench/device.py`` spec, trained
 on spawned 1-thread processes here (or exported for a lent GPU machine), and every finished run is one
-JSON in ``bench/evidence/results/runs/`` keyed by arm, allocation, recipe, seed, device kind and code
+record in ``bench/evidence/results/runs/`` (``bench/harness/store.py``) keyed by arm, allocation, recipe, seed, device kind and code
 version, so a killed or time-boxed script resumes where it stopped and only what is missing trains.
 
 ``run_arms`` is what an experiment calls: its arms x its seeds, plus (full mode) each arm's 3-point
