@@ -34,14 +34,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from npas.allocation.budget import count  # noqa: E402
-from npas.allocation.config import ArchConfig, Chassis, reference_config  # noqa: E402
-from npas.allocation.space_parser import parse_space  # noqa: E402
-from npas.conversion import convert_model  # noqa: E402
-from npas.conversion.calibration import calibration_ids  # noqa: E402
-from npas.training.data import load_corpus  # noqa: E402
-from npas.training.proxy import eval_batches, evaluate, train_model  # noqa: E402
-from npas.training.recipe import Recipe, load_recipe  # noqa: E402
+from npas import (  # noqa: E402  # noqa: E402  # noqa: E402
+    ArchConfig,
+    Chassis,
+    Recipe,
+    calibration_ids,  # noqa: E402
+    convert_model,  # noqa: E402
+    count,  # noqa: E402
+    eval_batches,
+    evaluate,
+    load_corpus,  # noqa: E402
+    load_recipe,
+    parse_space,  # noqa: E402
+    reference_config,
+    train_model,
+)
 
 NEAR_DENSE = 0.3  # nats: cycle + LoRA at 0.5x right after conversion vs the dense model
 

@@ -27,7 +27,6 @@ Groups (each bench module exposes ``device_specs() -> list[dict]``):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -39,7 +38,6 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402,F401  (re-exported)
+from bench.harness.pool import run_pool  # noqa: E402,F401  (re-exported: the evidence pool's)
+from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
@@ -83,7 +86,7 @@ def export(groups: list[str], out: Path) -> list[dict]:
     specs: list[dict] = []
     for g in groups:
         mine = evidence_specs() if g == "evidence" else load_module(GROUPS[g]).device_specs()
-        missing = [s for s in mine if not (ROOT / s["dest"]).exists()]
+        missing = [s for s in mine if not store.exists(ROOT / s["dest"])]
         for s in missing:
             s["group"] = g
         print(f"  {g}: {len(mine)} runs, {len(missing)} not cached yet", flush=True)
@@ -115,7 +118,7 @@ def evidence_specs() -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ run (there)
 def _corpus(recipe: Any) -> Any:
-    from npas.training.data import load_corpus
+    from npas import load_corpus
 
     key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
     if key not in _CORPUS:
@@ -127,10 +130,15 @@ def run_spec(spec: dict) -> dict:
     """Train one spec'd run; the record is the spec's ``meta`` plus what the run measured."""
     import torch
 
-    from npas.allocation.config import ArchConfig, Chassis
-    from npas.training.forks import train_model  # cosine: npas.training.proxy's loop, as before
-    from npas.training.proxy import eval_batches, evaluate, pick_device
-    from npas.training.recipe import Recipe
+    from npas import (
+        ArchConfig,
+        Chassis,
+        Recipe,
+        eval_batches,
+        evaluate,
+        pick_device,
+        train_model,  # cosine: npas.training.proxy's loop, as before
+    )
 
     cfg = ArchConfig.from_json(spec["config"])
     recipe = Recipe.from_dict(spec["recipe"])
@@ -153,7 +161,7 @@ def run_spec(spec: dict) -> dict:
     if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
         from safetensors.torch import save_file
 
-        from npas.allocation.transformer import export_state
+        from npas import export_state
         dest = ROOT / spec["save_weights"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         save_file(export_state(model), str(dest.with_suffix(".tmp")))
@@ -186,40 +194,6 @@ def write_record(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     tmp.replace(path)
-
-
-def run_pool(todo: Sequence[Any], worker: Any, args: Any, save: Any, workers: int, fits: Any = None) -> int:
-    """The CPU benches' one training loop: ``worker(*args(job))`` for each job of ``todo``, at most
-    ``workers`` at a time on spawned processes (in this process when ``workers`` is 1), in order;
-    ``save(job, record)`` runs here the moment a job finishes, so a killed bench keeps every finished
-    run. With ``fits(job) -> bool`` (a time box), a job starts only while it fits: one that would overrun
-    gives way to a cheaper one behind it, and none starts once nothing fits. Returns how many ran."""
-    queue = list(todo)
-
-    def take() -> Any:
-        for i, job in enumerate(queue):
-            if fits is None or fits(job):
-                return queue.pop(i)
-        return None
-
-    ran = 0
-    if workers <= 1:
-        while queue and (job := take()) is not None:
-            save(job, worker(*args(job)))
-            ran += 1
-        return ran
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        live: dict[Future, Any] = {}
-        while queue or live:
-            while queue and len(live) < workers and (job := take()) is not None:
-                live[pool.submit(worker, *args(job))] = job
-            if not live:
-                break
-            done, _ = wait(list(live), return_when=FIRST_COMPLETED)
-            for fut in done:
-                save(live.pop(fut), fut.result())
-                ran += 1
-    return ran
 
 
 class Pool:
@@ -312,48 +286,10 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
     return 0
 
 
-# ------------------------------------------------------------------------------------------ cache versions
-def files_version(files: Sequence[str], settings: Any = None) -> str:
-    """A cache's code version: the hash of the files that decide a run's numbers (path and content)
-    and of the settings every run shares, so an edit to either starts a fresh cache."""
-    h = hashlib.sha256()
-    for rel in files:
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
-    if settings is not None:
-        h.update(json.dumps(settings, sort_keys=True).encode())
-    return h.hexdigest()[:10]
-
-
-def bench_parser(description: str, quick_help: str, results: Path) -> argparse.ArgumentParser:
-    """The options every cached training bench (lr_transfer, proxy_fidelity) shares; the bench adds its
-    own. ``--code-version`` reports the cache of an earlier code version (device runs outlive the code
-    they ran: any later edit of a versioned file moves the current version)."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--plan", action="store_true", help="print runs x tokens -> CPU-hours and exit")
-    p.add_argument("--report", action="store_true", help="print the table from cached runs only")
-    p.add_argument("--workers", type=int, default=2, help="training processes (1 thread each)")
-    p.add_argument("--code-version", default=None,
-                   help="with --report: the cached runs of this code version (a run's version is in its file name)")
-    p.add_argument("--out", type=Path, default=None, help=f"cache folder (default {results.relative_to(ROOT)})")
-    return p
-
-
-def version_to_read(p: argparse.ArgumentParser, a: argparse.Namespace, current: str) -> str:
-    """The version whose cache this invocation reads: ``--code-version`` when given (report only),
-    else the current code's."""
-    if not a.code_version or a.code_version == current:
-        return current
-    if not a.report:
-        p.error("--code-version only reads a cache: add --report (runs always train at the current code)")
-    print(f"reporting runs of code version {a.code_version} (the code now is {current})", flush=True)
-    return a.code_version
-
-
 # ------------------------------------------------------------------------------------------ collect
 def collect(folder: Path) -> int:
     tar = folder / "results.tar.gz"
-    n = 0
+    n, touched = 0, set()
     with tarfile.open(tar) as t:
         for m in t.getmembers():
             if not m.isfile() or not m.name.endswith(".json"):
@@ -364,8 +300,12 @@ def collect(folder: Path) -> int:
             dest = ROOT / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(t.extractfile(m).read())
+            touched.add(dest.parent)
             n += 1
     print(f"collected {n} records from {tar}")
+    for folder in sorted(touched & set(store.folders())):  # an experiment's cache: fold into its JSON Lines
+        folded, total = store.compact(folder)
+        print(f"  {folder.relative_to(ROOT)}: {folded} folded, {total} runs compacted")
     return 0
 
 

@@ -50,13 +50,20 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas.allocation.space import Space  # noqa: E402
-from npas.allocation.space_parser import load_space  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
-from npas.service.searcher import NpasSearcher  # noqa: E402
-from npas.service.storage import open_storage, reachable  # noqa: E402
-from npas.service.study import counts_toward_target, status, was_evaluated  # noqa: E402
+from npas import (  # noqa: E402
+    NpasSearcher,
+    Space,
+    TrialAttr,
+    counts_toward_target,
+    enqueue_baselines,
+    learns_from_infeasible,
+    load_space,
+    make_sampler,
+    open_storage,
+    reachable,
+    was_evaluated,
+)
+from npas import study_status as status  # noqa: E402
 
 TARGET = 1.20
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"

@@ -35,8 +35,11 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import npas  # noqa: E402
-from npas.allocation.config import Chassis, reference_config  # noqa: E402
-from npas.training.recipe import Recipe  # noqa: E402
+from npas import (  # noqa: E402
+    Chassis,
+    Recipe,  # noqa: E402
+    reference_config,
+)
 
 DATASHEET_BF16 = 989e12  # dense bf16 FLOP/s of an H100/H200 SXM (no sparsity)
 TARGET_MFU, TARGET_MEM = 0.25, 0.25
@@ -68,9 +71,7 @@ def shipped_chassis() -> Chassis:
 def measure(name: str, chassis: Chassis, batch: int, seq: int, compile_model: bool = False,
             dtype: str = "bfloat16", device: str = "cuda") -> dict:
     """Steady-state tokens/s of npas's training step (the proxy loop's own body) and its peak memory."""
-    from npas.allocation.transformer import build_model
-    from npas.training.parameterization import apply_init
-    from npas.training.proxy import autocast_for, make_optimizer
+    from npas import apply_init, autocast_for, build_model, make_optimizer
 
     cfg = reference_config(chassis)
     recipe = Recipe(name="gpu-eff", seq_len=seq, batch_size=batch, steps=STEPS + WARMUP, warmup_steps=1,

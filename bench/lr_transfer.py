@@ -11,7 +11,7 @@ parameterization and the old ``uniform`` one side by side.
 Target: under ``fair``, every arm's optimum (mean loss over seeds) within one grid step of the
 reference's.
 
-Finished runs are cached one JSON each in ``bench/results/lr_transfer/`` keyed by (arm, lr, seed,
+Finished runs are cached in ``bench/results/lr_transfer/`` (``bench/harness/store.py``) keyed by (arm, lr, seed,
 parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
 stopped; the code version hashes the npas files that decide the numbers plus the recipe and the
 reference chassis, so a change to any of them starts afresh (and editing this report does not).
@@ -39,16 +39,19 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
-from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config  # noqa: E402
-from npas.training.recipe import PARAMETERIZATIONS, Recipe  # noqa: E402
+from bench.device import make_spec  # noqa: E402
+from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
+from bench.harness.version import NUMERICS_FILES  # noqa: E402
+from bench.harness.version import code_version as harness_version  # noqa: E402
+from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
 SEEDS = (10, 11)  # fresh seeds: the parameterization's exponents were chosen looking at seeds 0 and 1
 # Files whose content decides a run's loss; their hash is the cache's code version.
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+VERSIONED = NUMERICS_FILES
 CPU_FLOPS = 5e10  # training FLOP/s of one thread, measured here: d_model 64-128 runs reach 50-70 GFLOP/s
 
 REFERENCE = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=256)
@@ -110,11 +113,16 @@ def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
 
 
 # ------------------------------------------------------------------------------------------ runs
+def version_settings(setup: Setup) -> list[dict]:
+    """What every run shares besides the files: the base recipe and the reference chassis."""
+    return [setup.recipe.to_dict(), setup.reference.__dict__]
+
+
 def code_version(setup: Setup) -> str:
     from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
 
-    return numerics.keyed("lr_transfer", files_version(VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]),
-                          lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
+    return harness_version("lr_transfer", VERSIONED, version_settings(setup),
+                           lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
 
 
 def recipe_for(setup: Setup, job: Job) -> Recipe:
@@ -137,8 +145,7 @@ def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
 
 def _run(job: Job, cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     """One proxy run in a worker process; returns the JSON record that is cached."""
-    from npas.training.data import load_corpus
-    from npas.training.proxy import run_proxy
+    from npas import load_corpus, run_proxy
 
     cfg = ArchConfig.from_json(cfg_json)
     recipe = Recipe.from_dict(json.loads(recipe_json))
@@ -154,7 +161,7 @@ def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> i
     """Train every job without a cached result; each result is written the moment it arrives."""
     setup.out.mkdir(parents=True, exist_ok=True)
     todo = [j for j in jobs_of(setup, configs)
-            if not (setup.out / f"{j.key(configs[j.arm], version)}.json").exists()]
+            if not store.exists(setup.out / f"{j.key(configs[j.arm], version)}.json")]
     print(f"runs: {len(todo)} to train, {len(jobs_of(setup, configs)) - len(todo)} cached "
           f"(code version {version}) in {setup.out}", flush=True)
     ref_json = json.dumps(setup.reference.__dict__)
@@ -166,7 +173,7 @@ def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> i
     done = [0]
 
     def save(j: Job, rec: dict) -> None:
-        write_record(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
+        store.save(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
         done[0] += 1
         _progress(done[0], len(todo), j, t0)
 
@@ -180,7 +187,7 @@ def _progress(i: int, n: int, j: Job, t0: float) -> None:
 
 
 def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
-    """Runs x tokens -> CPU-hours, from npas.count's FLOPs and a measured CPU rate; trains nothing."""
+    """Runs x tokens -> CPU-hours, from `npas.count`'s FLOPs and a measured CPU rate; trains nothing."""
     tokens = setup.recipe.steps * setup.recipe.tokens_per_step
     total = cached = 0.0
     print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
@@ -188,7 +195,7 @@ def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
         js = [j for j in jobs_of(setup, configs) if j.arm == name]
         flops = npas.count(cfg).flops_per_token
         secs = len(js) * tokens * 3 * flops / CPU_FLOPS
-        done = sum((setup.out / f"{j.key(cfg, version)}.json").exists() for j in js)
+        done = sum(store.exists(setup.out / f"{j.key(cfg, version)}.json") for j in js)
         cached += secs * done / len(js)
         total += secs
         print(f"{name:<14}{len(js):>6}{tokens:>12,}{flops:>15,}{secs / 3600:>11.2f}")
@@ -206,9 +213,9 @@ def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> 
     out = {}
     for j in jobs_of(setup, configs):
         path = setup.out / f"{j.key(configs[j.arm], version)}.json"
-        if not path.exists():
+        if not store.exists(path):
             continue
-        r = json.loads(path.read_text())
+        r = store.load(path)
         loss = r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf
         out[j.arm, j.parameterization, j.lr, j.seed] = loss
         if j.arm == "reference":  # one run stands for both parameterizations
@@ -304,7 +311,7 @@ def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
 
 def _print_implied_exponents(names: list[str], rows: dict) -> None:
     """Per shared arm (tied, pooled, relaxed): the sharing exponent its two optima point at."""
-    from npas.training.parameterization import SHARING_EXPONENT
+    from npas import SHARING_EXPONENT
 
     lines = []
     for name in names:

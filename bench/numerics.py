@@ -126,7 +126,7 @@ def _ref_dict(reference: Any) -> dict[str, Any] | None:
 
 
 def _corpus(recipe: Any) -> Any:
-    from npas.training.data import load_corpus
+    from npas import load_corpus
 
     key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
     if key not in _CORPUS:
@@ -137,7 +137,7 @@ def _corpus(recipe: Any) -> Any:
 def _short(recipe: Any) -> Any:
     """The recipe cut to K_STEPS steps of at most PROBE_BATCH windows, one evaluation batch at the end,
     on the probe seed."""
-    from npas.training.recipe import Recipe
+    from npas import Recipe
 
     return Recipe.from_dict({**recipe.to_dict(), "steps": K_STEPS, "warmup_steps": min(recipe.warmup_steps, K_STEPS),
                              "eval_every": K_STEPS, "eval_batches": 1, "seed": PROBE_SEED,
@@ -150,8 +150,7 @@ def _train(cfg: Any, recipe: Any, reference: Any) -> tuple[bytes, list[float]]:
     of every tensor, float64) match across machines within ``RTOL``."""
     import torch
 
-    from npas.allocation.config import Chassis
-    from npas.training.proxy import train_model
+    from npas import Chassis, train_model
 
     ref = _ref_dict(reference)
     short = _short(recipe)
@@ -193,7 +192,7 @@ def _shape(v: Any) -> Any:
 
 
 def _signature(cfg: Any) -> tuple[list[str], int, str]:
-    from npas.allocation.transformer import build_model
+    from npas import build_model
 
     key = cfg.to_json()
     if key not in _SIG:
@@ -365,7 +364,7 @@ def proxy_fidelity_runs(mod: Any, setup: Any) -> list[Run]:
     train under the same code and would only move the fingerprint) under both parameterizations at the
     proxy recipe; the mid and long recipes' schedules (their only difference) ride along as extra
     recipes of the same trainings."""
-    from npas.training.recipe import PARAMETERIZATIONS, Recipe
+    from npas import PARAMETERIZATIONS, Recipe
 
     _, cands = mod.load_candidates(setup)
     cands = cands[:getattr(setup, "n_full", len(cands))]  # the original table's candidates: what its version keys
@@ -380,7 +379,7 @@ def proxy_fidelity_runs(mod: Any, setup: Any) -> list[Run]:
 
 def lr_transfer_runs(mod: Any, setup: Any) -> list[Run]:
     """Every arm under both parameterizations; the grid's learning rates as schedules."""
-    from npas.training.recipe import PARAMETERIZATIONS
+    from npas import PARAMETERIZATIONS
 
     cfgs = mod.arms(setup.reference, setup.lora_ranks)
     return [(cfgs[a], mod.recipe_for(setup, mod.Job(a, lr, setup.seeds[0], par)), setup.reference)
@@ -389,8 +388,7 @@ def lr_transfer_runs(mod: Any, setup: Any) -> list[Run]:
 
 def evidence_runs(jobs: Sequence[dict[str, Any]]) -> list[Run]:
     """The evidence pool's jobs (bench/evidence/runs.py) as (allocation, recipe, reference)."""
-    from npas.allocation.config import ArchConfig
-    from npas.training.recipe import Recipe
+    from npas import ArchConfig, Recipe
 
     return [(ArchConfig.from_dict(j["config"]), Recipe.from_dict(j["recipe"]), j.get("reference")) for j in jobs]
 
@@ -403,13 +401,11 @@ def _cli_runs(experiment: str) -> tuple[str, list[Run]]:
     if experiment == "proxy_fidelity":
         mod = load_module("bench/proxy_fidelity.py")
         setup = mod.make_setup(False, None, None, None, 1)
-        return files_version(mod.VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
-                                             if k not in ("seed", "parameterization")}), proxy_fidelity_runs(mod, setup)
+        return files_version(mod.VERSIONED, mod.version_settings(setup)), proxy_fidelity_runs(mod, setup)
     if experiment == "lr_transfer":
         mod = load_module("bench/lr_transfer.py")
         setup = mod.Setup(mod.REFERENCE, mod.RECIPE, mod.GRID, mod.SEEDS, mod.LORA_RANKS, mod.RESULTS, 1)
-        return files_version(mod.VERSIONED, [setup.recipe.to_dict(), setup.reference.__dict__]), \
-            lr_transfer_runs(mod, setup)
+        return files_version(mod.VERSIONED, mod.version_settings(setup)), lr_transfer_runs(mod, setup)
     raise SystemExit(f"unknown experiment {experiment!r}: one of proxy_fidelity, lr_transfer "
                      "(evidence experiments: run the script with --plan and NPAS_RECORD_PROBE=1)")
 

@@ -72,11 +72,13 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import make_sampler  # noqa: E402
-from npas.service.study import counts_toward_target  # noqa: E402
-from npas.training.recipe import Recipe  # noqa: E402
+from npas import (  # noqa: E402
+    ArchConfig,
+    Recipe,
+    TrialAttr,
+    counts_toward_target,
+    make_sampler,
+)
 
 TARGETS = ((15.0, 1.20), (55.0, 1.08))  # (bare seconds per trial, target ratio measured / ideal)
 WORKERS = 2
@@ -112,7 +114,7 @@ def make_recipe(steps: int) -> Recipe:
 
 def calibrate(cfg: ArchConfig, corpus, target_s: float, probe_steps: int) -> tuple[int, float]:
     """Steps for a ~target_s bare trial, from a short probe run (which also warms torch up)."""
-    from npas.training.proxy import run_proxy
+    from npas import run_proxy
 
     run_proxy(cfg, make_recipe(max(4, probe_steps // 4)), corpus)  # first-call costs, not timed
     t = time.perf_counter()
@@ -238,8 +240,7 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
     """Median ms per suggest() and per on_trial_complete() of the real NpasSearcher on SQLite, and the
     import time of ray.tune: the driver-side work per trial, without Ray running."""
     t = time.perf_counter()
-    from npas.service.searcher import NpasSearcher
-    from npas.service.storage import open_storage
+    from npas import NpasSearcher, open_storage
 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
@@ -267,9 +268,7 @@ _POOL: dict = {}
 
 def _pool_init(steps: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from npas.allocation.space_parser import parse_space
-    from npas.training.data import load_corpus
-    from npas.training.proxy import run_proxy
+    from npas import load_corpus, parse_space, run_proxy
 
     corpus = load_corpus(None)
     space = parse_space(SPACE_TEXT, "orchestration.yaml").bind(vocab_size=corpus.vocab_size)
@@ -279,7 +278,7 @@ def _pool_init(steps: int) -> None:
 
 
 def _pool_run(alloc: dict) -> tuple[float, float]:
-    from npas.training.proxy import run_proxy
+    from npas import run_proxy
 
     t, c = time.perf_counter(), time.process_time()
     run_proxy(ArchConfig.from_dict(alloc), _POOL["recipe"], _POOL["corpus"])
@@ -305,9 +304,7 @@ def _ray_task_cold() -> float:
     t = time.perf_counter()
     import torch  # noqa: F401
 
-    import npas.service.runner  # noqa: F401
-    import npas.training.proxy  # noqa: F401
-    from npas.training.data import load_corpus
+    from npas import init_ray, load_corpus, run_proxy  # noqa: F401  (loads the runner and the proxy loop)
 
     load_corpus(None)
     return time.perf_counter() - t
@@ -320,7 +317,7 @@ def ray_probe() -> dict[str, float]:
     import ray
 
     out = {"import ray": time.perf_counter() - t}
-    from npas.service.runner import init_ray
+    from npas import init_ray
 
     t = time.perf_counter()
     init_ray(None, num_cpus=WORKERS)  # as `npas search` starts an embedded Ray (workers preload torch)
@@ -357,9 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     target_s = args.trial_seconds or (3.0 if args.quick else 15.0)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    from npas.allocation.space_parser import parse_space
-    from npas.training.data import load_corpus
-    from npas.training.proxy import run_proxy
+    from npas import load_corpus, parse_space, run_proxy
 
     load0 = os.getloadavg()[0]
     corpus = load_corpus(None)

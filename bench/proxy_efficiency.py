@@ -7,7 +7,7 @@ Prints, in one run:
      npas allocation;
   3. npas's proxy loop (npas.training.proxy.run_proxy) on that untied allocation and on tied, pooled and
      relaxed allocations of (nearly) equal per-token FLOPs.
-For each: tokens/s, fraction of the matmul peak (training FLOPs = 3 x forward FLOPs from npas.count,
+For each: tokens/s, fraction of the matmul peak (training FLOPs = 3 x forward FLOPs from `npas.count`,
 i.e. 6N per token plus attention), and the ratio npas / hand-written. Targets: >= 0.95x untied,
 >= 0.90x shared. Measurements are interleaved (hand, npas, hand, npas, ...) because a shared 2-core
 machine drifts by more than the differences being measured; the verdict uses tokens per CPU second
@@ -36,10 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import npas
-from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
-from npas.training.data import load_corpus
-from npas.training.proxy import run_proxy
-from npas.training.recipe import Recipe
+from npas import ArchConfig, Bank, Chassis, Recipe, load_corpus, reference_config, run_proxy
 
 
 # ----------------------------------------------------------------------------- matmul peak

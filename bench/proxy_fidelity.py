@@ -30,7 +30,7 @@ bootstrap interval, tau over the pairs the long runs resolve (gap > 2 sigma), to
 target: the paired bootstrap interval of tau(fork at T/4) - tau(proxy) lies above 0. A WSD run's
 cache key adds the hash of forks.py and recipe.py, so the cosine runs keep their keys.
 
-Every finished run is cached as one JSON in ``bench/results/proxy_fidelity/`` keyed by (candidate
+Every finished run is cached in ``bench/results/proxy_fidelity/`` (``bench/harness/store.py``) keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
 never reruns. The code version hashes the npas files that decide a loss plus the base recipe, so a
 change to either starts afresh; the frozen space keeps later edits of the shipped one from moving
@@ -61,21 +61,29 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import bench_parser, files_version, make_spec, run_pool, version_to_read, write_record  # noqa: E402
+from bench.device import make_spec  # noqa: E402
+from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
+from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
+from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
-from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.allocation.space import Space  # noqa: E402
-from npas.allocation.space_parser import load_space  # noqa: E402
-from npas.errors import NpasError  # noqa: E402
-from npas.service.outcome import repeat_seeds  # noqa: E402
-from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
+from npas import (  # noqa: E402
+    PARAMETERIZATIONS,
+    ArchConfig,  # noqa: E402
+    NpasError,  # noqa: E402
+    Recipe,
+    Space,  # noqa: E402
+    load_recipe,
+    load_space,  # noqa: E402
+    repeat_seeds,  # noqa: E402
+)
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
 RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
 RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
 # Files whose content decides a run's loss; their hash (with the base recipe) is the code version.
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+VERSIONED = NUMERICS_FILES
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
@@ -209,12 +217,16 @@ def _table_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
     return out
 
 
+def version_settings(setup: Setup) -> dict[str, Any]:
+    """What every run shares besides the files: the base recipe, less what varies per run."""
+    return {k: v for k, v in setup.proxy.to_dict().items() if k not in ("seed", "parameterization")}
+
+
 def code_version(setup: Setup) -> str:
     from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
 
-    return numerics.keyed("proxy_fidelity", files_version(VERSIONED, {k: v for k, v in setup.proxy.to_dict().items()
-                          if k not in ("seed", "parameterization")}),
-                          lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
+    return harness_version("proxy_fidelity", VERSIONED, version_settings(setup),
+                           lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -222,7 +234,7 @@ _CORPUS: dict[tuple, Any] = {}
 
 
 def _corpus(recipe: Recipe) -> Any:
-    from npas.training.data import load_corpus
+    from npas import load_corpus
 
     key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
     if key not in _CORPUS:
@@ -236,9 +248,13 @@ def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     (as a search's runner passes it)."""
     import torch
 
-    from npas.allocation.config import Chassis
-    from npas.training.forks import train_model  # cosine: npas.training.proxy's loop, as before
-    from npas.training.proxy import eval_batches, evaluate, pick_device
+    from npas import (
+        Chassis,
+        eval_batches,
+        evaluate,
+        pick_device,
+        train_model,  # cosine: npas.training.proxy's loop, as before
+    )
 
     cfg = ArchConfig.from_json(cfg_json)
     recipe = Recipe.from_dict(json.loads(recipe_json))
@@ -266,7 +282,7 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
     ``max_minutes`` no new run starts (runs in flight finish and are cached). Returns (ran, cached)."""
     setup.out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_of(setup, cands)
-    todo = [j for j in jobs if not (setup.out / f"{j.key(setup, version)}.json").exists()]
+    todo = [j for j in jobs if not store.exists(setup.out / f"{j.key(setup, version)}.json")]
     cached = len(jobs) - len(todo)
     print(f"runs: {len(todo)} to train, {cached} cached (code version {version}) in {setup.out}", flush=True)
     t0 = time.perf_counter()
@@ -286,9 +302,9 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
         return now + eta > max_minutes * 60 * 1.1
 
     def save(j: Job, rec: dict) -> None:
-        write_record(setup.out / f"{j.key(setup, version)}.json",
-                     {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                      "parameterization": j.parameterization, **rec, "code_version": version})
+        store.save(setup.out / f"{j.key(setup, version)}.json",
+                   {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                    "parameterization": j.parameterization, **rec, "code_version": version})
         work[0] += rec["tokens"] * 3 * j.cand.flops
         work[1] += rec["wall_s"]
         print(f"  {j.kind:<5} {j.cand.name:<14} {j.parameterization:<8} seed {j.seed:<5} {rec['status']:<7} "
@@ -313,7 +329,7 @@ def _fmt(v: float | None) -> str:
 # ------------------------------------------------------------------------------------------ plan
 def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float:
     """Training FLOP/s of one worker, from a short proxy-shaped run of the median-cost candidate."""
-    from npas.training.proxy import train_model
+    from npas import train_model
 
     c = sorted(cands, key=lambda c: c.flops)[len(cands) // 2]
     r = Recipe.from_dict({**setup.proxy.to_dict(), "steps": steps, "warmup_steps": 1, "eval_every": steps,
@@ -332,13 +348,13 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
         js = [j for j in jobs if j.cand is c]
         secs = sum(j.tokens(setup) * 3 * c.flops / rate for j in js)
         miss = sum(j.tokens(setup) * 3 * c.flops / rate for j in js
-                   if not (setup.out / f"{j.key(setup, version)}.json").exists())
+                   if not store.exists(setup.out / f"{j.key(setup, version)}.json"))
         total, left = total + secs, left + miss
         print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{len(js):>6}{sum(j.tokens(setup) for j in js):>14,}"
               f"{secs / 3600:>11.2f}")
     for kind in ("proxy", "long", "mid", "wsd"):
         js = [j for j in jobs if j.kind == kind]
-        have = sum((setup.out / f"{j.key(setup, version)}.json").exists() for j in js)
+        have = sum(store.exists(setup.out / f"{j.key(setup, version)}.json") for j in js)
         print(f"  {kind:<6}{len(js):>4} runs, {have:>4} cached, {sum(j.tokens(setup) for j in js) / 1e6:>8.1f}M tokens"
               f" ({', '.join(sorted({j.parameterization for j in js}))}; seeds {sorted({j.seed for j in js})})")
     tokens = sum(j.tokens(setup) for j in jobs)
@@ -352,14 +368,15 @@ def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str,
     """What the report reads: runs cached at `version` out of the bench's jobs (the verdict rows' and the
     diagnostics' apart), and the files of other code versions in the same folder, which it does not read."""
     jobs = jobs_of(setup, cands)
-    have = [(setup.out / f"{j.key(setup, version)}.json").exists() for j in jobs]
+    have = [store.exists(setup.out / f"{j.key(setup, version)}.json") for j in jobs]
     is_verdict = [j.kind == "long" or (j.kind == "proxy" and j.seed == setup.proxy.seed) for j in jobs]
     known = {j.key(setup, version) for j in jobs}
     others: dict[str, int] = {}
-    for p in setup.out.glob("*.json"):
-        if p.stem in known:
+    for name in store.names(setup.out):
+        stem = name.removesuffix(".json")
+        if stem in known:
             continue
-        head, v = p.stem.rsplit("-", 1)
+        head, v = stem.rsplit("-", 1)
         if head.endswith(f"-{version}"):  # a WSD run at this code version but other fork/schedule code
             v = f"{version}+wsd {v}"
         if v != version:
@@ -379,8 +396,8 @@ def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict
     out = {}
     for j in jobs_of(setup, cands):
         path = setup.out / f"{j.key(setup, version)}.json"
-        if path.exists():
-            out[j.cand.config.hash, j.kind, j.seed, j.parameterization] = json.loads(path.read_text())
+        if store.exists(path):
+            out[j.cand.config.hash, j.kind, j.seed, j.parameterization] = store.load(path)
     return out
 
 
@@ -420,7 +437,7 @@ REFERENCE: list[Any] = []  # the space's reference chassis, set where the space 
 
 
 def load_candidates(setup: Setup) -> tuple[Space, list[Candidate]]:
-    from npas.training.data import load_corpus
+    from npas import load_corpus
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(SPACE).bind(vocab_size=load_corpus(setup.proxy.data).vocab_size)

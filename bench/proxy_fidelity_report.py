@@ -15,8 +15,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 import npas
-from npas.service.fidelity import BOOTSTRAP, rank_correlation
-from npas.training.recipe import PARAMETERIZATIONS
+from npas import BOOTSTRAP, PARAMETERIZATIONS, rank_correlation
 
 if TYPE_CHECKING:
     from bench.proxy_fidelity import Candidate, Setup

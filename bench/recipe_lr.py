@@ -15,7 +15,7 @@ Target: every arm's optimum (mean over seeds) at x1 of the recipe's rate, i.e. t
 half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are missing). The
 sub-grid position from a parabola in log2(lr) is printed beside it.
 
-Each finished run is one JSON in ``bench/results/recipe_lr/`` keyed by (arm, allocation hash,
+Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
 factor, seed, code version); the code version hashes the npas files that decide a loss plus the
 recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
 
@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.device import bench_parser, run_pool, version_to_read, write_record  # noqa: E402
+from bench.harness import store  # noqa: E402
+from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
     Candidate,
@@ -47,7 +49,7 @@ from bench.proxy_fidelity import (  # noqa: E402
     make_setup,
     train_and_score,
 )
-from npas.training.recipe import Recipe  # noqa: E402
+from npas import Recipe  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "recipe_lr"
 FACTORS = (0.5, 1.0, 2.0, 4.0)
@@ -68,14 +70,14 @@ def run_missing(recipe: Recipe, arms: list[Candidate], factors: tuple[float, ...
                 out: Path, version: str, reference_json: str, workers: int) -> int:
     """Train every uncached (arm, factor, seed), writing each record the moment it arrives."""
     out.mkdir(parents=True, exist_ok=True)
-    todo = [(c, f, s) for s in seeds for c in arms for f in factors if not (out / f"{key(c, f, s, version)}.json").exists()]
+    todo = [(c, f, s) for s in seeds for c in arms for f in factors if not store.exists(out / f"{key(c, f, s, version)}.json")]
     print(f"runs: {len(todo)} to train, {len(arms) * len(factors) * len(seeds) - len(todo)} cached in {out}", flush=True)
     t0 = time.perf_counter()
 
     def save(job: tuple[Candidate, float, int], rec: dict) -> None:
         c, f, s = job
-        write_record(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
-                                                            "code_version": version})
+        store.save(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
+                                                          "code_version": version})
         loss = rec["val_loss"] if rec["status"] == "ok" else None
         print(f"  {c.name:<14} x{f:<4g} seed {s}: val {'-' if loss is None else f'{loss:.4f}'} "
               f"({rec['wall_s']:.0f} s, {time.perf_counter() - t0:.0f} s elapsed)", flush=True)
@@ -96,7 +98,7 @@ def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, 
     for c in arms:
         means = []
         for f in factors:
-            recs = [json.loads(p.read_text()) for s in seeds if (p := out / f"{key(c, f, s, version)}.json").exists()]
+            recs = [store.load(p) for s in seeds if store.exists(p := out / f"{key(c, f, s, version)}.json")]
             losses = [r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf for r in recs]
             means.append(statistics.fmean(losses) if len(losses) == len(seeds) else None)
         cells = "".join(f"{'-' if m is None else ('div' if not math.isfinite(m) else f'{m:.4f}'):>9}" for m in means)

@@ -15,7 +15,7 @@ computed from its fitted allocation, so the bench measures the samplers, not the
       taper_term: front = width-weighted depth position of the MLP widths in [-1, 1] (> 0 front-heavy);
                   -0.06 front + 0.08 front^2 when front-heavy (best near front = 0.375),
                   +0.10 |front| when back-heavy (taper `reverse` is penalised)
-  objective 2: train_memory_bytes, exact, from npas.count with the `proxy` recipe's batch and seq_len
+  objective 2: train_memory_bytes, exact, from `npas.count` with the `proxy` recipe's batch and seq_len
       (the value a real search records for that objective).
 Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
 space's baselines are enqueued first; infeasible candidates are told COMPLETE with a violated `fit`
@@ -52,12 +52,17 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas.allocation.budget import count  # noqa: E402
-from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import enqueue_baselines, make_sampler  # noqa: E402
-from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
-from npas.service.study import is_full_fidelity, status, was_evaluated  # noqa: E402
+from npas import (  # noqa: E402
+    MAX_SKIPPED_IN_A_ROW,
+    ArchConfig,
+    TrialAttr,
+    count,
+    enqueue_baselines,
+    is_full_fidelity,
+    make_sampler,
+    was_evaluated,
+)
+from npas import study_status as status  # noqa: E402
 
 TARGET = 1.00
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
@@ -107,8 +112,7 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
 
     from ray.tune.search import Searcher
 
-    from npas.service.searcher import NpasSearcher
-    from npas.service.storage import open_storage
+    from npas import NpasSearcher, open_storage
 
     tmp = tempfile.mkdtemp(prefix="npas-se-")
     storage = open_storage(f"sqlite:///{tmp}/s.db").storage
@@ -152,7 +156,7 @@ class SharedHV:
         self.span = np.where(self.ref - self.best > 0, self.ref - self.best, 1.0)
 
     def __call__(self, points: list[list[float]]) -> float:
-        from npas.service.optuna_adapter import hypervolume
+        from npas import hypervolume
 
         p = (np.asarray(points, dtype=float) - self.best) / self.span
         p = p[(p < 1.0).all(axis=1)]
@@ -171,9 +175,7 @@ def real_mode(trials: int, seed: int) -> None:
     import ray
 
     import npas
-    from npas.errors import NpasError
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas import Launch, NpasError, search
 
     print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
           f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict; ideal point 10% of the "
@@ -229,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", message="Heartbeat of storage")  # npas beats heartbeats itself
 
-    from npas.allocation.space_parser import load_space
-    from npas.training.recipe import load_recipe
+    from npas import load_recipe, load_space
 
     space = load_space(SPACE)
     rec = load_recipe(ROOT / "trials" / "proxy.yaml")

@@ -16,7 +16,9 @@ from npas.errors import NpasError
 
 __version__ = "0.1.0"
 
-# Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast.
+# Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast. Beyond these,
+# `npas.api.ENTRY_POINTS` lists the further public names (`from npas import Recipe, tying_map`) that tools
+# such as the benches use instead of internal modules; they resolve the same way.
 _LAZY = {
     "build_model": "npas.allocation.transformer",
     "load_space": "npas.allocation.space_parser",
@@ -78,6 +80,11 @@ _register_hf_when_imported()
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    from npas.api import ENTRY_POINTS  # the wider public table (tools, benches): documented there
+
+    if name in ENTRY_POINTS:
+        module, attr = ENTRY_POINTS[name]
+        return getattr(import_module(module), attr)
     raise AttributeError(f"module 'npas' has no attribute {name!r}")
 
 

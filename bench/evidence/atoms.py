@@ -37,8 +37,7 @@ import runs
 import stats
 
 import npas
-from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, AtomSpec, Bank, Chassis, slot_shape
-from npas.allocation.fit import fit_width, tying_map
+from npas import ATTN_SLOTS, MLP_SLOTS, ArchConfig, AtomSpec, Bank, Chassis, fit_width, slot_shape, tying_map
 
 REF = "untied"
 ARMS = ("untied", "atoms", "cycle_attn", "sequential_attn")

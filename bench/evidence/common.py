@@ -22,6 +22,7 @@ experiments; ``python bench/device.py export --groups evidence`` does this for a
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,10 +34,14 @@ import yaml
 from report import format_table
 
 import npas
-from npas.allocation.config import ArchConfig, Chassis
-from npas.training.recipe import Recipe
+from npas import ArchConfig, Chassis, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the bench harness, when a script runs from bench/evidence
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness.version import NUMERICS_FILES  # noqa: E402
+
 RESULTS_DIR = ROOT / "bench" / "evidence" / "results"
 FIG_DIR = ROOT / "docs" / "figures"
 VOCAB = 68  # distinct characters of the bundled corpus
@@ -55,9 +60,7 @@ FULL_SEEDS = 5
 LR_CHECK_SEED, LR_CHECK_FACTORS = 99, (0.5, 1.0, 2.0)
 RUNS_DIR = RESULTS_DIR / "runs"
 # Files whose content decides a run's loss; their hash is the cache's code version.
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py",
-             "npas/allocation/atoms.py")
+VERSIONED = (*NUMERICS_FILES, "npas/allocation/atoms.py")
 CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
@@ -157,7 +160,7 @@ MAX_WIDTH_SCALE = 8.0  # full.yaml uses 4; full tying at 0.5x needs ~5.4x the ML
 
 def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templates: int = 64):
     """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
-    from npas.allocation.space_parser import parse_space
+    from npas import parse_space
 
     text = yaml.safe_dump({"name": "evidence", "chassis": chassis.to_dict(), "budget": budget,
                            "fit": {"width": width_fit, "max_width_scale": MAX_WIDTH_SCALE,

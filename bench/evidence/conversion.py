@@ -36,7 +36,6 @@ cached check (seed 99), the dense parent stays as trained, and the report is `co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +44,8 @@ import report
 import runs
 import stats
 
-from npas.allocation.config import ArchConfig, reference_config
-from npas.allocation.fit import tying_map
-from npas.training.recipe import Recipe
+from bench.harness import store  # runs put the checkout on sys.path
+from npas import ArchConfig, Recipe, reference_config, tying_map
 
 RANK = 16
 UPTRAIN_FRACTION = 4  # uptraining = a quarter of the recipe's steps
@@ -132,18 +130,15 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from npas.allocation.transformer import build_model, export_state
-    from npas.conversion import convert_model
-    from npas.conversion.calibration import calibration_ids
-    from npas.training.proxy import eval_batches, evaluate
+    from npas import build_model, calibration_ids, convert_model, eval_batches, evaluate, export_state
 
     seed = dense_job["recipe"]["seed"]
     dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job)}.safetensors"
     at0_file = before_uptraining_file(setup, cfg, dense_job)
-    if dest.exists() and at0_file.exists():
-        return str(dest), json.loads(at0_file.read_text())["val_loss"]
-    if at0_file.exists() and not Path(dense_job["save_weights"]).exists():  # every uptraining run is cached
-        return "", json.loads(at0_file.read_text())["val_loss"]
+    if dest.exists() and store.exists(at0_file):
+        return str(dest), store.load(at0_file)["val_loss"]
+    if store.exists(at0_file) and not Path(dense_job["save_weights"]).exists():  # every uptraining run is cached
+        return "", store.load(at0_file)["val_loss"]
     dense = build_model(ArchConfig.from_dict(dense_job["config"])).float()
     dense.load_state_dict(load_file(dense_job["save_weights"]))
     corpus = runs.device_module()._corpus(up)
@@ -151,7 +146,7 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     with torch.no_grad():
         at0 = evaluate(conv.model.float(), eval_batches(corpus, up), torch.device("cpu"), up)
     save_file(export_state(conv.model), str(dest))
-    at0_file.write_text(json.dumps({"seed": seed, "val_loss": at0}) + "\n")
+    store.save(at0_file, {"seed": seed, "val_loss": at0})
     return str(dest), float(at0)
 
 
@@ -167,9 +162,9 @@ def best_factors(check: dict[str, dict[float, float | None]]) -> dict[str, float
 
 def _cached_loss(setup: common.Setup, job: dict[str, Any]) -> float | None:
     path = runs.cache_path(job, setup.cache, runs.device_kind(), version()) if setup.cache else None
-    if path is None or not path.exists():
+    if path is None or not store.exists(path):
         return None
-    rec = json.loads(path.read_text())
+    rec = store.load(path)
     return rec.get("val_loss") if rec.get("status") == "ok" else None
 
 
@@ -190,7 +185,7 @@ def dense_at_its_best(setup: common.Setup, dense_cfg: ArchConfig) -> tuple[float
     recs = []
     for j in runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(best)):
         path = runs.cache_path(j, setup.cache, runs.device_kind(), version())
-        if path.exists() and (rec := json.loads(path.read_text())).get("status") == "ok":
+        if store.exists(path) and (rec := store.load(path)).get("status") == "ok":
             recs.append({**rec, "name": f"{DENSE} x{best:g}"})
     return best, check, recs
 
@@ -297,15 +292,15 @@ def _forget_dense_without_weights(setup: common.Setup, djobs, cjobs, cfg: ArchCo
     if setup.cache is None:
         return set()
     ver, kind = version(), runs.device_kind()
-    todo = {j["recipe"]["seed"] for j in cjobs if not runs.cache_path(j, setup.cache, kind, ver).exists()}
-    todo |= {j["recipe"]["seed"] for j in djobs if not before_uptraining_file(setup, cfg, j).exists()}
+    todo = {j["recipe"]["seed"] for j in cjobs if not store.exists(runs.cache_path(j, setup.cache, kind, ver))}
+    todo |= {j["recipe"]["seed"] for j in djobs if not store.exists(before_uptraining_file(setup, cfg, j))}
     again = set()
     for j in djobs:
         path = runs.cache_path(j, setup.cache, kind, ver)
-        if j["recipe"]["seed"] in todo and path.exists() and not Path(j["save_weights"]).exists():
+        if j["recipe"]["seed"] in todo and store.exists(path) and not Path(j["save_weights"]).exists():
             again.add(j["recipe"]["seed"])
             if not dry:
-                path.unlink()
+                store.forget(path)
     return again
 
 

@@ -23,7 +23,7 @@ import runs
 import stats
 
 import npas
-from npas.allocation.config import ArchConfig, Chassis, ExpertPool, reference_config
+from npas import ArchConfig, Chassis, ExpertPool, reference_config
 
 E, K = 4, 2  # experts per layer of the per-layer baseline, experts per token
 MATCH = 0.01  # nats: a paired difference this small counts as a match (seed noise on this setup is larger)

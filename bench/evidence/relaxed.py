@@ -33,8 +33,7 @@ import runs
 import stats
 
 import npas
-from npas.allocation.config import ArchConfig, reference_config
-from npas.allocation.fit import tying_map
+from npas import ArchConfig, reference_config, tying_map
 
 RANKS = (0, 4, 16, 64)
 REF = "untied"

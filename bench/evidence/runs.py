@@ -1,6 +1,6 @@
 """The evidence scripts' training pool and its cache: every run is one ``bench/device.py`` spec, trained
 on spawned 1-thread processes here (or exported for a lent GPU machine), and every finished run is one
-JSON in ``bench/evidence/results/runs/`` keyed by arm, allocation, recipe, seed, device kind and code
+record in ``bench/evidence/results/runs/`` (``bench/harness/store.py``) keyed by arm, allocation, recipe, seed, device kind and code
 version, so a killed or time-boxed script resumes where it stopped and only what is missing trains.
 
 ``run_arms`` is what an experiment calls: its arms x its seeds, plus (full mode) each arm's 3-point
@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
-from report import format_table
-from stats import optimum_words, paired_interval, summarize
 
-import npas
-from npas.allocation.config import ArchConfig
-from npas.training.recipe import Recipe
+if str(ROOT) not in sys.path:  # bench.harness, when a script runs from bench/evidence
+    sys.path.insert(0, str(ROOT))
+
+from report import format_table  # noqa: E402
+from stats import optimum_words, paired_interval, summarize  # noqa: E402
+
+import npas  # noqa: E402
+from bench.harness import store  # noqa: E402
+from bench.harness.version import code_version as code_version_of  # noqa: E402
+from npas import ArchConfig, Recipe  # noqa: E402
 
 
 def device_module():
@@ -67,11 +72,9 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
 def code_version(jobs: Sequence[dict[str, Any]] = ()) -> str:
     """The legacy file-hash version, kept as the recorded one while the probe of ``jobs`` (the experiment's
     runs; none: the file hash alone) finds its numerics unchanged (bench/numerics.py)."""
-    if str(ROOT) not in sys.path:  # the bench package, when a script runs from bench/evidence
-        sys.path.insert(0, str(ROOT))
     from bench import numerics
 
-    return numerics.keyed("evidence", device_module().files_version(VERSIONED), lambda: numerics.evidence_runs(jobs))
+    return code_version_of("evidence", VERSIONED, None, lambda: numerics.evidence_runs(jobs))
 
 
 def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:
@@ -99,7 +102,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     t0 = time.perf_counter()
     version, kind = version or code_version(jobs), device_kind()  # an experiment in phases passes its one version
     paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
-    out: list[dict[str, Any] | None] = [json.loads(p.read_text()) if p and p.exists() else None for p in paths]
+    out: list[dict[str, Any] | None] = [store.load(p) if p and store.exists(p) else None for p in paths]
     todo = [i for i, r in enumerate(out) if r is None]
     tokens = sum(Recipe.from_dict(jobs[i]["recipe"]).steps * Recipe.from_dict(jobs[i]["recipe"]).tokens_per_step
                  for i in todo)
@@ -122,7 +125,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     def done(i: int, rec: dict[str, Any]) -> None:
         out[i] = rec
         if paths[i] is not None:
-            dev.write_record(paths[i], {**rec, "code_version": version})
+            store.save(paths[i], {**rec, "code_version": version})
         finished[0] += 1
         _progress(finished[0], len(todo), rec, t0)
 

@@ -45,7 +45,7 @@ import report
 import searches
 import stats
 
-from npas.training.recipe import Recipe
+from npas import Recipe
 
 STUDY = "evidence-search-vs-hand-v2"
 EXTRA_BASELINE = "full_tying_tied_norms"  # not among npas's own baselines; added to this study
@@ -72,7 +72,7 @@ def main() -> None:
         path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
         if not path.exists():
             raise SystemExit(f"--report: no saved report at {path}; run without --report first, or point --out at it")
-        from npas.presentation.cli.validate import format_table as certificate_table
+        from npas import certificate_table
 
         cert = json.loads(path.read_text())["certificate"]
         print(f"report from {path} (nothing trains)\n\n" + certificate_table(cert), flush=True)
@@ -99,7 +99,7 @@ def main() -> None:
     print_trials(rows)
 
     cert, wall_val = run_validate(setup, score, work, url, top, seeds)
-    from npas.presentation.cli.validate import format_table as certificate_table
+    from npas import certificate_table
 
     print("\n" + certificate_table(cert), flush=True)
     verdicts = compare(cert)
@@ -143,9 +143,7 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 
     import optuna
 
-    from npas.service.driver import resume, search
-    from npas.service.record import TrialAttr
-    from npas.service.samplers import split_baseline
+    from npas import TrialAttr, resume, search, split_baseline
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work.mkdir(parents=True, exist_ok=True)
@@ -170,7 +168,8 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 def run_validate(setup: common.Setup, score: Recipe, work: Path, url: str, top: int, seeds: int):
     import time
 
-    from npas.service.validate import Options, validate
+    from npas import ValidateOptions as Options
+    from npas import validate
 
     rpath = work / "validate.yaml"
     rpath.write_text(score.to_yaml())
@@ -194,7 +193,7 @@ def stale_baseline(row: dict[str, Any]) -> str | None:
 def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
     """Paired Δ (same fresh seeds, test split) of the knee pick and of the best validated front point
     against each baseline and the FLOPs-matched dense model; negative = the search's point is better."""
-    from npas.service.fidelity import paired_delta
+    from npas import paired_delta
 
     rows = [r for r in cert["allocations"] if r["complete"]]
     pick = next((r for r in rows if "pick" in r["roles"]), None)

@@ -11,14 +11,13 @@ from typing import Any
 import yaml
 from common import ROOT, Setup
 
-from npas.allocation.config import ArchConfig
-from npas.training.recipe import Recipe
+from npas import ArchConfig, Recipe
 
 
 def search_space(setup: Setup, file_chassis: bool = False):
     """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
     chassis so a 12-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
-    from npas.allocation.space_parser import parse_space
+    from npas import parse_space
 
     path = ROOT / "search_spaces" / "full.yaml"
     data = yaml.safe_load(path.read_text())
@@ -44,7 +43,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
     import optuna
 
-    from npas.service.driver import search
+    from npas import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
@@ -63,7 +62,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def launch(workers: int, early_stop: bool):
-    from npas.service.launch import Launch
+    from npas import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 
@@ -88,8 +87,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
     from optuna.trial import TrialState
 
-    from npas.service.record import StudyAttr, TrialAttr
-    from npas.service.study import front_trials, is_full_fidelity, status
+    from npas import StudyAttr, TrialAttr, front_trials, is_full_fidelity
+    from npas import study_status as status
 
     tokens_per_step = int(study.user_attrs[StudyAttr.RECIPE]["seq_len"]) * int(study.user_attrs[StudyAttr.RECIPE]["batch_size"])
     front = {t.number for t in front_trials(study)}

@@ -37,8 +37,8 @@ import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
 from runs import device_module  # noqa: E402
 
-from npas.allocation.config import ArchConfig, Chassis
-from npas.training.recipe import Recipe
+from bench.harness import store  # noqa: E402  (runs put the checkout on sys.path)
+from npas import ArchConfig, Chassis, Recipe
 
 ROOT = common.ROOT
 RUNS = ROOT / "bench" / "evidence" / "results" / "taper_scale_runs"
@@ -91,7 +91,7 @@ def device_specs() -> list[dict]:
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval of paired differences (npas.service.fidelity's, as `npas validate` uses)."""
-    from npas.service.fidelity import mean_interval
+    from npas import mean_interval
 
     iv = mean_interval(d)
     return (iv.value,) + tuple(math.nan if x is None else x for x in (iv.low, iv.high))
@@ -130,8 +130,8 @@ def load(v: str) -> dict[tuple, dict]:
     out = {}
     for r in runs():
         p = RUNS / f"{key(r, v)}.json"
-        if p.exists():
-            rec = json.loads(p.read_text())
+        if store.exists(p):
+            rec = store.load(p)
             if rec.get("status") == "ok":
                 out[r["arm"], r["seed"], round(r["lr"], 10), r["dtype"]] = rec
     return out

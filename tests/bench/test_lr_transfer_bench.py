@@ -3,13 +3,13 @@ resumes without retraining, and prints the side-by-side optima and the target li
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 
 import pytest
 
+from bench.harness import store
 from tests.conftest import ROOT
 
 ARMS = ("reference", "untied_L1", "untied_L4", "untied_d8", "untied_d32", "tied_full", "tied_cycle2",
@@ -26,10 +26,10 @@ def _bench(*args: str) -> str:
 @pytest.mark.slow  # a bench --quick sweep that trains in a subprocess
 def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
-    runs = sorted(tmp_path.glob("*.json"))
+    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (bench/harness/store.py)
     # 9 arms x 2 parameterizations x 3 lrs, plus the reference once (fair == uniform for it)
     assert len(runs) == 9 * 2 * 3 + 3
-    rec = json.loads(runs[0].read_text())
+    rec = store.load(runs[0])
     assert {"arm", "lr", "seed", "parameterization", "code_version", "val_loss", "allocation"} <= set(rec)
     for arm in ARMS:
         for par in ("fair", "uniform"):
@@ -54,7 +54,7 @@ def test_plan_estimates_cpu_hours_without_training(tmp_path):
     m = re.search(r"^plan: (\d+) runs x ([\d,]+) tokens = \d+M tokens -> ~([\d.]+) CPU-hours", out, re.M)
     assert m, out
     assert int(m[1]) == 9 * 2 * 6 * 2 + 6 * 2 and float(m[3]) > 0.1  # 6-point grid, 2 seeds
-    assert not list(tmp_path.glob("*.json"))
+    assert not store.names(tmp_path)
 
 
 def test_implied_sharing_exponent_puts_the_optimum_on_the_reference_by_linear_interpolation():

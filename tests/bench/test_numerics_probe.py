@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import numerics
+from bench.harness import store
 from npas.allocation.config import Chassis, reference_config
 from npas.training import proxy
 from npas.training.recipe import Recipe
@@ -137,8 +138,6 @@ def test_proxy_fidelity_keeps_its_cached_runs():
     """The committed table maps today's proxy_fidelity probe to the version of its cached CPU runs
     (5e8cca1e3a, made at 65aa0da): an edit that leaves its numerics alone must not re-key them. Fails
     (rightly) after a real numerics change for its candidates; then rerun the bench, not the table."""
-    import json
-
     from bench.device import load_module
     from tests.conftest import ROOT
 
@@ -150,6 +149,6 @@ def test_proxy_fidelity_keeps_its_cached_runs():
     assert version == "5e8cca1e3a"
     _, cands = mod.load_candidates(setup)
     jobs = mod.jobs_of(setup, cands)
-    cached = [j for j in jobs if (setup.out / f"{j.key(setup, version)}.json").exists()]
+    cached = [j for j in jobs if store.exists(setup.out / f"{j.key(setup, version)}.json")]
     assert len(cached) >= 92  # of 96: all but 4 costly 2x-steps runs were cached at 5e8cca1e3a
-    assert json.loads((setup.out / f"{cached[0].key(setup, version)}.json").read_text())["code_version"] == version
+    assert store.load(setup.out / f"{cached[0].key(setup, version)}.json")["code_version"] == version

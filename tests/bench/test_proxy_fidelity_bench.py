@@ -6,7 +6,6 @@ the statistics behave as documented."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import re
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.harness import store
 from tests.conftest import ROOT
 
 BENCH = ROOT / "bench" / "proxy_fidelity.py"
@@ -62,11 +62,11 @@ def quick_run(tmp_path_factory) -> tuple[str, Path]:
 @pytest.mark.xdist_group("proxy_fidelity_quick")
 def test_quick_runs_caches_and_reruns_nothing(quick_run):
     out, tmp_path = quick_run
-    runs = sorted(tmp_path.glob("*.json"))
+    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (bench/harness/store.py)
     # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x, + one fair WSD run to T each
     assert len(runs) == 4 * 2 * 2 + 4 + 4
     assert "ran 24, cached 0" in out
-    recs = [json.loads(p.read_text()) for p in runs]
+    recs = [store.load(p) for p in runs]
     assert {"candidate", "kind", "seed", "parameterization", "val_loss", "test_loss", "code_version",
             "allocation", "recipe"} <= set(recs[0])
     mids = [r for r in recs if r["kind"] == "mid"]
@@ -96,14 +96,14 @@ def test_quick_runs_caches_and_reruns_nothing(quick_run):
                      r"\S+, \S+; \d+ resamples\] above 0: (PASS|MISS)$", out, re.M), out
     again = _bench("--quick", "--out", str(tmp_path))
     assert "ran 0, cached 24" in again
-    assert len(list(tmp_path.glob("*.json"))) == 24
+    assert len(store.names(tmp_path)) == 24
     assert again.split("proxy = ")[1] == out.split("proxy = ")[1]  # the same table from the cache
 
 
 @pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_time_box_of_zero_starts_nothing_and_marks_incomplete(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path), "--max-minutes", "0")
-    assert not list(tmp_path.glob("*.json"))
+    assert not store.names(tmp_path)
     assert "ran 0, cached 0; time box of 0 min: 24 runs not started" in out
     assert len(re.findall(r"  incomplete$", out, re.M)) == 4
     assert len(re.findall(r": INCOMPLETE$", out, re.M)) == 4  # fair, uniform, the 2x-steps row and the horizon target
@@ -155,7 +155,7 @@ def test_quick_with_proxy_repeats_reports_the_mean_and_the_ceiling(quick_run, tm
     shutil.copytree(quick_run[1], tmp_path, dirs_exist_ok=True)  # the plain --quick runs, cached: 12 new ones
     out = _bench("--quick", "--out", str(tmp_path), "--proxy-repeats", "2", "--long-seeds", "2")
     assert "ran 12, cached 24" in out  # the repeats and the second long seed add to the cache, reusing it
-    recs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    recs = [store.load(tmp_path / n) for n in store.names(tmp_path)]
     # + one more fair proxy seed per candidate, + fair at 2x steps, + one fair WSD run each
     assert len(recs) == 4 * 2 * 3 + 4 + 4 + 4
     extra = [r for r in recs if r["kind"] == "proxy" and r["seed"] == 2]

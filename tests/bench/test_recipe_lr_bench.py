@@ -3,13 +3,13 @@ each run, reruns nothing the second time, and its verdict follows the printed gr
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 
 import pytest
 
+from bench.harness import store
 from tests.conftest import ROOT
 
 BENCH = ROOT / "bench" / "recipe_lr.py"
@@ -24,7 +24,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(tmp_path):
     first = _bench("--quick", "--out", str(tmp_path))
     assert first.returncode == 0, first.stdout + first.stderr
-    recs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    recs = [store.load(tmp_path / n) for n in store.names(tmp_path)]
     assert len(recs) == 2 * 3  # narrow_untied and cycle_tying x {0.5, 1, 2} x 1 seed
     base = {r["recipe"]["lr"] / r["factor"] for r in recs}
     assert len(base) == 1  # every rate is factor x the one recipe rate, the floor scaled with it
@@ -42,7 +42,7 @@ def test_quick_sweeps_the_recipes_rate_caches_and_its_verdict_follows_the_grid(t
     assert re.search(rf"^target: every arm's optimum at x1 of the recipe's rate \(\S+\): {verdict}$", first.stdout, re.M)
     again = _bench("--quick", "--out", str(tmp_path))
     assert again.returncode == 0 and "runs: 0 to train, 6 cached" in again.stdout, again.stdout
-    assert len(list(tmp_path.glob("*.json"))) == 6
+    assert len(store.names(tmp_path)) == 6
 
 
 @pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)

@@ -1,0 +1,16 @@
+"""The bench harness: what every experiment shares, so an experiment script only declares its jobs
+and its report.
+
+- ``version``: the code version a cache is keyed by (``files_version``; ``bench/numerics.py`` keeps a
+  recorded version while the probed numerics are unchanged);
+- ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
+  both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);
+- ``pool``: the CPU training pool (``run_pool``: spawned 1-thread workers, each record saved the moment
+  it arrives, an optional time box);
+- ``cli``: the shared command line of the cached benches (``bench_parser``, ``version_to_read``);
+- ``bench/device.py``: the device runner: ``export`` every GPU-ready job (each bench registers them with
+  a ``device_specs()`` hook, listed in its ``GROUPS``), ``run`` them on a lent GPU, ``collect`` (which
+  compacts what it unpacked).
+
+Experiments import npas's public API only (``import npas``; ``npas.__init__`` lists the entry points).
+"""

@@ -1,0 +1,56 @@
+"""npas's public entry points beyond the core (``npas.count``, ``npas.search`` ...): the one table of
+names that tools built on npas (the benches in ``bench/``) may use, each resolved lazily as
+``npas.<name>`` (``from npas import Recipe, tying_map``), so they never import an internal module and
+an internal move is a one-line change here, not a broken bench.
+
+Grouped by what they serve; a name here is public and stable, the module behind it is not.
+"""
+
+from __future__ import annotations
+
+# name -> (module, attribute there); resolved on first use by ``npas.__getattr__``.
+ENTRY_POINTS: dict[str, tuple[str, str]] = {
+    # -- allocations: configs, fitting, models
+    **{n: ("npas.allocation.config", n) for n in (
+        "ATTN_SLOTS", "MLP_SLOTS", "AtomSpec", "ExpertPool", "block_slots", "slot_shape")},
+    **{n: ("npas.allocation.fit", n) for n in ("bank_members", "fit_width", "taper_profile", "tying_map")},
+    "stored_params": ("npas.allocation.budget", "stored_params"),
+    "export_state": ("npas.allocation.transformer", "export_state"),
+    "parse_space": ("npas.allocation.space_parser", "parse_space"),
+    # -- training: recipes, corpora, the proxy loop and its parts
+    "Recipe": ("npas.training.recipe", "Recipe"),
+    "PARAMETERIZATIONS": ("npas.training.recipe", "PARAMETERIZATIONS"),
+    "SHARING_EXPONENT": ("npas.training.parameterization", "SHARING_EXPONENT"),
+    "apply_init": ("npas.training.parameterization", "apply_init"),
+    "train_model": ("npas.training.forks", "train_model"),  # any schedule; cosine runs proxy's loop untouched
+    **{n: ("npas.training.proxy", n) for n in (
+        "autocast_for", "eval_batches", "evaluate", "make_optimizer", "pick_device")},
+    "bundled_text": ("npas.training.data", "bundled_text"),
+    "fingerprint_text": ("npas.training.data", "fingerprint_text"),
+    "SEPARATOR": ("npas.training.corpora", "SEPARATOR"),
+    "cached_tokens": ("npas.training.token_cache", "cached_tokens"),
+    **{n: ("npas.training.tokenizers", n) for n in ("BATCH_PIECES", "split_pieces", "train_bpe")},
+    # -- conversion of a trained model
+    "convert_model": ("npas.conversion", "convert_model"),
+    "calibration_ids": ("npas.conversion.calibration", "calibration_ids"),
+    # -- search service (the "plan" refactor moves npas/service/*: fix the module paths here only)
+    "Launch": ("npas.service.launch", "Launch"),
+    "NpasSearcher": ("npas.service.searcher", "NpasSearcher"),
+    "MAX_SKIPPED_IN_A_ROW": ("npas.service.searcher", "MAX_SKIPPED_IN_A_ROW"),
+    **{n: ("npas.service.samplers", n) for n in (
+        "enqueue_baselines", "learns_from_infeasible", "make_sampler", "split_baseline")},
+    **{n: ("npas.service.study", n) for n in ("counts_toward_target", "front_trials", "is_full_fidelity",
+                                               "was_evaluated")},
+    "study_status": ("npas.service.study", "status"),
+    "StudyAttr": ("npas.service.record", "StudyAttr"),
+    "TrialAttr": ("npas.service.record", "TrialAttr"),
+    "open_storage": ("npas.service.storage", "open_storage"),
+    "reachable": ("npas.service.storage", "reachable"),
+    "init_ray": ("npas.service.runner", "init_ray"),
+    "hypervolume": ("npas.service.optuna_adapter", "hypervolume"),
+    "repeat_seeds": ("npas.service.outcome", "repeat_seeds"),
+    **{n: ("npas.service.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},
+    "validate": ("npas.service.validate", "validate"),
+    "ValidateOptions": ("npas.service.validate", "Options"),
+    "certificate_table": ("npas.presentation.cli.validate", "format_table"),
+}
