@@ -20,17 +20,15 @@ from torch import Tensor
 from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import convert_model, convertible_problems
-from npas.conversion.directory import fingerprint_weights
+from npas.conversion.directory import MODEL_FILE, fingerprint_weights
 from npas.errors import ConfigError, DataError, StudyError
 
 
 def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> dict[str, str]:
     """{"dir", "weights", "config_hash"} of a trained model a study's trials can start from, or the
     reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus)."""
-    from npas.training.train import load_trained
-
     d = Path(dense_dir).expanduser().resolve()
-    _, tokenizer, cfg = load_trained(d)
+    _, tokenizer, cfg, weights = read_source(d)
     if tokenizer.fingerprint != corpus.tokenizer.fingerprint:  # first: another vocabulary size follows from it
         raise DataError(f"--init-from {dense_dir} reads text with its own {tokenizer.name} ({tokenizer.vocab_size} "
                         f"tokens, fingerprint {tokenizer.fingerprint}), not with tokenizer {corpus.tokenizer.name} "
@@ -39,7 +37,7 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    return {"dir": str(d), "weights": fingerprint_weights(d), "config_hash": cfg.hash}
+    return {"dir": str(d), "weights": weights, "config_hash": cfg.hash}
 
 
 def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
@@ -73,14 +71,33 @@ def check_same_source(study_name: str, stored: dict | None, given: dict | None) 
                          "pass the original model, or start a new study")
 
 
+def read_source(directory: str | Path) -> tuple[Any, Any, ArchConfig, str]:
+    """(model, tokenizer, config, weights fingerprint) of a trained directory, read and hashed once
+    per process (a driver's plan, its learned groups and each worker's trials all ask): the cache is
+    keyed by the weights file's path, size and modification time, so a replaced model is read again."""
+    d = Path(directory).expanduser().resolve()
+    try:
+        st = (d / MODEL_FILE).stat()
+        stamp = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        stamp = None  # missing: load_trained says why, in its own words
+    return _read_source(str(d), stamp)
+
+
 @functools.lru_cache(maxsize=2)
-def _source(directory: str, weights: str):
+def _read_source(directory: str, stamp: tuple[int, int] | None) -> tuple[Any, Any, ArchConfig, str]:
     from npas.training.train import load_trained
 
-    if fingerprint_weights(directory) != weights:
+    model, tokenizer, cfg = load_trained(directory)
+    return model, tokenizer, cfg, fingerprint_weights(directory)
+
+
+def _source(directory: str, weights: str):
+    model, _, _, held = read_source(directory)
+    if held != weights:
         raise DataError(f"{directory} here holds other weights than the study started from ({weights}); give "
                         "every node the same model")
-    return load_trained(directory)[0]
+    return model
 
 
 def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64

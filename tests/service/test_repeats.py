@@ -115,7 +115,7 @@ def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsy
     st, url = repeated
     seen = record_launches(monkeypatch)
     resume("rep", storage=url, launch=Launch(workers=1))
-    assert seen["corpus_payload"]["repeats"] == 2  # what every trainable receives
+    assert seen["worker"].repeats == 2  # what every trainable receives
     with pytest.raises(StudyError, match=r"trains each trial on 2 seed\(s\) \(--repeats 2\), not 3"):
         resume("rep", storage=url, repeats=3, launch=Launch(workers=1))
     with pytest.raises(StudyError, match=r"--repeats 1 \(the study's is 2\)"):
