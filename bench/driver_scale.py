@@ -5,7 +5,7 @@
     python bench/driver_scale.py --quick         # 200 trials (windows 1-50 vs 151-200), 2 drivers x 20
     python bench/driver_scale.py --db sqlite --samplers random --trials 500
 
-No model is trained and Ray is not started. The REAL searcher (`npas.service.searcher.NpasSearcher`) is driven
+No model is trained and Ray is not started. The REAL searcher (`npas.service.search.searcher.NpasSearcher`) is driven
 through Ray Tune's Searcher protocol (suggest, then on_trial_complete) exactly as the runner drives it, with a
 SYNTHETIC result (a loss derived from the allocation hash), on the frozen bench space
 bench/spaces/full_frozen.yaml: baselines enqueued first, infeasible and duplicate asks told as the searcher
@@ -52,11 +52,11 @@ sys.path.insert(0, str(ROOT))  # a checkout run without the editable install sti
 
 from npas.allocation.space import Space  # noqa: E402
 from npas.allocation.space_parser import load_space  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
-from npas.service.searcher import NpasSearcher  # noqa: E402
-from npas.service.storage import open_storage, reachable  # noqa: E402
-from npas.service.study import counts_toward_target, status, was_evaluated  # noqa: E402
+from npas.service.search.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
+from npas.service.search.searcher import NpasSearcher  # noqa: E402
+from npas.service.study.record import TrialAttr  # noqa: E402
+from npas.service.study.storage import open_storage, reachable  # noqa: E402
+from npas.service.study.studies import counts_toward_target, status, was_evaluated  # noqa: E402
 
 TARGET = 1.20
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
@@ -242,7 +242,7 @@ def drivers_run(n_drivers: int, per_driver: int, space: Space) -> bool:
 
 
 def quiet() -> None:
-    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.faults)."""
+    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.search.faults)."""
     warnings.filterwarnings("ignore", message="Heartbeat of storage")
 
 

@@ -73,9 +73,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
 from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import make_sampler  # noqa: E402
-from npas.service.study import counts_toward_target  # noqa: E402
+from npas.service.search.samplers import make_sampler  # noqa: E402
+from npas.service.study.record import TrialAttr  # noqa: E402
+from npas.service.study.studies import counts_toward_target  # noqa: E402
 from npas.training.recipe import Recipe  # noqa: E402
 
 TARGETS = ((15.0, 1.20), (55.0, 1.08))  # (bare seconds per trial, target ratio measured / ideal)
@@ -238,8 +238,8 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
     """Median ms per suggest() and per on_trial_complete() of the real NpasSearcher on SQLite, and the
     import time of ray.tune: the driver-side work per trial, without Ray running."""
     t = time.perf_counter()
-    from npas.service.searcher import NpasSearcher
-    from npas.service.storage import open_storage
+    from npas.service.search.searcher import NpasSearcher
+    from npas.service.study.storage import open_storage
 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
@@ -305,7 +305,7 @@ def _ray_task_cold() -> float:
     t = time.perf_counter()
     import torch  # noqa: F401
 
-    import npas.service.runner  # noqa: F401
+    import npas.service.search.runner  # noqa: F401
     import npas.training.proxy  # noqa: F401
     from npas.training.data import load_corpus
 
@@ -320,7 +320,7 @@ def ray_probe() -> dict[str, float]:
     import ray
 
     out = {"import ray": time.perf_counter() - t}
-    from npas.service.runner import init_ray
+    from npas.service.search.runner import init_ray
 
     t = time.perf_counter()
     init_ray(None, num_cpus=WORKERS)  # as `npas search` starts an embedded Ray (workers preload torch)
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
               f"plain 2-process = {statistics.mean(r.wall_s for r in rows) / statistics.mean(pair_walls):.2f}x")
     if profile:
         print(f"  searcher per trial (NpasSearcher on SQLite, no Ray): suggest {ask_ms:.1f} ms, on_trial_complete "
-              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.service.searcher {tune_import_s:.1f} s")
+              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.service.search.searcher {tune_import_s:.1f} s")
         for label, v in probe.items():
             print(f"  ray probe: {label:<56}{v:>6.2f} s")
     print(f"load average {load0:.2f} -> {load1:.2f}")

@@ -67,7 +67,7 @@ from npas.allocation.config import ArchConfig  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
 from npas.allocation.space_parser import load_space  # noqa: E402
 from npas.errors import NpasError  # noqa: E402
-from npas.service.outcome import repeat_seeds  # noqa: E402
+from npas.service.search.outcome import repeat_seeds  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS, Recipe, load_recipe  # noqa: E402
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"

@@ -17,16 +17,16 @@ computed from its fitted allocation, so the bench measures the samplers, not the
                   +0.10 |front| when back-heavy (taper `reverse` is penalised)
   objective 2: train_memory_bytes, exact, from npas.count with the `proxy` recipe's batch and seq_len
       (the value a real search records for that objective).
-Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
+Trials are asked and told in-process the way `npas.service.search.searcher.NpasSearcher` does (without Ray): the
 space's baselines are enqueued first; infeasible candidates are told COMPLETE with a violated `fit`
-constraint when the sampler learns from constraints (TPE: `npas.service.samplers.learns_from_infeasible`),
+constraint when the sampler learns from constraints (TPE: `npas.service.search.samplers.learns_from_infeasible`),
 FAIL otherwise (`--infeasible-as fail` forces FAIL, the behaviour before); duplicates of an evaluated
 allocation are told FAIL; neither counts; each counted trial gets the budget and fidelity constraints.
 The space is a frozen copy of search_spaces/full.yaml (bench/spaces/full_frozen.yaml), so the baseline
 does not move when the shipped space grows. The fraction of asks that were infeasible is printed per sampler. Samplers
-come from `npas.service.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
+come from `npas.service.search.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
-Hypervolume: Optuna's exact hypervolume (through `npas.service.optuna_adapter`) (what npas/dashboard/info.py
+Hypervolume: Optuna's exact hypervolume (through `npas.service.study.optuna_adapter`) (what npas/dashboard/info.py
 uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
 reference point for every run (best and worst x 1.1 over all points of all runs), so all numbers are
 comparable. random@N is the first N counted trials of the random run that goes to 3N (a random
@@ -54,10 +54,10 @@ sys.path.insert(0, str(ROOT))  # a checkout run without the editable install sti
 
 from npas.allocation.budget import count  # noqa: E402
 from npas.allocation.config import ArchConfig  # noqa: E402
-from npas.service.record import TrialAttr  # noqa: E402
-from npas.service.samplers import enqueue_baselines, make_sampler  # noqa: E402
-from npas.service.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
-from npas.service.study import is_full_fidelity, status, was_evaluated  # noqa: E402
+from npas.service.search.samplers import enqueue_baselines, make_sampler  # noqa: E402
+from npas.service.search.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
+from npas.service.study.record import TrialAttr  # noqa: E402
+from npas.service.study.studies import is_full_fidelity, status, was_evaluated  # noqa: E402
 
 TARGET = 1.00
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
@@ -107,8 +107,8 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
 
     from ray.tune.search import Searcher
 
-    from npas.service.searcher import NpasSearcher
-    from npas.service.storage import open_storage
+    from npas.service.search.searcher import NpasSearcher
+    from npas.service.study.storage import open_storage
 
     tmp = tempfile.mkdtemp(prefix="npas-se-")
     storage = open_storage(f"sqlite:///{tmp}/s.db").storage
@@ -152,7 +152,7 @@ class SharedHV:
         self.span = np.where(self.ref - self.best > 0, self.ref - self.best, 1.0)
 
     def __call__(self, points: list[list[float]]) -> float:
-        from npas.service.optuna_adapter import hypervolume
+        from npas.service.study.optuna_adapter import hypervolume
 
         p = (np.asarray(points, dtype=float) - self.best) / self.span
         p = p[(p < 1.0).all(axis=1)]
@@ -172,8 +172,8 @@ def real_mode(trials: int, seed: int) -> None:
 
     import npas
     from npas.errors import NpasError
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import search
+    from npas.service.search.launch import Launch
 
     print(f"\nreal mode: tests/data/tiny.yaml, recipe tests/data/fast.yaml, {trials} trials per sampler, seed {seed}, "
           f"2 workers, no early stop (1 seed, few trials: a smoke comparison, no verdict; ideal point 10% of the "

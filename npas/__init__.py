@@ -25,9 +25,9 @@ _LAZY = {
     "load_corpus": "npas.training.data",
     "load_recipe": "npas.training.recipe",
     "run_proxy": "npas.training.forks",  # cosine recipes run npas.training.proxy's loop as ever
-    "search": "npas.service.driver",
-    "resume": "npas.service.driver",
-    "export": "npas.service.exporter",
+    "search": "npas.service.search.driver",
+    "resume": "npas.service.search.driver",
+    "export": "npas.service.export.exporter",
 }
 
 

@@ -61,8 +61,8 @@ def smoke_study(ray_local, tmp_path_factory):
     read-only, by every test that needs a finished study: (study, storage url). Tests must not add
     trials to it; one that needs to write makes its own."""
     import npas
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import search
+    from npas.service.search.launch import Launch
 
     url = f"sqlite:///{tmp_path_factory.mktemp('smoke')}/npas.db"
     st = search(npas.load_space(TINY), trials=6, study="smoke", storage=url, recipe=FAST, seed=1,
@@ -126,7 +126,7 @@ def record_launches(monkeypatch: pytest.MonkeyPatch) -> dict:
     """From now on the driver launches nothing: its run_trials records the keywords it was called with
     into the returned dict and marks the searcher finished. For tests of what search/resume pass on to
     the trials (stored settings a resume must keep) without running any."""
-    from npas.service import driver
+    from npas.service.search import driver
 
     seen: dict = {}
 

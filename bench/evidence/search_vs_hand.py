@@ -143,9 +143,9 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 
     import optuna
 
-    from npas.service.driver import resume, search
-    from npas.service.record import TrialAttr
-    from npas.service.samplers import split_baseline
+    from npas.service.search.driver import resume, search
+    from npas.service.search.samplers import split_baseline
+    from npas.service.study.record import TrialAttr
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 def run_validate(setup: common.Setup, score: Recipe, work: Path, url: str, top: int, seeds: int):
     import time
 
-    from npas.service.validate import Options, validate
+    from npas.service.certify.retrain import Options, validate
 
     rpath = work / "validate.yaml"
     rpath.write_text(score.to_yaml())
@@ -194,7 +194,7 @@ def stale_baseline(row: dict[str, Any]) -> str | None:
 def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
     """Paired Δ (same fresh seeds, test split) of the knee pick and of the best validated front point
     against each baseline and the FLOPs-matched dense model; negative = the search's point is better."""
-    from npas.service.fidelity import paired_delta
+    from npas.service.certify.fidelity import paired_delta
 
     rows = [r for r in cert["allocations"] if r["complete"]]
     pick = next((r for r in rows if "pick" in r["roles"]), None)

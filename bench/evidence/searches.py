@@ -44,7 +44,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
     """One npas.search into a fresh SQLite study under a temp dir; returns where it is and its wall time."""
     import optuna
 
-    from npas.service.driver import search
+    from npas.service.search.driver import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work = workdir or Path(tempfile.mkdtemp(prefix=f"npas-evidence-{tag}-"))
@@ -63,7 +63,7 @@ def run_search(setup: Setup, space, *, trials: int, early_stop: bool, tag: str, 
 
 
 def launch(workers: int, early_stop: bool):
-    from npas.service.launch import Launch
+    from npas.service.search.launch import Launch
 
     return Launch(workers=workers, early_stop=early_stop)
 
@@ -88,8 +88,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
     from optuna.trial import TrialState
 
-    from npas.service.record import StudyAttr, TrialAttr
-    from npas.service.study import front_trials, is_full_fidelity, status
+    from npas.service.study.record import StudyAttr, TrialAttr
+    from npas.service.study.studies import front_trials, is_full_fidelity, status
 
     tokens_per_step = int(study.user_attrs[StudyAttr.RECIPE]["seq_len"]) * int(study.user_attrs[StudyAttr.RECIPE]["batch_size"])
     front = {t.number for t in front_trials(study)}

@@ -90,8 +90,8 @@ def device_specs() -> list[dict]:
 
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of paired differences (npas.service.fidelity's, as `npas validate` uses)."""
-    from npas.service.fidelity import mean_interval
+    """Mean and 95% t-interval of paired differences (npas.service.certify.fidelity's, as `npas validate` uses)."""
+    from npas.service.certify.fidelity import mean_interval
 
     iv = mean_interval(d)
     return (iv.value,) + tuple(math.nan if x is None else x for x in (iv.low, iv.high))

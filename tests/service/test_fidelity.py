@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from npas.service import fidelity as F
+from npas.service.certify import fidelity as F
 
 
 def test_rank_correlation_point_values_and_seeded_intervals():

@@ -30,7 +30,7 @@ def test_every_check_of_a_search_runs_once(monkeypatch, tmp_path):
     CLI's preflight and the driver each ran most of them before the plan)."""
     from npas.allocation.space import Space
     from npas.presentation.cli import main
-    from npas.service import driver, launch, plan, runner
+    from npas.service.search import driver, launch, plan, runner
     from npas.training import data, recipe
 
     calls: Counter = Counter()
@@ -56,7 +56,7 @@ def test_a_plan_is_frozen_and_runs_as_given(tmp_path):
     import dataclasses
 
     import npas
-    from npas.service.plan import DEFAULT_TRIALS, plan_search
+    from npas.service.search.plan import DEFAULT_TRIALS, plan_search
 
     p = plan_search(npas.load_space(TINY), recipe=FAST, study="frozen", storage=f"sqlite:///{tmp_path}/x.db")
     assert (p.target, p.sampler, p.seed, p.repeats, p.early_stop) == (DEFAULT_TRIALS, "tpe", 0, 1, True)
@@ -93,8 +93,8 @@ def test_a_study_from_before_the_plan_exports(tmp_path, capsys):
 @pytest.mark.slow  # a real resume: Ray and one more proxy run
 def test_a_study_from_before_the_plan_resumes(tmp_path, ray_local):
     from npas.presentation.cli import main
-    from npas.service.storage import open_storage
-    from npas.service.study import load
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load
 
     db = tmp_path / "before.db"
     shutil.copy(BEFORE_PLAN_DB, db)

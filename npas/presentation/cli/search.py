@@ -22,7 +22,7 @@ from npas.presentation.cli.args import (
     text_arg,
     tokenizer_arg,
 )
-from npas.service.samplers import SAMPLERS
+from npas.service.search.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
 
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def pick_arg(text: str) -> str:
-    from npas.service.picks import check_pick
+    from npas.service.export.picks import check_pick
 
     try:
         return check_pick(text)
@@ -105,7 +105,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.service.launch import Launch
+    from npas.service.search.launch import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
                   early_stop=False if args.no_early_stop else None, on_progress=_progress_printer(),
@@ -151,7 +151,7 @@ def _progress_printer():
 
 def _print_front(study, fmt: str = "table") -> None:
     from npas.presentation.cli.units import humanize
-    from npas.service.study import front_frame
+    from npas.service.study.studies import front_frame
 
     df = front_frame(study)
     if fmt == "csv":
@@ -185,7 +185,7 @@ def _start_ray(address: str | None) -> None:
     """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch) and
     the database: they overlap (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s).
     The address was checked with the rest of the input, before this."""
-    from npas.service.runner import start_ray_early
+    from npas.service.search.runner import start_ray_early
 
     start_ray_early(address)
 
@@ -196,7 +196,7 @@ def _read_space_text(arg: str) -> str:
 
 def _sampler_note(space, sampler: str) -> None:
     """GP and NSGA-II model only the knobs every candidate has; say which others they sample at random."""
-    from npas.service.samplers import STARTUP_TRIALS, modelled_knobs
+    from npas.service.search.samplers import STARTUP_TRIALS, modelled_knobs
 
     if sampler not in ("gp", "nsga2"):
         return
@@ -214,7 +214,7 @@ def run_search(args: argparse.Namespace) -> int:
     """Plan (every check of the input, once: one line and exit 2 on a mistake, nothing written),
     then start Ray, then run the plan."""
     from npas.allocation.space_parser import parse_space
-    from npas.service.plan import plan_search
+    from npas.service.search.plan import plan_search
 
     space = parse_space(_read_space_text(args.space), str(space_path(args.space)))
     plan = plan_search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
@@ -224,8 +224,8 @@ def run_search(args: argparse.Namespace) -> int:
                        budget_scope=args.budget_scope)
     _sampler_note(plan.space, plan.sampler)
     _start_ray(plan.launch.ray_address)
-    from npas.service.driver import search
-    from npas.service.urls import redact, resolve_url
+    from npas.service.search.driver import search
+    from npas.service.study.urls import redact, resolve_url
 
     study = search(plan)
     print(file=sys.stderr)
@@ -237,7 +237,7 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from npas.service.plan import check_launch
+    from npas.service.search.plan import check_launch
 
     launch = check_launch(args.trials, _launch(args), args.storage, args.repeats)
     text = None
@@ -253,7 +253,7 @@ def run_resume(args: argparse.Namespace) -> int:
     if text is not None:  # a changed space is checked against the study's record, read-only, before Ray
         _check_space_change(args, text)
     _start_ray(launch.ray_address)
-    from npas.service.driver import resume_checked
+    from npas.service.search.driver import resume_checked
 
     study = resume_checked(args.name, trials=args.trials, storage=args.storage, space_text=text,
                            allow_space_change=args.allow_space_change, data=args.data, launch=launch,
@@ -265,18 +265,18 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def _check_space_change(args: argparse.Namespace, text: str) -> None:
-    from npas.service.plan import check_space_change
-    from npas.service.storage import open_storage
-    from npas.service.study import load, read_record
+    from npas.service.search.plan import check_space_change
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load, read_record
 
     study = load(args.name, open_storage(args.storage, read_only=True))  # never creates a database
     check_space_change(args.name, read_record(study), text, args.allow_space_change)
 
 
 def run_studies(args: argparse.Namespace) -> int:
-    from npas.service.optuna_adapter import study_id
-    from npas.service.storage import open_storage
-    from npas.service.study import status
+    from npas.service.study.optuna_adapter import study_id
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import status
 
     handle = open_storage(args.storage, read_only=True)
     st = handle.storage
@@ -297,8 +297,8 @@ def run_studies(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from npas.service.storage import open_storage
-    from npas.service.study import load
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load
 
     return load(args.name, open_storage(args.storage, read_only=True))
 
@@ -309,8 +309,8 @@ def run_front(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from npas.service.exporter import write_export
-    from npas.service.picks import noise_note
+    from npas.service.export.exporter import write_export
+    from npas.service.export.picks import noise_note
 
     study = _load(args)
     doc = write_export(study, args.out, args.pick)

@@ -1,11 +1,11 @@
 """`npas validate`: retrain a study's front and a sample of its trials longer, on fresh seeds, and
 score them on the held-out test split, so the study carries evidence of whether its ranking holds.
 
-What is retrained is the plan (`npas.service.validate_plan`). Each retraining is one trial of a
+What is retrained is the plan (`npas.service.certify.targets`). Each retraining is one trial of a
 linked Optuna study, ``"{study}:validate"``, in the same storage: value = test loss, user attrs =
 source trial, seed, recipe, allocation hash and the job key. A job whose key already has a COMPLETE
 trial never runs again, so a killed `npas validate` resumes where it stopped, and plain
-``optuna.load_study`` reads every number. The certificate (``npas.service.certificate``) is built
+``optuna.load_study`` reads every number. The certificate (``npas.service.certify.certificate``) is built
 from the linked study alone and goes into the source study's user attr ``fidelity_certificate``.
 """
 
@@ -27,11 +27,11 @@ from optuna.trial import TrialState
 from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
 from npas.errors import StudyError
-from npas.service import study as studies
-from npas.service.optuna_adapter import storage_of, trial_id
-from npas.service.storage import open_storage
-from npas.service.urls import redact, resolve_url
-from npas.service.validate_plan import Options, Plan, Target, make_plan, score_batches
+from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
+from npas.service.study import studies
+from npas.service.study.optuna_adapter import storage_of, trial_id
+from npas.service.study.storage import open_storage
+from npas.service.study.urls import redact, resolve_url
 from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
     """Run (or finish) the validation of study ``name`` and return its fidelity certificate.
     ``bits_per_nat`` converts its test losses to bits per byte; the real retraining computes it
     from the study's corpus and tokenizer (a custom ``retrain`` may pass it, else it stays None)."""
-    from npas.service.certificate import CERTIFICATE_ATTR, build_certificate
+    from npas.service.certify.certificate import CERTIFICATE_ATTR, build_certificate
     from npas.training.recipe import load_recipe
 
     opts = opts or Options()
@@ -299,7 +299,7 @@ def _start_ray(opts: Options, plan: Plan):
     to the end), and the Optuna ask/tell stays in this process, the only writer of the database."""
     import ray
 
-    from npas.service.runner import check_resources, init_ray
+    from npas.service.search.runner import check_resources, init_ray
 
     init_ray(opts.ray_address, num_cpus=None)
     cpus = float(max(1, plan.recipe.threads))

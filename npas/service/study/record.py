@@ -45,7 +45,7 @@ class StudyAttr(StrEnum):
     DATA_GLOB = "data_glob"  # files read from a directory corpus
     TEXT_FIELD = "text_field"  # JSONL field / Parquet column holding the documents
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
-    # (npas.service.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
+    # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
@@ -56,7 +56,7 @@ class TrialAttr(StrEnum):
     STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
     REASON = "failure_reason"
     BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
-    BASELINE_FIXED = "baseline_fixed"  # a baseline's values that are not Optuna params (npas.service.samplers)
+    BASELINE_FIXED = "baseline_fixed"  # a baseline's values that are not Optuna params (npas.service.search.samplers)
     KNOBS = "knobs"
     ALLOC = "allocation"
     HASH = "allocation_hash"
@@ -72,7 +72,7 @@ class TrialAttr(StrEnum):
     NODE = "ray_node"
     SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
     RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
-    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.outcome.repeat_seeds)
+    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.search.outcome.repeat_seeds)
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed

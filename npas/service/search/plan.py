@@ -3,7 +3,7 @@
 `npas search` and `npas.search` both turn their arguments into a plan with `plan_search`, which runs
 every check of the user's input exactly once, before the database is touched or Ray is started, and
 holds every default (`DEFAULT_TRIALS`, `DEFAULT_SAMPLER`, ...). A plan is then run by
-`npas.service.driver.search(plan)`: start or join Ray, create or join the study, run the trials. A
+`npas.service.search.driver.search(plan)`: start or join Ray, create or join the study, run the trials. A
 resume, and a driver joining an existing study, build the same plan from the study's record
 (`plan_resume`), so every driver runs one kind of object and no layer re-checks or re-spells it.
 """
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
-from npas.service.launch import Launch, check_inputs
-from npas.service.names import study_name_problem
-from npas.service.outcome import check_repeats
+from npas.service.search.launch import Launch, check_inputs
+from npas.service.search.outcome import check_repeats
+from npas.service.study.names import study_name_problem
 
 if TYPE_CHECKING:
-    from npas.service.record import StudyRecord
+    from npas.service.study.record import StudyRecord
     from npas.training.data import Corpus
     from npas.training.recipe import Recipe
 
@@ -84,7 +84,7 @@ def _check_default_study_name(space_name: str) -> None:
 
 def check_launch(trials: int | None, launch: Launch, storage: str | None, repeats: int | None = None) -> Launch:
     """The counts, the storage URL and a cluster's address: nothing is started or written."""
-    from npas.service.runner import check_address_reachable
+    from npas.service.search.runner import check_address_reachable
 
     launch = check_inputs(trials, launch, storage)
     check_repeats(repeats)
@@ -180,7 +180,7 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     import logging
 
     from npas.allocation.space_parser import parse_space
-    from npas.service.learned import attach
+    from npas.service.search.learned import attach
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
     from npas.training.tokenizers import tokenizer_from_json
@@ -214,7 +214,7 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
                          f"{record.data_split.get('chunk_chars')} vs {split['chunk_chars']} characters, or other "
                          f"fractions); its trials were ranked on other validation text, so start a new study")
     if record.data_split is None:
-        logging.getLogger("npas.service.driver").warning(
+        logging.getLogger("npas.service.search.driver").warning(
             "study %s predates the text-level train/validation/test split: new trials are ranked on "
             "other validation text than its old ones", name)
     stored_init, init = record.init_from, None

@@ -3,7 +3,7 @@
 The Optuna study is the source of truth; Ray Tune's experiment directory (trials/runs/) is scratch.
 Tune brings what is hard to do well by hand: placing trials on workers across a cluster, retrying a
 trial whose worker or node died (FailureConfig), and asynchronous successive halving on the
-validation loss (ASHA). The searcher in `npas.service.searcher` does the Optuna side.
+validation loss (ASHA). The searcher in `npas.service.search.searcher` does the Optuna side.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from npas.errors import RayError
 
 if TYPE_CHECKING:
-    from npas.service.worker import WorkerSpec
+    from npas.service.search.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _init_ray(address: str | None, num_cpus: int | None) -> None:
 
 
 def _quiet_auth_notice() -> None:
-    from npas.service.ray_adapter import AUTH_NOTICE_LOGGER
+    from npas.service.search.ray_adapter import AUTH_NOTICE_LOGGER
 
     notice = logging.getLogger(AUTH_NOTICE_LOGGER)
     if _drop_auth_enabled_notice not in notice.filters:
@@ -119,7 +119,7 @@ class _EarlyStart:
 
     def _main(self) -> None:
         try:
-            from npas.service.ray_adapter import WORKER_LOGGER
+            from npas.service.search.ray_adapter import WORKER_LOGGER
 
             quiet = logging.getLogger(WORKER_LOGGER)  # "SIGTERM handler is not set ...": npas sets its own
             level = quiet.level
@@ -161,7 +161,7 @@ def resolve_address(address: str) -> tuple[str, str]:
     if env and env != "auto":
         return env, "RAY_ADDRESS"
     if RAY_TEMP is None:
-        from npas.service.ray_adapter import cluster_record
+        from npas.service.search.ray_adapter import cluster_record
 
         record = cluster_record()
     else:
@@ -214,7 +214,7 @@ def authenticate_like_a_node() -> bool:
     token goes only to a head this machine started or joined, or where the user said to send it.
     RAY_AUTH_MODE=disabled (or anything set) is the user saying otherwise, and is kept.
     """
-    from npas.service import ray_adapter
+    from npas.service.search import ray_adapter
 
     mode = os.environ.get(ray_adapter.AUTH_MODE_ENV)
     if mode is not None:
@@ -234,7 +234,7 @@ def authenticate_like_a_node() -> bool:
 
 def _auth_refused_hint() -> str:
     """What to do about a refused token, from what this driver sent."""
-    from npas.service import ray_adapter
+    from npas.service.search import ray_adapter
 
     try:
         sent, held = ray_adapter.token_auth_enabled(), ray_adapter.token_available()
@@ -253,13 +253,13 @@ def _probe_gcs(hostport: str, origin: str, timeout_ms: int = 5000) -> None:
     """Ask the cluster's GCS for its id, as `ray.init` does first, but once and with a deadline:
     `ray.init` retries a refused token for ~20 s and then reports only "Failed to connect".
 
-    The request is `npas.service.ray_adapter.probe_gcs` (a private Ray client; no public call does
+    The request is `npas.service.search.ray_adapter.probe_gcs` (a private Ray client; no public call does
     one bounded request). Its C++ core logs each failed attempt straight to stderr; that one line is
     silenced here because npas reports the failure itself, in one line.
     """
     from ray.exceptions import AuthenticationError
 
-    from npas.service.ray_adapter import probe_gcs
+    from npas.service.search.ray_adapter import probe_gcs
 
     try:
         with _stderr_silenced():
@@ -316,7 +316,7 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-    from npas.service.worker import trainable
+    from npas.service.search.worker import trainable
 
     class _Errors(tune.Callback):
         """Keep each failed trial's error text for the study (Tune's Searcher hook gets only a flag)."""

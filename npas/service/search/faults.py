@@ -24,8 +24,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.service import optuna_adapter as adapter
-from npas.service.record import TrialAttr
+from npas.service.study import optuna_adapter as adapter
+from npas.service.study.record import TrialAttr
 
 log = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     Only the first seed reports its validation loss at each evaluation, so ASHA ranks and stops a
     trial on one seed's curve, exactly as without repeats, and decides before the other R-1 seeds
     cost anything; a trial it lets through trains the remaining seeds without reports, and the final
-    report carries the mean over all seeds (`npas.service.outcome.combine_repeats`). A seed whose run
+    report carries the mean over all seeds (`npas.service.search.outcome.combine_repeats`). A seed whose run
     fails or diverges ends the trial as failed, naming the seed: a mean without it would not be
     comparable with the other trials'.
     """
@@ -76,7 +76,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     from ray import tune
 
     from npas.allocation.config import ArchConfig
-    from npas.service.outcome import combine_repeats, repeat_seeds
+    from npas.service.search.outcome import combine_repeats, repeat_seeds
     from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
     from npas.training.recipe import Recipe
 

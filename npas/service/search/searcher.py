@@ -8,9 +8,9 @@ only this driver process writes to the database.
 
 It is the Tune protocol and nothing else. The runner reports what Tune's protocol does not carry
 (a failed trial's error text, restarts after a lost node) through `record_error`/`record_retry`;
-candidate preparation lives in `npas.service.candidate`, heartbeats and orphan recovery in
-`npas.service.faults`, objective values in `npas.service.outcome`, the sampler swap in
-`npas.service.samplers`.
+candidate preparation lives in `npas.service.search.candidate`, heartbeats and orphan recovery in
+`npas.service.search.faults`, objective values in `npas.service.search.outcome`, the sampler swap in
+`npas.service.search.samplers`.
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prin
 from ray.tune.search import Searcher  # noqa: E402
 
 from npas.allocation.space import Space  # noqa: E402
-from npas.service import faults  # noqa: E402
-from npas.service import optuna_adapter as adapter  # noqa: E402
-from npas.service.candidate import Skip, prepare  # noqa: E402
-from npas.service.outcome import (  # noqa: E402
+from npas.service.search import faults  # noqa: E402
+from npas.service.search.candidate import Skip, prepare  # noqa: E402
+from npas.service.search.outcome import (  # noqa: E402
     fidelity_constraint,
     objective_values,
     rung_attrs,
     rung_losses_attr,
     seed_attrs,
 )
-from npas.service.progress import Progress  # noqa: E402
-from npas.service.record import Constraint, TrialAttr  # noqa: E402
-from npas.service.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
-from npas.service.tally import StudyTally  # noqa: E402
+from npas.service.search.progress import Progress  # noqa: E402
+from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
+from npas.service.study import optuna_adapter as adapter  # noqa: E402
+from npas.service.study.record import Constraint, TrialAttr  # noqa: E402
+from npas.service.study.tally import StudyTally  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ import optuna
 from optuna.trial import TrialState
 
 from npas.allocation.budget import count
-from npas.service import fidelity as F
+from npas.service.certify import fidelity as F
 
 CERTIFICATE_ATTR = "fidelity_certificate"  # source study user attr, JSON
 FROM_STUDY = ("front", "sample", "baseline", "pick", "memory_matched")  # roles of trials the proxy ranked
 
 
 def _losses_by_key(linked: optuna.Study) -> dict[str, float]:
-    from npas.service.validate import V_KEY
+    from npas.service.certify.retrain import V_KEY
 
     return {str(t.user_attrs[V_KEY]): float(t.values[0])
             for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if V_KEY in t.user_attrs}

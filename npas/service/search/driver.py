@@ -7,7 +7,7 @@ stored recipe, sampler, seed and early stopping or is refused with the reason; t
 study-wide and changes only when `trials` is given, which is logged. Ray is started (and a cluster's
 address and authentication proven) before anything is written, so a driver that cannot run leaves
 the database as it found it. A space with learned sharing groups gets its layer similarity once, from
-the creating driver (`npas.service.learned`), and every later driver reads it from the record.
+the creating driver (`npas.service.search.learned`), and every later driver reads it from the record.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import optuna
 from npas import __version__
 from npas.allocation.space import Space
 from npas.errors import Interrupted, StudyError
-from npas.service import faults
-from npas.service.launch import Launch
-from npas.service.plan import (
+from npas.service.search import faults
+from npas.service.search.launch import Launch
+from npas.service.search.plan import (
     DEFAULT_TRIALS,
     SearchPlan,
     check_launch,
@@ -33,13 +33,13 @@ from npas.service.plan import (
     plan_resume,
     plan_search,
 )
-from npas.service.record import StudyAttr, StudyRecord, TrialAttr
-from npas.service.runner import check_resources, init_ray, run_trials
-from npas.service.samplers import enqueue_baselines, make_sampler
-from npas.service.searcher import NpasSearcher
-from npas.service.storage import StorageHandle, open_storage
-from npas.service.study import is_set_up, load, mark_ready, read_record, write_record
-from npas.service.worker import WorkerSpec
+from npas.service.search.runner import check_resources, init_ray, run_trials
+from npas.service.search.samplers import enqueue_baselines, make_sampler
+from npas.service.search.searcher import NpasSearcher
+from npas.service.search.worker import WorkerSpec
+from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr
+from npas.service.study.storage import StorageHandle, open_storage
+from npas.service.study.studies import is_set_up, load, mark_ready, read_record, write_record
 
 __all__ = ["DEFAULT_TRIALS", "SearchPlan", "check_space_change", "plan_search", "resume", "search"]
 
@@ -90,11 +90,11 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
 
 
 def _learn_groups(study: optuna.Study, handle: StorageHandle, plan: SearchPlan) -> dict:
-    """The creator's one look at trained weights for the learned groups (npas.service.learned).
+    """The creator's one look at trained weights for the learned groups (npas.service.search.learned).
 
     Runs after the study name is claimed, so a joiner never pretrains too: it waits on the
     pretraining marker. A failure deletes the half-made study, leaving the database as it was."""
-    from npas.service.learned import PRETRAINING_ATTR, learn_source, source_dir
+    from npas.service.search.learned import PRETRAINING_ATTR, learn_source, source_dir
 
     try:
         if plan.init is None:
@@ -153,7 +153,7 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
     misreading a partial record as a different space. A creator that pretrains the model of its
     learned groups marks it, and joiners then wait up to `PRETRAIN_WAIT_S` instead.
     """
-    from npas.service.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR
+    from npas.service.search.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR
 
     if name not in {s.study_name for s in handle.storage.get_all_studies()}:
         load(name, handle)  # raises the StudyError that lists the studies there
