@@ -380,7 +380,7 @@ def test_a_certificate_where_every_retraining_diverged_is_refused_and_not_stored
     url = f"sqlite:///{tmp_path / 'v.db'}"
     name, _ = synthetic_study(url, n=6)
     with pytest.raises(StudyError) as info:
-        V.validate(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST_PATH), storage=url,
+        V.certify(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST_PATH), storage=url,
                    retrain=lambda cfg, recipe: float("nan"))
     msg = str(info.value)
     assert "no certificate" in msg and "nothing was stored" in msg and "\n" not in msg

@@ -27,7 +27,7 @@ from npas.presentation.cli import main
 from npas.service.certify import retrain as V
 from npas.service.certify.certificate import CERTIFICATE_ATTR
 from npas.service.certify.targets import SEED_BASE
-from npas.service.study.record import Constraint, StudyRecord, TrialAttr
+from npas.service.study.record import Constraint, RetrainAttr, StudyRecord, TrialAttr
 from npas.training.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 
@@ -177,7 +177,7 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
     lst = optuna.load_study(study_name=linked, storage=url)
     done_before = lst.get_trials(states=(TrialState.COMPLETE,))
     assert len(done_before) >= 3
-    keys_before = {t.user_attrs[V.V_KEY] for t in done_before}
+    keys_before = {t.user_attrs[RetrainAttr.KEY] for t in done_before}
 
     calls = []
 
@@ -191,9 +191,9 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
     assert len(calls) == total - len(keys_before)  # nothing completed ran again
     plain = optuna.load_study(study_name=linked, storage=url)  # plain Optuna reads every number
     complete = plain.get_trials(states=(TrialState.COMPLETE,))
-    keys = [t.user_attrs[V.V_KEY] for t in complete]
+    keys = [t.user_attrs[RetrainAttr.KEY] for t in complete]
     assert len(keys) == len(set(keys)) == total
-    assert all(t.values[0] == t.user_attrs[V.V_TEST_LOSS] for t in complete)
+    assert all(t.values[0] == t.user_attrs[RetrainAttr.TEST_LOSS] for t in complete)
     assert not plain.get_trials(states=(TrialState.RUNNING,))  # the killed run's trial was failed
     assert cert["retrainings"] == total and cert["complete"] == cert["planned"]
     # a second run has nothing left to do

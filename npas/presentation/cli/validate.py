@@ -54,7 +54,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from npas.service.certify.retrain import Options, validate
+    from npas.service.certify.retrain import Options, certify
     from npas.service.study.urls import check_url
     from npas.training.recipe import load_recipe
 
@@ -74,7 +74,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line for the linked study
-    cert = validate(args.name, opts, storage=args.storage)
+    cert = certify(args.name, opts, storage=args.storage)
     print(json.dumps(cert, indent=2) if args.format == "json" else format_table(cert))
     return 0
 

@@ -367,16 +367,25 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     # nor its closing "Failed to fetch metrics" from the result files the loggers above no longer write
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     interrupted = False
+    try:
+        with sigterm_as_interrupt():  # Tune stops its trials, the searcher records them
+            tuner.fit()
+    except KeyboardInterrupt:
+        interrupted = True
+    return not interrupted and searcher.finished and not searcher.has_live
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM behaves like Ctrl-C for the duration (a search's trials or a certificate's
+    retrainings are recorded as stopped, and a rerun continues); the previous handler is restored."""
     previous = signal.getsignal(signal.SIGTERM)
 
-    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: Tune stops its trials, we record them
+    def _term(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        tuner.fit()
-    except KeyboardInterrupt:
-        interrupted = True
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return not interrupted and searcher.finished and not searcher.has_live

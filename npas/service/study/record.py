@@ -50,6 +50,24 @@ class StudyAttr(StrEnum):
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
+class RetrainAttr(StrEnum):
+    """Keys of the trials of a study's linked validation study (``"{study}:validate"``, written by
+    `npas validate`: value = test loss), readable by plain Optuna; and the linked study's own key."""
+
+    SOURCE = "source_trial"  # the searched trial the retrained allocation came from (None: not searched)
+    SEED = "seed"  # the fresh training seed of this retraining
+    RECIPE = "recipe"  # the long recipe's name
+    TEST_LOSS = "test_loss"
+    HASH = "allocation_hash"
+    KEY = "job_key"  # allocation x seed: a retraining that completed never runs again
+    ROLES = "roles"  # why it was retrained: front, sample, baseline, pick, memory_matched
+    SPLIT = "split"
+    ALLOC = "allocation"
+    DRIVER = "driver"  # the `npas validate` process that runs it (search.faults.driver_id)
+    REASON = "failure_reason"
+    SOURCE_STUDY = "source_study"  # a user attr of the linked study itself: the searched study's name
+
+
 class TrialAttr(StrEnum):
     """Keys of `trial.user_attrs`."""
 
