@@ -27,6 +27,7 @@ from npas.errors import Interrupted, StudyError
 from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
 from npas.service.search import faults
 from npas.service.search.runner import sigterm_as_interrupt
+from npas.service.search.worker import WorkerSpec
 from npas.service.study import studies
 from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
@@ -48,24 +49,18 @@ class ClusterLost(StudyError):
     exit_code = 1
 
 
-def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
-                   val_fraction: float, test_fraction: float, score_recipe: dict,
-                   reference: dict | None = None, tokenizer_json: str | None = None, glob: str | None = None,
-                   text_field: str | None = None) -> float:
+def train_and_test(cfg: ArchConfig, recipe: Recipe, *, spec: WorkerSpec, searched: Recipe,
+                   score_recipe: dict) -> float:
     """The real retraining: train under ``recipe`` (fresh seed) and return the test-split loss.
 
-    The corpus is split as the study's search split it (its recipe's ``val_fraction`` and
+    The corpus is split as the study's search split it (the `searched` recipe's ``val_fraction`` and
     ``test_fraction``), so the held-out text is the text the search never read, whatever the long
-    recipe says; ``reference`` is the study's reference chassis, as in the search's proxy runs."""
-    from npas.allocation.config import Chassis
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.data import load_known_corpus
+    recipe says; `spec` is what the search's workers got (corpus, tokenizer, reference chassis)."""
     from npas.training.forks import train_model
     from npas.training.proxy import evaluate, pick_device
 
-    corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint, tokenizer_json,
-                               glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD)
-    model, result = train_model(cfg, recipe, corpus, reference=Chassis(**reference) if reference else None)
+    corpus = spec.load_corpus(searched)
+    model, result = train_model(cfg, recipe, corpus, reference=spec.reference)
     if result.status != "ok":
         raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")
     score = Recipe.from_dict(score_recipe)
@@ -150,12 +145,8 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
         space = parse_space(record.space_text, record.space_source).bind(
             vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
             budget_scope=record.overrides.get("budget_scope"))
-        retrain = functools.partial(train_and_test, source=record.data_source, fingerprint=plan.fingerprint,
-                                    tokenizer_json=record.tokenizer_json, glob=record.data_glob,
-                                    text_field=record.text_field,
-                                    val_fraction=searched.val_fraction, test_fraction=searched.test_fraction,
-                                    score_recipe=recipe.to_dict(),
-                                    reference=space.reference_chassis.to_dict())
+        retrain = functools.partial(train_and_test, spec=WorkerSpec.of_record(record, space.reference_chassis),
+                                    searched=searched, score_recipe=recipe.to_dict())
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
@@ -185,13 +176,9 @@ def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
 def _bits_per_nat(kw: dict, score: Recipe) -> float:
     """Bits per byte of one nat per token on the test windows this certificate scores: the scored
     tokens per UTF-8 byte of those windows over ln 2 (a char model on ASCII text: 1 / ln 2)."""
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.data import load_known_corpus
     from npas.training.proxy import eval_tokens_per_byte
 
-    corpus = load_known_corpus(kw["source"], kw["val_fraction"], kw["test_fraction"], kw["fingerprint"],
-                               kw.get("tokenizer_json"), kw.get("glob") or DEFAULT_GLOB,
-                               kw.get("text_field") or DEFAULT_TEXT_FIELD)
+    corpus = kw["spec"].load_corpus(kw["searched"])
     return eval_tokens_per_byte(corpus, score, "test") / math.log(2)
 
 

@@ -25,6 +25,7 @@ from npas.allocation.space import Space
 from npas.errors import Interrupted, StudyError
 from npas.service.search import faults
 from npas.service.search.launch import Launch
+from npas.service.search.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR, learn_for_study
 from npas.service.search.plan import (
     DEFAULT_TRIALS,
     SearchPlan,
@@ -66,7 +67,7 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
                                       directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
         return _join(plan, handle)
-    learned = _learn_groups(created, handle, plan) if space.learns_groups else None
+    learned = learn_for_study(created, handle, plan) if space.learns_groups else None
     if learned is not None:
         space = space.with_similarity(learned["similarity"])
         plan = dataclasses.replace(plan, space=space)
@@ -87,23 +88,6 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
     mark_ready(created)  # last: a driver joining by name waits for this
     _run(created, handle, plan, record, record.target_trials, cpus)
     return created
-
-
-def _learn_groups(study: optuna.Study, handle: StorageHandle, plan: SearchPlan) -> dict:
-    """The creator's one look at trained weights for the learned groups (npas.service.search.learned).
-
-    Runs after the study name is claimed, so a joiner never pretrains too: it waits on the
-    pretraining marker. A failure deletes the half-made study, leaving the database as it was."""
-    from npas.service.search.learned import PRETRAINING_ATTR, learn_source, source_dir
-
-    try:
-        if plan.init is None:
-            study.set_user_attr(PRETRAINING_ATTR, True)
-        return learn_source(plan.space, plan.init, plan.recipe, plan.corpus,
-                            source_dir(study.study_name, handle.sqlite_path))
-    except BaseException:
-        optuna.delete_study(study_name=study.study_name, storage=handle.storage)
-        raise
 
 
 def _prove_ray(plan: SearchPlan) -> float:
@@ -153,8 +137,6 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
     misreading a partial record as a different space. A creator that pretrains the model of its
     learned groups marks it, and joiners then wait up to `PRETRAIN_WAIT_S` instead.
     """
-    from npas.service.search.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR
-
     if name not in {s.study_name for s in handle.storage.get_all_studies()}:
         load(name, handle)  # raises the StudyError that lists the studies there
     study = optuna.load_study(study_name=name, storage=handle.storage)

@@ -15,6 +15,7 @@ from npas.allocation.config import Chassis
 from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
 
 if TYPE_CHECKING:
+    from npas.service.study.record import StudyRecord
     from npas.training.data import Corpus
     from npas.training.recipe import Recipe
 
@@ -46,6 +47,14 @@ class WorkerSpec:
                    tokenizer_json=corpus.tokenizer.to_json(), tokenizer_fingerprint=corpus.tokenizer.fingerprint,
                    glob=corpus.glob, text_field=corpus.text_field, reference=reference, repeats=repeats,
                    init_from=None if init is None else dict(init), corpus=corpus if embed else None)
+
+    @classmethod
+    def of_record(cls, record: StudyRecord, reference: Chassis | None) -> WorkerSpec:
+        """The spec of a stored study, read from its record alone (the certificate's retrainings)."""
+        return cls(fingerprint=record.data_fingerprint, source=record.data_source,
+                   tokenizer_json=record.tokenizer_json, glob=record.data_glob or DEFAULT_GLOB,
+                   text_field=record.text_field or DEFAULT_TEXT_FIELD, reference=reference,
+                   repeats=record.repeats, init_from=record.init_from)
 
     @classmethod
     def embedded(cls, corpus: Corpus) -> WorkerSpec:
