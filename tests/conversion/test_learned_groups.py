@@ -259,7 +259,8 @@ def test_a_joiner_waits_past_the_setup_limit_while_the_creator_pretrains(tmp_pat
 
 def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
     """The creator deletes the study it claimed when the pretraining fails, so the name is free again."""
-    from npas.service.search import driver
+    from npas.service.search import learned
+    from npas.service.search.plan import SearchPlan
     from npas.service.study.storage import open_storage
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe, load_recipe
@@ -271,5 +272,5 @@ def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
     diverges = Recipe.from_dict({**load_recipe(FAST).to_dict(), "lr": 1e6, "min_lr": 1e5, "steps": 20})
     corpus = load_corpus(None, diverges.val_fraction, diverges.test_fraction)
     with pytest.raises(StudyError, match="pretraining the reference for learned groups failed.*--init-from"):
-        driver._learn_groups(study, handle, space, None, diverges, corpus)
+        learned.learn_for_study(study, handle, SearchPlan(space=space, recipe=diverges, corpus=corpus, study_name="f"))
     assert "f" not in [s.study_name for s in handle.storage.get_all_studies()]

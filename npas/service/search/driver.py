@@ -1,5 +1,7 @@
 """`npas.search` and `npas.resume`: launch, join or continue a study, the Python API behind the CLI.
 
+`search(plan)` runs a `SearchPlan` (`npas.service.search.plan`), whose checks have all run; a resume
+and a joining driver rebuild the same kind of plan from the study's record (`plan_resume`).
 Everything a resume needs is written into the study when it is created (its `StudyRecord`), so
 `resume(name)` needs nothing but the name and the storage URL. The record is the truth for every
 later driver: a joiner (`search --study NAME` on an existing study) or a resume either matches the
@@ -24,8 +26,8 @@ from npas import __version__
 from npas.allocation.space import Space
 from npas.errors import Interrupted, StudyError
 from npas.service.search import faults
+from npas.service.search import learned as groups
 from npas.service.search.launch import Launch
-from npas.service.search.learned import PRETRAIN_WAIT_S, PRETRAINING_ATTR, learn_for_study
 from npas.service.search.plan import (
     DEFAULT_TRIALS,
     SearchPlan,
@@ -67,7 +69,7 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
                                       directions=["minimize"] * len(space.objectives), sampler=chosen)
     except optuna.exceptions.DuplicatedStudyError:
         return _join(plan, handle)
-    learned = learn_for_study(created, handle, plan) if space.learns_groups else None
+    learned = groups.learn_for_study(created, handle, plan) if space.learns_groups else None
     if learned is not None:
         space = space.with_similarity(learned["similarity"])
         plan = dataclasses.replace(plan, space=space)
@@ -142,7 +144,7 @@ def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
     study = optuna.load_study(study_name=name, storage=handle.storage)
     start = time.monotonic()
     while not is_set_up(study):
-        limit = PRETRAIN_WAIT_S if study.user_attrs.get(PRETRAINING_ATTR) else SETUP_WAIT_S
+        limit = groups.PRETRAIN_WAIT_S if study.user_attrs.get(groups.PRETRAINING_ATTR) else SETUP_WAIT_S
         if time.monotonic() - start > limit:
             raise StudyError(f"study {name!r} in {handle.redacted} was never fully set up (the driver that "
                              f"created it stopped during set-up); pick another --study name, or delete it with "
