@@ -5,7 +5,7 @@
     python bench/driver_scale.py --quick         # 200 trials (windows 1-50 vs 151-200), 2 drivers x 20
     python bench/driver_scale.py --db sqlite --samplers random --trials 500
 
-No model is trained and Ray is not started. The REAL searcher (`npas.service.searcher.NpasSearcher`) is driven
+No model is trained and Ray is not started. The REAL searcher (`npas.service.search.searcher.NpasSearcher`) is driven
 through Ray Tune's Searcher protocol (suggest, then on_trial_complete) exactly as the runner drives it, with a
 SYNTHETIC result (a loss derived from the allocation hash), on the frozen bench space
 bench/spaces/full_frozen.yaml: baselines enqueued first, infeasible and duplicate asks told as the searcher
@@ -249,7 +249,7 @@ def drivers_run(n_drivers: int, per_driver: int, space: Space) -> bool:
 
 
 def quiet() -> None:
-    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.faults)."""
+    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.search.faults)."""
     warnings.filterwarnings("ignore", message="Heartbeat of storage")
 
 

@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
               f"plain 2-process = {statistics.mean(r.wall_s for r in rows) / statistics.mean(pair_walls):.2f}x")
     if profile:
         print(f"  searcher per trial (NpasSearcher on SQLite, no Ray): suggest {ask_ms:.1f} ms, on_trial_complete "
-              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.service.searcher {tune_import_s:.1f} s")
+              f"{tell_ms:.1f} ms (median); importing ray.tune + npas.service.search.searcher {tune_import_s:.1f} s")
         for label, v in probe.items():
             print(f"  ray probe: {label:<56}{v:>6.2f} s")
     print(f"load average {load0:.2f} -> {load1:.2f}")

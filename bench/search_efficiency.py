@@ -17,16 +17,16 @@ computed from its fitted allocation, so the bench measures the samplers, not the
                   +0.10 |front| when back-heavy (taper `reverse` is penalised)
   objective 2: train_memory_bytes, exact, from `npas.count` with the `proxy` recipe's batch and seq_len
       (the value a real search records for that objective).
-Trials are asked and told in-process the way `npas.service.searcher.NpasSearcher` does (without Ray): the
+Trials are asked and told in-process the way `npas.service.search.searcher.NpasSearcher` does (without Ray): the
 space's baselines are enqueued first; infeasible candidates are told COMPLETE with a violated `fit`
-constraint when the sampler learns from constraints (TPE: `npas.service.samplers.learns_from_infeasible`),
+constraint when the sampler learns from constraints (TPE: `npas.service.search.samplers.learns_from_infeasible`),
 FAIL otherwise (`--infeasible-as fail` forces FAIL, the behaviour before); duplicates of an evaluated
 allocation are told FAIL; neither counts; each counted trial gets the budget and fidelity constraints.
 The space is a frozen copy of search_spaces/full.yaml (bench/spaces/full_frozen.yaml), so the baseline
 does not move when the shipped space grows. The fraction of asks that were infeasible is printed per sampler. Samplers
-come from `npas.service.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
+come from `npas.service.search.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
-Hypervolume: Optuna's exact hypervolume (through `npas.service.optuna_adapter`) (what npas/dashboard/info.py
+Hypervolume: Optuna's exact hypervolume (through `npas.service.study.optuna_adapter`) (what npas/dashboard/info.py
 uses), on objectives scaled as there (best value seen -> 0, reference point -> 1), with ONE ideal and
 reference point for every run (best and worst x 1.1 over all points of all runs), so all numbers are
 comparable. random@N is the first N counted trials of the random run that goes to 3N (a random

@@ -27,9 +27,11 @@ _LAZY = {
     "load_corpus": "npas.training.data",
     "load_recipe": "npas.training.recipe",
     "run_proxy": "npas.training.forks",  # cosine recipes run npas.training.proxy's loop as ever
-    "search": "npas.service.driver",
-    "resume": "npas.service.driver",
-    "export": "npas.service.exporter",
+    "search": "npas.service.search.driver",
+    "SearchPlan": "npas.service.search.plan",
+    "plan_search": "npas.service.search.plan",
+    "resume": "npas.service.search.driver",
+    "export": "npas.service.export.exporter",
 }
 
 

@@ -56,7 +56,8 @@ class RayError(NpasError):
 
 
 class Interrupted(StudyError):
-    """The search was stopped by SIGINT/SIGTERM; running trials were recorded and re-enqueued."""
+    """A search (running trials recorded and re-enqueued) or a certificate's retrainings (completed
+    ones kept) stopped by SIGINT/SIGTERM; rerunning the same command continues."""
 
     exit_code = 130  # the shell's convention for a run stopped by Ctrl-C
 

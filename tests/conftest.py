@@ -151,7 +151,7 @@ def record_launches(monkeypatch: pytest.MonkeyPatch) -> dict:
     """From now on the driver launches nothing: its run_trials records the keywords it was called with
     into the returned dict and marks the searcher finished. For tests of what search/resume pass on to
     the trials (stored settings a resume must keep) without running any."""
-    from npas.service import driver
+    from npas.service.search import driver
 
     seen: dict = {}
 

@@ -33,8 +33,8 @@ NAME = "smoke"
 def run_smoke_search(url: str) -> optuna.Study:
     """The real search the fixture is taken from (real Ray, real SQLite). Needs Ray up, or starts one."""
     import npas
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import search
+    from npas.service.search.launch import Launch
 
     return search(npas.load_space(TINY), trials=6, study=NAME, storage=url, recipe=FAST, seed=1,
                   launch=Launch(workers=2, early_stop=False))

@@ -168,14 +168,14 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 def run_validate(setup: common.Setup, score: Recipe, work: Path, url: str, top: int, seeds: int):
     import time
 
-    from npas import ValidateOptions as Options
-    from npas import validate
+    from npas import CertifyOptions as Options
+    from npas import certify
 
     rpath = work / "validate.yaml"
     rpath.write_text(score.to_yaml())
     t0 = time.perf_counter()
-    cert = validate(STUDY, Options(pick="knee", top=top, sample=0, recipe=str(rpath), seeds=seeds,
-                                   workers=setup.workers, threads=1), storage=url)
+    cert = certify(STUDY, Options(pick="knee", top=top, sample=0, recipe=str(rpath), seeds=seeds,
+                                  workers=setup.workers, threads=1), storage=url)
     searches.shutdown_ray()
     return cert, round(time.perf_counter() - t0, 1)
 

@@ -105,7 +105,7 @@ class Space:
     overrides: dict[str, Any] = field(default_factory=dict)  # vocab_size / budget / budget_scope bound at launch
     budget_scope: str = "all"  # all | non_embedding: which stored parameters the budget caps
     # (L, L) similarity of the reference's trained layers, for the learned tying / bank modes. Not in the
-    # file and not in `hash`: the study supplies it (npas.service.learned) and records it itself.
+    # file and not in `hash`: the study supplies it (npas.service.search.learned) and records it itself.
     similarity: Similarity | None = None
 
     @property

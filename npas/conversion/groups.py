@@ -10,7 +10,7 @@ the caller's knob; groups need not be contiguous.
 
 `tying.mode: learned` and `pools.rule: learned` cluster with this similarity: `npas search` computes
 it once per study (`similarity_of` on the --init-from model, or on the reference it pretrains once,
-see `npas.service.learned`), stores the matrix in the study record, and the space carries it
+see `npas.service.search.learned`), stores the matrix in the study record, and the space carries it
 (`Space.with_similarity`) so a candidate stays a pure function of the space and its knob values. The
 clustering itself (`npas.allocation.fit.groups_from_similarity`) needs no torch.
 """

@@ -20,7 +20,7 @@ from torch import Tensor
 from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import convert_model, convertible_problems
-from npas.conversion.directory import fingerprint_weights
+from npas.conversion.directory import MODEL_FILE, fingerprint_weights
 from npas.errors import ConfigError, DataError, StudyError
 
 
@@ -47,7 +47,7 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
     reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus).
     `dense_dir` is an npas model directory or a Hugging Face LLaMA checkpoint (`hf_source`)."""
     d = Path(dense_dir).expanduser().resolve()
-    _, tokenizer, cfg = _load(d)
+    _, tokenizer, cfg, weights = read_source(d)
     if tokenizer is None:  # a checkpoint without tokenizer.json: the user's --tokenizer, if its ids fit
         if corpus.tokenizer.vocab_size != cfg.chassis.vocab_size:
             raise DataError(f"--init-from {dense_dir} has no tokenizer.json and its vocab_size is "
@@ -68,7 +68,7 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
             chassis = yaml.safe_dump(cfg.chassis.to_dict(), default_flow_style=True, width=1 << 16).strip()
             problems.append(f"give the space the checkpoint's chassis: {chassis}")
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    return {"dir": str(d), "weights": _fingerprint(d), "config_hash": cfg.hash}
+    return {"dir": str(d), "weights": weights, "config_hash": cfg.hash}
 
 
 def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
@@ -107,12 +107,31 @@ def check_same_source(study_name: str, stored: dict | None, given: dict | None) 
                          "pass the original model, or start a new study")
 
 
+def read_source(directory: str | Path) -> tuple[Any, Any, ArchConfig, str]:
+    """(model, tokenizer, config, weights fingerprint) of a trained directory, read and hashed once
+    per process (a driver's plan, its learned groups and each worker's trials all ask): the cache is
+    keyed by the weights file's path, size and modification time, so a replaced model is read again."""
+    d = Path(directory).expanduser().resolve()
+    try:  # an npas directory's weights file, or every safetensors shard of a Hugging Face checkpoint
+        files = [d / MODEL_FILE] if (d / MODEL_FILE).exists() else sorted(d.glob("*.safetensors")) or [d / MODEL_FILE]
+        stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except OSError:
+        stamp = None  # missing: the loader says why, in its own words
+    return _read_source(str(d), stamp)
+
+
 @functools.lru_cache(maxsize=2)
+def _read_source(directory: str, stamp: tuple | None) -> tuple[Any, Any, ArchConfig, str]:
+    model, tokenizer, cfg = _load(directory)
+    return model, tokenizer, cfg, _fingerprint(directory)
+
+
 def _source(directory: str, weights: str):
-    if _fingerprint(directory) != weights:
+    model, _, _, held = read_source(directory)
+    if held != weights:
         raise DataError(f"{directory} here holds other weights than the study started from ({weights}); give "
                         "every node the same model")
-    return _load(directory)[0]
+    return model
 
 
 def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64

@@ -63,7 +63,7 @@ class Recipe:
     rungs: tuple[int, ...] | None = None  # wsd: lengths scored by forks; None = horizon/16, /4, /1 (<= steps)
 
     def __post_init__(self) -> None:
-        problems = validate(asdict(self))
+        problems = recipe_problems(asdict(self))
         if problems:
             raise ConfigError(format_problems(f"recipe {self.name!r}", problems))
         for f in _FLOAT_FIELDS:  # YAML 1.1 reads 3e-4 as text; store numbers
@@ -172,7 +172,7 @@ class Recipe:
             # a recipe stored before version 2 (e.g. in a study) trained with one learning rate:
             # keep it that way, so a resumed study does not change training half-way
             d = {**d, "parameterization": "uniform"}
-        problems = validate(d)
+        problems = recipe_problems(d)
         if problems:
             raise ConfigError(format_problems(source, problems))
         return cls(**d)
@@ -206,7 +206,7 @@ def _as_float(v: Any) -> float | None:
     return None
 
 
-def validate(d: dict[str, Any]) -> list[str]:
+def recipe_problems(d: dict[str, Any]) -> list[str]:
     """Every problem of a recipe mapping, one line each; empty when it is valid."""
     problems: list[str] = []
     for key in d:

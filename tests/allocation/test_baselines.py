@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from npas.allocation.space_parser import load_space, parse_space
-from npas.service.record import TrialAttr
-from npas.service.samplers import baseline_fixed, enqueue_baselines
+from npas.service.search.samplers import baseline_fixed, enqueue_baselines
+from npas.service.study.record import TrialAttr
 from tests.conftest import SPACES, small_space
 
 

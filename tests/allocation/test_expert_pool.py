@@ -290,8 +290,8 @@ def test_front_table_with_flops_as_an_objective():
     # expert_pool.yaml's objectives include flops_per_token, which the front also lists as accounting:
     # one column, printable (the search's closing table crashed on the duplicate)
     from npas.presentation.cli.units import humanize
-    from npas.service.record import TrialAttr
-    from npas.service.study import front_frame
+    from npas.service.study.record import TrialAttr
+    from npas.service.study.studies import front_frame
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     study.set_metric_names(["val_loss", "flops_per_token"])

@@ -13,13 +13,13 @@ from optuna.trial import TrialState
 
 from npas.errors import StudyError
 from npas.presentation.dashboard.info import pareto_info, summary_info
-from npas.service.picks import pick
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.samplers import learns_from_infeasible, make_sampler
-from npas.service.searcher import NpasSearcher
-from npas.service.study import counts_toward_target, front_trials, same_key, status, was_evaluated
-from npas.service.tally import StudyTally
-from npas.service.validate_plan import Options, make_plan
+from npas.service.certify.targets import Options, make_plan
+from npas.service.export.picks import pick
+from npas.service.search.samplers import learns_from_infeasible, make_sampler
+from npas.service.search.searcher import NpasSearcher
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.studies import counts_toward_target, front_trials, same_key, status, was_evaluated
+from npas.service.study.tally import StudyTally
 from npas.training.recipe import load_recipe
 from tests.conftest import ROOT
 from tests.service.test_searcher import drive

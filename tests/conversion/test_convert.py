@@ -341,9 +341,9 @@ def test_search_init_from_starts_trials_from_the_model_and_pins_it(ray_local, tm
     import npas
     from npas.conversion.directory import fingerprint_weights
     from npas.errors import StudyError
-    from npas.service.driver import resume, search
-    from npas.service.launch import Launch
-    from npas.service.record import StudyAttr, TrialAttr
+    from npas.service.search.driver import resume, search
+    from npas.service.search.launch import Launch
+    from npas.service.study.record import StudyAttr, TrialAttr
 
     dense_val = _train_tiny(tmp_path / "dense", 200)
     _train_tiny(tmp_path / "other", 20, seed=1)

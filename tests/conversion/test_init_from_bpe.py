@@ -108,7 +108,7 @@ def test_convert_and_continue_a_bpe_model(bpe_dir: Path, tmp_path: Path, capsys)
 
 @pytest.mark.slow
 def test_cli_search_from_a_bpe_model_completes_trials(bpe_dir: Path, text: str, tmp_path: Path) -> None:
-    from npas.service.record import StudyAttr, TrialAttr
+    from npas.service.study.record import StudyAttr, TrialAttr
 
     db = tmp_path / "bpe.db"
     out = subprocess.run([sys.executable, "-m", "npas", "search", str(TINY), "--init-from", str(bpe_dir),

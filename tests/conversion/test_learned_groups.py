@@ -17,7 +17,7 @@ from npas.allocation.config import reference_config
 from npas.allocation.fit import groups_from_similarity
 from npas.allocation.space_parser import parse_space
 from npas.errors import SpaceError, StudyError
-from npas.service.record import StudyAttr, StudyRecord, TrialAttr
+from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr
 from tests.conftest import ROOT
 
 FAST = str(ROOT / "tests" / "data" / "fast.yaml")
@@ -177,8 +177,8 @@ def _learned_trials(study) -> list:
 def test_search_with_init_from_records_the_similarity_and_trials_follow_it(ray_local, tmp_path):
     from npas.conversion.directory import fingerprint_weights
     from npas.conversion.groups import similarity_of
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import search
+    from npas.service.search.launch import Launch
 
     dense = _trained(tmp_path / "dense")
     url = f"sqlite:///{tmp_path}/npas.db"
@@ -200,8 +200,8 @@ def test_search_with_init_from_records_the_similarity_and_trials_follow_it(ray_l
 def test_search_without_a_model_pretrains_once_and_resume_reuses_it(ray_local, tmp_path):
     from npas.conversion.directory import fingerprint_weights
     from npas.conversion.groups import similarity_of
-    from npas.service.driver import resume, search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import resume, search
+    from npas.service.search.launch import Launch
 
     url = f"sqlite:///{tmp_path}/db/npas.db"
     text = space_text("  pools: {enabled: true, rule: learned, banks: [2, 3], generator: slice}\n", n_layers=4)
@@ -229,7 +229,7 @@ def test_search_without_a_model_pretrains_once_and_resume_reuses_it(ray_local, t
         for bank in cfg.banks:
             assert len({clusters[b] for b, _ in bank.members}) == 1
     with pytest.raises(StudyError, match="recorded no learned groups"):
-        from npas.service.learned import attach
+        from npas.service.search.learned import attach
 
         attach(parse_space(text), None, "cold")
 
@@ -238,8 +238,8 @@ def test_a_joiner_waits_past_the_setup_limit_while_the_creator_pretrains(tmp_pat
     import threading
     import time
 
-    from npas.service import driver, learned
-    from npas.service.storage import open_storage
+    from npas.service.search import driver, learned
+    from npas.service.study.storage import open_storage
 
     url = f"sqlite:///{tmp_path / 'p.db'}"
     study = optuna.create_study(study_name="p", storage=open_storage(url).storage)
@@ -259,8 +259,9 @@ def test_a_joiner_waits_past_the_setup_limit_while_the_creator_pretrains(tmp_pat
 
 def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
     """The creator deletes the study it claimed when the pretraining fails, so the name is free again."""
-    from npas.service import driver
-    from npas.service.storage import open_storage
+    from npas.service.search import learned
+    from npas.service.search.plan import SearchPlan
+    from npas.service.study.storage import open_storage
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe, load_recipe
 
@@ -271,5 +272,5 @@ def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
     diverges = Recipe.from_dict({**load_recipe(FAST).to_dict(), "lr": 1e6, "min_lr": 1e5, "steps": 20})
     corpus = load_corpus(None, diverges.val_fraction, diverges.test_fraction)
     with pytest.raises(StudyError, match="pretraining the reference for learned groups failed.*--init-from"):
-        driver._learn_groups(study, handle, space, None, diverges, corpus)
+        learned.learn_for_study(study, handle, SearchPlan(space=space, recipe=diverges, corpus=corpus, study_name="f"))
     assert "f" not in [s.study_name for s in handle.storage.get_all_studies()]

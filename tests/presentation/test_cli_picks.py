@@ -18,8 +18,8 @@ from npas.allocation.budget import count
 from npas.allocation.config import reference_config
 from npas.presentation.cli import main
 from npas.presentation.cli.units import human_bytes, human_count
-from npas.service.picks import MEMORY_OBJECTIVES, OTHER_OBJECTIVES, pick
-from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.export.picks import MEMORY_OBJECTIVES, OTHER_OBJECTIVES, pick
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from tests.conftest import ROOT
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"

@@ -17,14 +17,14 @@ import pytest
 
 from npas.allocation.space_parser import parse_space
 from npas.presentation.cli import main
-from npas.service.record import TrialAttr
-from npas.service.samplers import (
+from npas.service.search.samplers import (
     baseline_fixed,
     enqueue_baselines,
     make_sampler,
     modelled_knobs,
     split_baseline,
 )
+from npas.service.study.record import TrialAttr
 from tests.conftest import ROOT
 
 SPACE = """
@@ -112,7 +112,7 @@ def test_gp_needs_scipy_and_it_is_a_declared_dependency():
 
 
 def test_cli_says_what_gp_samples_independently(tmp_path, capsys, monkeypatch):
-    import npas.service.runner as runner
+    import npas.service.search.runner as runner
 
     def no_ray(*_a, **_k):
         raise RuntimeError("stop before Ray")

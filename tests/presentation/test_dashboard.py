@@ -37,8 +37,8 @@ from npas.presentation.dashboard import (
     trials_frame,
     write_report,
 )
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.study import front_trials, is_full_fidelity, status
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.studies import front_trials, is_full_fidelity, status
 from tests.conftest import ROOT
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -56,7 +56,7 @@ def smoke(smoke_study):
 
 
 def npas_attrs(study: optuna.Study) -> None:
-    """The study attributes `npas search` writes, enough for the dashboard and `npas.service.study.load`."""
+    """The study attributes `npas search` writes, enough for the dashboard and `npas.service.study.studies.load`."""
     space = npas.load_space(TINY)
     study.set_metric_names(list(space.objectives))
     for k, v in {StudyAttr.SPACE_TEXT: space.text, StudyAttr.SPACE_NAME: space.name, StudyAttr.BUDGET: space.budget_params,

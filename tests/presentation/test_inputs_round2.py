@@ -372,15 +372,15 @@ def test_a_certificate_where_every_retraining_diverged_is_refused_and_not_stored
     import optuna
 
     from npas.errors import StudyError
-    from npas.service import validate as V
-    from npas.service.certificate import CERTIFICATE_ATTR
-    from npas.service.validate_plan import Options
+    from npas.service.certify import retrain as V
+    from npas.service.certify.certificate import CERTIFICATE_ATTR
+    from npas.service.certify.targets import Options
     from tests.service.test_validate import synthetic_study
 
     url = f"sqlite:///{tmp_path / 'v.db'}"
     name, _ = synthetic_study(url, n=6)
     with pytest.raises(StudyError) as info:
-        V.validate(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST_PATH), storage=url,
+        V.certify(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST_PATH), storage=url,
                    retrain=lambda cfg, recipe: float("nan"))
     msg = str(info.value)
     assert "no certificate" in msg and "nothing was stored" in msg and "\n" not in msg
@@ -392,8 +392,8 @@ def test_validate_where_every_retraining_diverged_exits_2_in_one_line(tmp_path, 
     by one that diverges (a real one takes minutes); everything else, the linked study included, is real."""
     import optuna
 
-    from npas.service import validate as V
-    from npas.service.certificate import CERTIFICATE_ATTR
+    from npas.service.certify import retrain as V
+    from npas.service.certify.certificate import CERTIFICATE_ATTR
     from tests.service.test_validate import synthetic_study
 
     url = f"sqlite:///{tmp_path / 'v.db'}"
@@ -409,7 +409,7 @@ def test_validate_where_every_retraining_diverged_exits_2_in_one_line(tmp_path, 
 
 @pytest.mark.parametrize("study", ["../../x", "a" * 300])
 def test_the_python_api_refuses_an_unsafe_study_name_before_ray_and_the_database(study, guarded):  # noqa: F811
-    """`npas.search(study=...)` checks the name as the CLI does (npas.service.names), before Ray starts
+    """`npas.search(study=...)` checks the name as the CLI does (npas.service.study.names), before Ray starts
     (the `guarded` fixture fails the test if it does) and before the database exists."""
     import npas
     from npas.errors import StudyError

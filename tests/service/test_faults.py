@@ -22,8 +22,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from npas.service.record import TrialAttr
-from npas.service.study import counts_toward_target, status
+from npas.service.study.record import TrialAttr
+from npas.service.study.studies import counts_toward_target, status
 from tests.conftest import ROOT
 from tests.service.test_search import NEEDS_PG, PG_URL, STORAGES
 
@@ -302,7 +302,7 @@ def test_an_address_nobody_answers_fails_fast_and_writes_nothing(tmp_path):
 SIGINT_BETWEEN_TRIALS = """
 import pathlib, sys, time
 from npas.presentation.cli import main
-from npas.service.searcher import NpasSearcher
+from npas.service.search.searcher import NpasSearcher
 
 marker, real = pathlib.Path(sys.argv[1]), NpasSearcher.suggest
 

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from npas.service import fidelity as F
+from npas.service.certify import fidelity as F
+from npas.service.study import noise as N
 
 
 def test_rank_correlation_point_values_and_seeded_intervals():
@@ -35,16 +36,16 @@ def test_seed_noise_paired_std_and_snr_by_construction():
     private = np.array([[0.1, -0.1, -0.1, 0.1], [-0.1, 0.1, 0.1, -0.1], [0.1, 0.1, -0.1, -0.1]])
     losses = np.array([[0.0], [1.0], [2.0]]) + seed_effect + private
     within = math.sqrt(np.mean(np.var(losses, axis=1, ddof=1)))
-    assert F.seed_std(losses) == pytest.approx(within)
-    assert F.paired_std(losses) < F.seed_std(losses)  # pairing cancels the shared seed effect
+    assert N.pooled_seed_std(losses) == pytest.approx(within)
+    assert N.paired_std(losses) < N.pooled_seed_std(losses)  # pairing cancels the shared seed effect
     means = losses.mean(axis=1)
-    assert F.signal_to_noise(losses) == pytest.approx(np.std(means, ddof=1) / (within / 2))
-    assert F.seed_std([[1.0], [2.0]]) is None and F.signal_to_noise([[1.0], [2.0]]) is None
+    assert N.signal_to_noise(losses) == pytest.approx(np.std(means, ddof=1) / (within / 2))
+    assert N.pooled_seed_std([[1.0], [2.0]]) is None and N.signal_to_noise([[1.0], [2.0]]) is None
 
 
 def test_signal_to_noise_of_pure_noise_is_about_one():
     rng = np.random.default_rng(3)
-    snrs = [F.signal_to_noise(rng.normal(size=(30, 4))) for _ in range(50)]
+    snrs = [N.signal_to_noise(rng.normal(size=(30, 4))) for _ in range(50)]
     assert 0.85 < float(np.median(snrs)) < 1.15
 
 

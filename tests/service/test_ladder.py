@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from npas.service.ladder import (
+from npas.service.search.ladder import (
     DEFAULT_SEED_STD,
     MIN_RESIDUAL_PAIRS,
     Ladder,
@@ -100,7 +100,7 @@ def test_rung_pairs_pair_a_trials_losses_at_consecutive_rungs():
 
 
 def test_the_rung_to_rung_agreement_is_suppressed_below_ten_pairs():
-    from npas.service.ladder import MIN_TAU_PAIRS, agreement
+    from npas.service.search.ladder import MIN_TAU_PAIRS, agreement
 
     ladder = Ladder(rungs=(1, 2), eta=2)
     for i in range(MIN_TAU_PAIRS - 1):

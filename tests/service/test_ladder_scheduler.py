@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from npas.service.ladder_scheduler import LadderScheduler
+from npas.service.search.ladder_scheduler import LadderScheduler
 
 RUNGS = (4, 16, 64)
 A = [0.5, 0.1, 0.9, 0.3, 0.7, 0.2, 0.8, 0.4, 0.6]  # each trial's toy loss is a + 1/step: order fixed by a

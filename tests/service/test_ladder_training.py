@@ -49,7 +49,7 @@ def test_a_ladder_of_real_wsd_runs_resumes_bitwise_and_trains_nothing_twice(ray_
 
     monkeypatch.setenv("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # a checkpoint per rung is the point
 
-    from npas.service.ladder_scheduler import LadderScheduler
+    from npas.service.search.ladder_scheduler import LadderScheduler
     from npas.training import climb
     from npas.training.data import load_corpus
 

@@ -8,11 +8,11 @@ import pytest
 
 import npas
 from npas.allocation.config import ArchConfig
-from npas.service.driver import search
-from npas.service.exporter import write_export
-from npas.service.launch import Launch
-from npas.service.picks import pick
-from npas.service.record import TrialAttr
+from npas.service.export.exporter import write_export
+from npas.service.export.picks import pick
+from npas.service.search.driver import search
+from npas.service.search.launch import Launch
+from npas.service.study.record import TrialAttr
 from tests.conftest import ROOT
 from tests.service.test_search import FAST
 

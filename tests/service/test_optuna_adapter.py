@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from npas.service import optuna_adapter as adapter
+from npas.service.study import optuna_adapter as adapter
 from tests.conftest import ROOT
 
 
@@ -24,7 +24,7 @@ def test_installed_optuna_is_in_the_declared_range():
     lo, hi = (int(x) for x in re.fullmatch(r"optuna>=(\d+)(?:\.\d+)*,<(\d+)", spec).groups())
     assert (lo, hi) == adapter.SUPPORTED_OPTUNA, "update optuna_adapter.SUPPORTED_OPTUNA with pyproject.toml"
     major = int(optuna.__version__.split(".")[0])
-    assert lo <= major < hi, f"optuna {optuna.__version__} is outside {spec}: re-check npas.service.optuna_adapter"
+    assert lo <= major < hi, f"optuna {optuna.__version__} is outside {spec}: re-check npas.service.study.optuna_adapter"
 
 
 @pytest.fixture

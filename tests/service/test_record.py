@@ -6,9 +6,9 @@ import optuna
 import pytest
 
 from npas.errors import StudyError
-from npas.service.record import StudyAttr, StudyRecord
-from npas.service.storage import open_storage
-from npas.service.study import load, read_record, write_record
+from npas.service.study.record import StudyAttr, StudyRecord
+from npas.service.study.storage import open_storage
+from npas.service.study.studies import load, read_record, write_record
 
 RECORD = StudyRecord(
     version="0.1.0", space_text="name: t\n", space_hash="h", space_name="t", space_source="t.yaml",
@@ -57,7 +57,7 @@ def test_resume_refuses_a_study_whose_text_was_split_differently(tmp_path):
     from dataclasses import replace
 
     import npas
-    from npas.service.driver import resume
+    from npas.service.search.driver import resume
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
 

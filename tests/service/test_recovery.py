@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from npas.service import faults
-from npas.service import optuna_adapter as adapter
-from npas.service.record import TrialAttr
+from npas.service.search import faults
+from npas.service.study import optuna_adapter as adapter
+from npas.service.study.record import TrialAttr
 
 
 @pytest.fixture

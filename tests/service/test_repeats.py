@@ -16,11 +16,11 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig, reference_config
 from npas.errors import StudyError
 from npas.presentation.cli import main
-from npas.service.driver import resume, search
-from npas.service.launch import Launch
-from npas.service.outcome import combine_repeats, repeat_seeds
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.study import read_record
+from npas.service.search.driver import resume, search
+from npas.service.search.launch import Launch
+from npas.service.search.outcome import combine_repeats, repeat_seeds
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.studies import read_record
 from npas.training.data import load_corpus
 from npas.training.proxy import run_proxy
 from npas.training.recipe import Recipe, load_recipe
@@ -115,7 +115,7 @@ def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsy
     st, url = repeated
     seen = record_launches(monkeypatch)
     resume("rep", storage=url, launch=Launch(workers=1))
-    assert seen["corpus_payload"]["repeats"] == 2  # what every trainable receives
+    assert seen["worker"].repeats == 2  # what every trainable receives
     with pytest.raises(StudyError, match=r"trains each trial on 2 seed\(s\) \(--repeats 2\), not 3"):
         resume("rep", storage=url, repeats=3, launch=Launch(workers=1))
     with pytest.raises(StudyError, match=r"--repeats 1 \(the study's is 2\)"):
@@ -129,7 +129,7 @@ def test_resume_and_joiners_keep_the_stored_repeats(repeated, monkeypatch, capsy
 def test_resume_with_a_changed_space_needs_allow_space_change(repeated, tmp_path, monkeypatch, capsys):
     """`npas resume --space F` with another space is refused in one line that names the flag; with
     `--allow-space-change` the resumed trials are sampled from the new space, not the stored one."""
-    from npas.service import driver
+    from npas.service.search import driver
 
     st, url = repeated
     changed = tmp_path / "changed.yaml"
@@ -247,7 +247,7 @@ def test_combined_record_takes_the_mean_loss_and_the_largest_memory():
 
 def test_validate_never_retrains_on_a_seed_the_search_trained(tmp_path):
     """With repeats the proxy trained several seeds; `npas validate`'s fresh seeds avoid all of them."""
-    from npas.service.validate_plan import SEED_BASE, Options, make_plan
+    from npas.service.certify.targets import SEED_BASE, Options, make_plan
     from tests.service.test_validate import synthetic_study
 
     name, _ = synthetic_study(f"sqlite:///{tmp_path}/v.db", n=6)

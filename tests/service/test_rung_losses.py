@@ -13,13 +13,13 @@ from ray.tune.search import Searcher
 
 import npas
 from npas.allocation.config import ArchConfig
-from npas.service.driver import search
-from npas.service.launch import Launch
-from npas.service.outcome import combine_repeats
-from npas.service.record import TrialAttr
-from npas.service.samplers import make_sampler
-from npas.service.searcher import NpasSearcher
-from npas.service.study import read_record
+from npas.service.search.driver import search
+from npas.service.search.launch import Launch
+from npas.service.search.outcome import combine_repeats
+from npas.service.search.samplers import make_sampler
+from npas.service.search.searcher import NpasSearcher
+from npas.service.study.record import TrialAttr
+from npas.service.study.studies import read_record
 from npas.training.data import load_corpus
 from npas.training.forks import run_proxy
 from npas.training.recipe import Recipe, load_recipe

@@ -18,13 +18,13 @@ import npas
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.errors import StudyError
-from npas.service.driver import resume, search
-from npas.service.exporter import export, write_export
-from npas.service.launch import Launch
-from npas.service.picks import pick
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.storage import reachable
-from npas.service.study import counts_toward_target, front_trials, status
+from npas.service.export.exporter import export, write_export
+from npas.service.export.picks import pick
+from npas.service.search.driver import resume, search
+from npas.service.search.launch import Launch
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.storage import reachable
+from npas.service.study.studies import counts_toward_target, front_trials, status
 from tests.conftest import ROOT, needs, record_launches
 
 TINY = ROOT / "tests" / "data" / "tiny.yaml"
@@ -203,7 +203,7 @@ def test_a_joiner_keeps_the_study_settings_or_is_refused(ray_local, tmp_path, ca
     search(space, study="j", storage=url, recipe=FAST, launch=Launch(workers=2))  # no --trials: the study's 2
     assert counted() == 2 and optuna.load_study(study_name="j", storage=url).user_attrs[StudyAttr.TARGET] == 2
 
-    with caplog.at_level(logging.WARNING, logger="npas.service.driver"):
+    with caplog.at_level(logging.WARNING, logger="npas.service.search.driver"):
         search(space, trials=3, study="j", storage=url, launch=Launch(workers=2))
     assert "trial target set to 3 (was 2)" in caplog.text
     assert counted() == 3 and optuna.load_study(study_name="j", storage=url).user_attrs[StudyAttr.TARGET] == 3

@@ -15,11 +15,11 @@ from ray.tune.search import Searcher
 
 import npas
 from npas.allocation.space import Space
-from npas.service.faults import recover_orphans
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.samplers import enqueue_baselines, make_sampler
-from npas.service.searcher import NpasSearcher
-from npas.service.study import counts_toward_target, status
+from npas.service.search.faults import recover_orphans
+from npas.service.search.samplers import enqueue_baselines, make_sampler
+from npas.service.search.searcher import NpasSearcher
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.studies import counts_toward_target, status
 from npas.training.recipe import load_recipe
 from tests.conftest import ROOT
 
@@ -73,7 +73,7 @@ def test_tpe_does_not_get_stuck_on_skipped_candidates(tmp_path):
 def test_exhausted_space_stops_with_a_clear_reason(tmp_path, monkeypatch):
     # a space of 4 allocations (tying x taper), and 40 skips in a row instead of the default 200:
     # the same code path at a small fraction of the database round trips
-    monkeypatch.setattr("npas.service.searcher.MAX_SKIPPED_IN_A_ROW", 40)
+    monkeypatch.setattr("npas.service.search.searcher.MAX_SKIPPED_IN_A_ROW", 40)
     small = TINY_TEXT.split("knobs:")[0] + "knobs:\n  taper: {schedule: [uniform, cosine], ratio: 3.0}\n" \
         "  tying: {mode: [none, all]}\n"
     study, searcher = drive("random", 10_000, tmp_path, space_text=small)

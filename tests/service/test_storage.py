@@ -9,10 +9,10 @@ import optuna
 import pytest
 
 from npas.errors import StorageError, StudyError
-from npas.service import driver
-from npas.service.record import StudyAttr
-from npas.service.storage import open_storage, reachable
-from npas.service.urls import redact, scrub
+from npas.service.search import driver
+from npas.service.study.record import StudyAttr
+from npas.service.study.storage import open_storage, reachable
+from npas.service.study.urls import redact, scrub
 
 
 def _half_created(url: str, name: str) -> optuna.Study:

@@ -24,10 +24,10 @@ from optuna.trial import TrialState
 import npas
 from npas.allocation.budget import count
 from npas.presentation.cli import main
-from npas.service import validate as V
-from npas.service.certificate import CERTIFICATE_ATTR
-from npas.service.record import Constraint, StudyRecord, TrialAttr
-from npas.service.validate_plan import SEED_BASE
+from npas.service.certify import retrain as V
+from npas.service.certify.certificate import CERTIFICATE_ATTR
+from npas.service.certify.targets import SEED_BASE
+from npas.service.study.record import Constraint, RetrainAttr, StudyRecord, TrialAttr
 from npas.training.recipe import Recipe, load_recipe
 from tests.conftest import ROOT
 
@@ -138,7 +138,7 @@ def test_matched_baselines_are_trained_on_the_same_seeds_and_reported(tmp_path, 
 
 KILLED = """
 import sys, time
-from npas.service import validate as V
+from npas.service.certify import retrain as V
 def slow(cfg, recipe, **kw):
     time.sleep(0.3)
     return 2.0 + (recipe.seed % 7) * 0.01
@@ -177,7 +177,7 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
     lst = optuna.load_study(study_name=linked, storage=url)
     done_before = lst.get_trials(states=(TrialState.COMPLETE,))
     assert len(done_before) >= 3
-    keys_before = {t.user_attrs[V.V_KEY] for t in done_before}
+    keys_before = {t.user_attrs[RetrainAttr.KEY] for t in done_before}
 
     calls = []
 
@@ -191,9 +191,9 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
     assert len(calls) == total - len(keys_before)  # nothing completed ran again
     plain = optuna.load_study(study_name=linked, storage=url)  # plain Optuna reads every number
     complete = plain.get_trials(states=(TrialState.COMPLETE,))
-    keys = [t.user_attrs[V.V_KEY] for t in complete]
+    keys = [t.user_attrs[RetrainAttr.KEY] for t in complete]
     assert len(keys) == len(set(keys)) == total
-    assert all(t.values[0] == t.user_attrs[V.V_TEST_LOSS] for t in complete)
+    assert all(t.values[0] == t.user_attrs[RetrainAttr.TEST_LOSS] for t in complete)
     assert not plain.get_trials(states=(TrialState.RUNNING,))  # the killed run's trial was failed
     assert cert["retrainings"] == total and cert["complete"] == cert["planned"]
     # a second run has nothing left to do
@@ -212,7 +212,7 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
 ])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from npas.service import runner
+    from npas.service.search import runner
 
     started = []  # npas starts Ray only through these; a session's Ray may already be up, so spy on them
     for fn in ("start_ray_early", "check_address_reachable", "init_ray"):
@@ -279,7 +279,7 @@ def test_scores_on_the_held_out_test_split():
 @pytest.mark.slow
 def test_end_to_end_real_training_on_a_real_study(ray_local, tmp_path, capsys):
     """A real tiny search, then `npas validate` with real training on Ray (smoke-sized recipe)."""
-    from npas.service.driver import Launch, search
+    from npas.service.search.driver import Launch, search
 
     url = f"sqlite:///{tmp_path}/npas.db"
     search(npas.load_space(TINY), trials=5, study="e2e", storage=url, recipe=FAST, seed=1,

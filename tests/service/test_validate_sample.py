@@ -10,8 +10,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from npas.service.record import TrialAttr
-from npas.service.validate_plan import Options, make_plan
+from npas.service.certify.targets import Options, make_plan
+from npas.service.study.record import TrialAttr
 from npas.training.recipe import load_recipe
 from tests.service.test_validate import FAST, synthetic_study
 

@@ -24,8 +24,8 @@ import yaml
 import npas
 from npas.allocation.config import ArchConfig, Chassis
 from npas.presentation.cli import main
-from npas.service.exporter import write_export
-from npas.service.record import Constraint, StudyAttr, TrialAttr
+from npas.service.export.exporter import write_export
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.training.data import load_corpus, load_known_corpus
 from npas.training.parameterization import optimizer_groups
 from npas.training.proxy import run_proxy
@@ -143,8 +143,8 @@ def test_a_malformed_reference_is_refused_in_one_line(tmp_path, capsys):
 # ---- the real thing: a search on Ray, `npas export`, `npas train` ------------------------------
 @pytest.mark.slow
 def test_search_export_train_reproduces_the_first_seed_of_a_repeats_trial(ray_local, tmp_path, capsys):
-    from npas.service.driver import search
-    from npas.service.launch import Launch
+    from npas.service.search.driver import search
+    from npas.service.search.launch import Launch
 
     space = _space(tmp_path)
     recipe_path = tmp_path / "search-recipe.yaml"

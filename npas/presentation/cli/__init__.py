@@ -39,7 +39,7 @@ def _exit_without_ray_shutdown(code: int) -> None:
     (bench/orchestration.py). The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
-    runner = sys.modules.get("npas.service.runner")  # not imported: this command never started Ray
+    runner = sys.modules.get("npas.service.search.runner")  # not imported: this command never started Ray
     if runner is None or not runner.ray_start_begun():
         return
     sys.stdout.flush()

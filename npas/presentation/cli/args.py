@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from npas.service.names import study_name_problem
-from npas.service.outcome import MAX_REPEATS
+from npas.service.search.outcome import MAX_REPEATS
+from npas.service.study.names import study_name_problem
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
 COUNT_MAX = 1_000_000  # a bound on trials and workers that no real run approaches; stops 10**30
@@ -146,7 +146,7 @@ def storage_url(text: str) -> str:
     """A storage URL that parses, names a supported backend and keeps what is written: an empty string
     would silently mean the default database, and `sqlite://` an in-memory one that vanishes at exit."""
     from npas.errors import StorageError
-    from npas.service.urls import check_url
+    from npas.service.study.urls import check_url
 
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give a URL such as sqlite:///trials/npas.db, or omit it for "

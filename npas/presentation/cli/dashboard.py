@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from npas.presentation.dashboard import write_report
-    from npas.service.storage import open_storage
-    from npas.service.study import load
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load
 
     serve = _server() if args.live else None  # fail before the report if the extra is missing
     handle = open_storage(args.storage, read_only=True)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from npas.builtin import shipped, space_path
-from npas.errors import NpasError, SpaceError
+from npas.errors import NpasError
 from npas.files import read_text
 from npas.presentation.cli.args import (
     REPEATS,
@@ -22,7 +22,7 @@ from npas.presentation.cli.args import (
     text_arg,
     tokenizer_arg,
 )
-from npas.service.samplers import SAMPLERS
+from npas.service.search.samplers import SAMPLERS
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
 
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def pick_arg(text: str) -> str:
-    from npas.service.picks import check_pick
+    from npas.service.export.picks import check_pick
 
     try:
         return check_pick(text)
@@ -105,7 +105,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def _launch(args: argparse.Namespace):
-    from npas.service.launch import Launch
+    from npas.service.search.launch import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
                   early_stop=False if args.no_early_stop else None, on_progress=_progress_printer(),
@@ -151,7 +151,7 @@ def _progress_printer():
 
 def _print_front(study, fmt: str = "table") -> None:
     from npas.presentation.cli.units import humanize
-    from npas.service.study import front_frame
+    from npas.service.study.studies import front_frame
 
     df = front_frame(study)
     if fmt == "csv":
@@ -181,50 +181,13 @@ def _mean_pm_std(df):
     return out
 
 
-def _start_ray(args: argparse.Namespace) -> None:
-    """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch),
-    the corpus and the database: they overlap (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s)."""
-    from npas.service.runner import check_address_reachable, start_ray_early
+def _start_ray(address: str | None) -> None:
+    """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch) and
+    the database: they overlap (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s).
+    The address was checked with the rest of the input, before this."""
+    from npas.service.search.runner import start_ray_early
 
-    if args.ray_address:
-        check_address_reachable(args.ray_address)
-    start_ray_early(args.ray_address)
-
-
-def _preflight(space, args: argparse.Namespace):
-    """The checks of user input that need neither the database nor Ray (the recipe, the corpus, its
-    tokenizer, the budget and their fit to the space), run before Ray starts in the background, so a
-    mistake costs one line and leaves nothing behind. Returns the corpus, which the driver reuses (a
-    BPE tokenizer is trained once)."""
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
-    from npas.training.data import is_bundled, load_corpus
-    from npas.training.recipe import load_recipe
-
-    rec = load_recipe(args.recipe or space.recipe)
-    data = args.data or rec.data
-    glob, field = args.data_glob or DEFAULT_GLOB, args.text_field or DEFAULT_TEXT_FIELD
-    if not is_bundled(data):
-        check_source(data, glob, field)  # the cheap checks first: path, glob, field
-    tokenizer = args.tokenizer
-    if args.init_from is not None:  # the starting model's tokenizer.json, unless one is given
-        from npas.conversion.init_from import source_tokenizer
-
-        tokenizer = source_tokenizer(args.init_from, tokenizer)
-    corpus = load_corpus(data, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
-                         tokenizer=tokenizer, glob=glob, text_field=field)
-    context = space.reference_chassis.context
-    if rec.seq_len > context:  # first: it is cheap, and bounds the corpus check below
-        raise SpaceError(space.source, [f"recipe {rec.name!r} trains at seq_len={rec.seq_len} > chassis.context "
-                                        f"{context}; lower seq_len or raise chassis.context"])
-    corpus.check_fits(rec.seq_len, rec.batch_size)
-    space.bind(vocab_size=corpus.vocab_size, budget=args.budget, budget_scope=args.budget_scope)
-    return corpus
-
-
-def _preflight_init(space, args: argparse.Namespace, corpus) -> None:
-    from npas.conversion.init_from import describe_source
-
-    describe_source(args.init_from, space.bind(vocab_size=corpus.vocab_size).reference_chassis, corpus)
+    start_ray_early(address)
 
 
 def _read_space_text(arg: str) -> str:
@@ -233,7 +196,7 @@ def _read_space_text(arg: str) -> str:
 
 def _sampler_note(space, sampler: str) -> None:
     """GP and NSGA-II model only the knobs every candidate has; say which others they sample at random."""
-    from npas.service.samplers import STARTUP_TRIALS, modelled_knobs
+    from npas.service.search.samplers import STARTUP_TRIALS, modelled_knobs
 
     if sampler not in ("gp", "nsga2"):
         return
@@ -247,40 +210,24 @@ def _sampler_note(space, sampler: str) -> None:
               f"(--sampler tpe models them in groups)", file=sys.stderr)
 
 
-def _check_default_study_name(space_name: str) -> None:
-    from npas.errors import StudyError
-    from npas.service.names import study_name_problem
-
-    problem = study_name_problem(space_name) or study_name_problem(f"{space_name}-20000101-000000")
-    if problem:
-        problem = problem.replace("study name", "the space name", 1)
-        raise StudyError(f"the default study name is the space's name and a time, but {problem}; pass --study "
-                         "NAME or rename the space")
-
-
 def run_search(args: argparse.Namespace) -> int:
+    """Plan (every check of the input, once: one line and exit 2 on a mistake, nothing written),
+    then start Ray, then run the plan."""
     from npas.allocation.space_parser import parse_space
+    from npas.service.search.plan import plan_search
 
-    path = space_path(args.space)
-    space = parse_space(_read_space_text(args.space), str(path))
-    if args.study is None:  # the default name is SPACE-YYYYmmdd-HHMMSS: the space's name must make a safe one
-        _check_default_study_name(space.name)
-    corpus = _preflight(space, args)
-    if args.init_from is not None:  # the starting model must fit the space and corpus: one line, before Ray
-        _preflight_init(space, args, corpus)
-    _sampler_note(space, args.sampler or "tpe")
-    from npas.service.launch import check_inputs
+    space = parse_space(_read_space_text(args.space), str(space_path(args.space)))
+    plan = plan_search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
+                       data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed,
+                       launch=_launch(args), repeats=args.repeats, init_from=args.init_from,
+                       tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
+                       budget_scope=args.budget_scope)
+    _sampler_note(plan.space, plan.sampler)
+    _start_ray(plan.launch.ray_address)
+    from npas.service.search.driver import search
+    from npas.service.study.urls import redact, resolve_url
 
-    launch = check_inputs(args.trials, _launch(args), args.storage)
-    _start_ray(args)
-    from npas.service.driver import search
-    from npas.service.urls import redact, resolve_url
-
-    study = search(space, trials=args.trials, study=args.study, storage=args.storage, recipe=args.recipe,
-                   data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed, launch=launch,
-                   repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer,
-                   data_glob=args.data_glob, text_field=args.text_field, budget_scope=args.budget_scope,
-                   corpus=corpus)
+    study = search(plan)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -290,9 +237,9 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from npas.service.launch import check_inputs
+    from npas.service.search.plan import check_launch
 
-    launch = check_inputs(args.trials, _launch(args), args.storage)
+    launch = check_launch(args.trials, _launch(args), args.storage, args.repeats)
     text = None
     if args.space is not None:  # read and parse it before Ray starts: a typo costs one line
         from npas.allocation.space_parser import parse_space
@@ -305,12 +252,12 @@ def run_resume(args: argparse.Namespace) -> int:
         check_source(args.data)  # it exists; the driver reads it with the study's glob and text field
     if text is not None:  # a changed space is checked against the study's record, read-only, before Ray
         _check_space_change(args, text)
-    _start_ray(args)
-    from npas.service.driver import resume
+    _start_ray(launch.ray_address)
+    from npas.service.search.driver import resume_checked
 
-    study = resume(args.name, trials=args.trials, storage=args.storage, space_text=text,
-                   allow_space_change=args.allow_space_change, data=args.data, launch=launch,
-                   repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
+    study = resume_checked(args.name, trials=args.trials, storage=args.storage, space_text=text,
+                           allow_space_change=args.allow_space_change, data=args.data, launch=launch,
+                           repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
     print(file=sys.stderr)
     _print_front(study)
     _final_report(study, args)
@@ -318,18 +265,18 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def _check_space_change(args: argparse.Namespace, text: str) -> None:
-    from npas.service.driver import check_space_change
-    from npas.service.storage import open_storage
-    from npas.service.study import load, read_record
+    from npas.service.search.plan import check_space_change
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load, read_record
 
     study = load(args.name, open_storage(args.storage, read_only=True))  # never creates a database
     check_space_change(args.name, read_record(study), text, args.allow_space_change)
 
 
 def run_studies(args: argparse.Namespace) -> int:
-    from npas.service.optuna_adapter import study_id
-    from npas.service.storage import open_storage
-    from npas.service.study import status
+    from npas.service.study.optuna_adapter import study_id
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import status
 
     handle = open_storage(args.storage, read_only=True)
     st = handle.storage
@@ -350,8 +297,8 @@ def run_studies(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from npas.service.storage import open_storage
-    from npas.service.study import load
+    from npas.service.study.storage import open_storage
+    from npas.service.study.studies import load
 
     return load(args.name, open_storage(args.storage, read_only=True))
 
@@ -362,8 +309,8 @@ def run_front(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from npas.service.exporter import write_export
-    from npas.service.picks import noise_note
+    from npas.service.export.exporter import write_export
+    from npas.service.export.picks import noise_note
 
     study = _load(args)
     doc = write_export(study, args.out, args.pick)

@@ -1,4 +1,4 @@
-"""`npas validate NAME`: the fidelity certificate of a study (see npas.service.validate)."""
+"""`npas validate NAME`: the fidelity certificate of a study (see npas.service.certify.retrain)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from npas.service.urls import check_url
-    from npas.service.validate import Options, validate
+    from npas.service.certify.retrain import Options, certify
+    from npas.service.study.urls import check_url
     from npas.training.recipe import load_recipe
 
     opts = Options(pick=args.pick, top=args.top, sample=args.sample, recipe=args.recipe, seeds=args.seeds,
@@ -67,14 +67,14 @@ def run_validate(args: argparse.Namespace) -> int:
     load_recipe(args.recipe)  # a missing or invalid recipe names itself here
     check_url(args.storage)  # a malformed storage URL fails here, without connecting
     if args.ray_address:
-        from npas.service.runner import check_address_reachable
+        from npas.service.search.runner import check_address_reachable
 
         check_address_reachable(args.ray_address)
     import optuna
 
     if not args.verbose:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line for the linked study
-    cert = validate(args.name, opts, storage=args.storage)
+    cert = certify(args.name, opts, storage=args.storage)
     print(json.dumps(cert, indent=2) if args.format == "json" else format_table(cert))
     return 0
 

@@ -18,9 +18,9 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.config import ArchConfig
 from npas.allocation.knob_table import knob_label
 from npas.errors import NpasError
-from npas.service.optuna_adapter import hypervolume
-from npas.service.record import Constraint, StudyAttr, TrialAttr
-from npas.service.study import front_trials, is_full_fidelity, status, was_evaluated
+from npas.service.study.optuna_adapter import hypervolume
+from npas.service.study.record import Constraint, StudyAttr, TrialAttr
+from npas.service.study.studies import front_trials, is_full_fidelity, status, was_evaluated
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class HypervolumeInfo:
 def hypervolume_info(study: optuna.Study) -> HypervolumeInfo:
     """Hypervolume after each complete trial, with Optuna's own exact algorithm (WFG).
 
-    Optuna 5 has no public hypervolume function; `npas.service.optuna_adapter.hypervolume` wraps the
+    Optuna 5 has no public hypervolume function; `npas.service.study.optuna_adapter.hypervolume` wraps the
     one `optuna.visualization.plot_hypervolume_history` uses. Each objective is scaled so the best
     value seen is 0 and the reference point (worst x 1.1) is 1: the result is the fraction of that
     box the front dominates, comparable across studies of different scales.
@@ -404,8 +404,8 @@ class FidelityInfo:
 
 def fidelity_info(study: optuna.Study) -> FidelityInfo:
     """The certificate stored in the study by `npas validate`, as points with seed-mean intervals."""
-    from npas.service.certificate import CERTIFICATE_ATTR
-    from npas.service.fidelity import mean_interval
+    from npas.service.certify.certificate import CERTIFICATE_ATTR
+    from npas.service.certify.fidelity import mean_interval
 
     cert = study.user_attrs.get(CERTIFICATE_ATTR)
     if not cert:

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from npas.errors import StudyError
-from npas.service.urls import check_url
+from npas.service.study.urls import check_url
 
 if TYPE_CHECKING:
     import optuna
 
-    from npas.service.progress import Progress
+    from npas.service.search.progress import Progress
 
 
 @dataclass(frozen=True)

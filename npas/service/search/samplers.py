@@ -26,7 +26,7 @@ import optuna
 from npas.allocation.knobs import Knob
 from npas.allocation.space import Space
 from npas.errors import StudyError
-from npas.service.record import TrialAttr
+from npas.service.study.record import TrialAttr
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random")  # the closed list `npas search --sampler` offers
 RANDOM_AFTER_SKIPS = 3  # skipped asks in a row after which the next ask is a random one

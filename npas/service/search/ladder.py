@@ -15,7 +15,7 @@ search must not promote only the lowest losses, or the front's cheap end never r
 Ties at the boundary. Two losses closer than the seed noise are not told apart by one run, so the
 rule does not let run-to-run noise alone decide the last place: the trial ranked right after the
 boundary (the last one inside the quota) is promoted with it when the two losses differ by at most
-``NOISE_SIGMAS`` (2, as ``npas.service.noise``) times the noise of their difference,
+``NOISE_SIGMAS`` (2, as ``npas.service.study.noise``) times the noise of their difference,
 sqrt(std_a^2 + std_b^2). That is one extra trial per decision at most, so noise can cost at most one
 promotion more than the quota.
 
@@ -41,8 +41,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from npas.service.fidelity import Interval, rank_correlation, rank_flips
-from npas.service.noise import NOISE_SIGMAS
+from npas.service.certify.fidelity import Interval, rank_correlation, rank_flips
+from npas.service.study.noise import NOISE_SIGMAS
 
 DEFAULT_ETA = 4  # the default rungs are 4x apart (horizon/16, /4, /1): keep the top quarter of each
 DEFAULT_SEED_STD = 0.010  # nats; see the module docstring (issue #33's long-run seed standard error)

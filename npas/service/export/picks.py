@@ -4,7 +4,7 @@ A space lists its objectives in any order (`[train_memory_bytes, val_loss]` is a
 reverse) and may have only one, so every pick finds the objective it needs by name, never by
 position, and a pick the objectives cannot answer is refused with the objectives the study has.
 `noise_note` says whether the chosen point's loss advantage is beyond the seed noise
-(`npas.service.noise`): a pick that chose by a loss the data cannot resolve says so.
+(`npas.service.study.noise`): a pick that chose by a loss the data cannot resolve says so.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from optuna.trial import FrozenTrial
 
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
-from npas.service import study as studies
-from npas.service.noise import describe, next_best, paired_gap
-from npas.service.record import StudyAttr, TrialAttr
+from npas.service.study import studies
+from npas.service.study.noise import describe, next_best, paired_gap
+from npas.service.study.record import StudyAttr, TrialAttr
 
 # Objectives that measure memory, in bytes; `max-memory=` caps the first of them the study has.
 MEMORY_OBJECTIVES = ("param_bytes", "train_memory_bytes", "inference_bytes", "peak_memory_bytes")

@@ -45,9 +45,27 @@ class StudyAttr(StrEnum):
     DATA_GLOB = "data_glob"  # files read from a directory corpus
     TEXT_FIELD = "text_field"  # JSONL field / Parquet column holding the documents
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
-    # (npas.service.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
+    # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
+
+
+class RetrainAttr(StrEnum):
+    """Keys of the trials of a study's linked validation study (``"{study}:validate"``, written by
+    `npas validate`: value = test loss), readable by plain Optuna; and the linked study's own key."""
+
+    SOURCE = "source_trial"  # the searched trial the retrained allocation came from (None: not searched)
+    SEED = "seed"  # the fresh training seed of this retraining
+    RECIPE = "recipe"  # the long recipe's name
+    TEST_LOSS = "test_loss"
+    HASH = "allocation_hash"
+    KEY = "job_key"  # allocation x seed: a retraining that completed never runs again
+    ROLES = "roles"  # why it was retrained: front, sample, baseline, pick, memory_matched
+    SPLIT = "split"
+    ALLOC = "allocation"
+    DRIVER = "driver"  # the `npas validate` process that runs it (search.faults.driver_id)
+    REASON = "failure_reason"
+    SOURCE_STUDY = "source_study"  # a user attr of the linked study itself: the searched study's name
 
 
 class TrialAttr(StrEnum):
@@ -56,7 +74,7 @@ class TrialAttr(StrEnum):
     STATUS = "npas_status"  # ok | failed | stopped | infeasible | duplicate | orphaned | interrupted | surplus
     REASON = "failure_reason"
     BASELINE = "baseline"  # name of the hand-crafted baseline, or absent
-    BASELINE_FIXED = "baseline_fixed"  # a baseline's values that are not Optuna params (npas.service.samplers)
+    BASELINE_FIXED = "baseline_fixed"  # a baseline's values that are not Optuna params (npas.service.search.samplers)
     KNOBS = "knobs"
     ALLOC = "allocation"
     HASH = "allocation_hash"
@@ -72,7 +90,7 @@ class TrialAttr(StrEnum):
     NODE = "ray_node"
     SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
     RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
-    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.outcome.repeat_seeds)
+    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.search.outcome.repeat_seeds)
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed

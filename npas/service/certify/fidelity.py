@@ -102,52 +102,6 @@ def rank_flips(proxy: list[float], validated: list[float]) -> tuple[int, int]:
     return flips, n * (n - 1) // 2
 
 
-def _losses(losses) -> np.ndarray:
-    a = np.asarray(losses, float)
-    if a.ndim != 2:
-        raise ValueError(f"losses must be (allocations, seeds), got shape {a.shape}")
-    return a
-
-
-def seed_std(losses) -> float | None:
-    """Pooled within-allocation std across seeds: the noise of one run (needs >= 2 seeds)."""
-    a = _losses(losses)
-    if a.shape[1] < 2 or a.shape[0] < 1:
-        return None
-    return float(math.sqrt(np.mean(np.var(a, axis=1, ddof=1))))
-
-
-def paired_std(losses) -> float | None:
-    """Std across seeds of the difference between two allocations, pooled over all pairs.
-
-    This is the noise a seed-paired comparison of two allocations sees; it is below
-    ``sqrt(2) * seed_std`` when seeds move all allocations together.
-    """
-    a = _losses(losses)
-    k, s = a.shape
-    if k < 2 or s < 2:
-        return None
-    var = [np.var(a[i] - a[j], ddof=1) for i in range(k) for j in range(i + 1, k)]
-    return float(math.sqrt(np.mean(var)))
-
-
-def signal_to_noise(losses) -> float | None:
-    """std across allocations of their seed-mean loss / (within-allocation seed std / sqrt(S)).
-
-    Under pure noise the seed means scatter by exactly one standard error, so the ratio is ~1;
-    an SNR of 3 means allocations differ three times more than seed noise can explain.
-    """
-    a = _losses(losses)
-    k, s = a.shape
-    noise = seed_std(a)
-    if k < 2 or noise is None:
-        return None
-    signal = float(np.std(a.mean(axis=1), ddof=1))
-    if noise == 0.0:
-        return math.inf if signal > 0 else None
-    return signal / (noise / math.sqrt(s))
-
-
 def r_squared(y: list[float], *columns: list[float]) -> float | None:
     """R^2 of an ordinary least-squares fit of ``y`` on the columns plus an intercept."""
     yv = np.asarray(y, float)

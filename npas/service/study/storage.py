@@ -2,7 +2,7 @@
 
 npas never writes its own storage layer; the database stays readable by `optuna-dashboard` and a
 plain `optuna.load_study`. What this module adds: the URL resolution order (flag, `NPAS_STORAGE`,
-default SQLite under trials/, in `npas.service.urls` with the redaction of secrets), one
+default SQLite under trials/, in `npas.service.study.urls` with the redaction of secrets), one
 `StorageHandle` per database and process that carries the URL, its redacted form for messages and
 the opened storage together, and read-only opening that never creates a file.
 """
@@ -19,8 +19,8 @@ import optuna
 import sqlalchemy
 
 from npas.errors import StorageError
-from npas.service.faults import GRACE_S, HEARTBEAT_S
-from npas.service.urls import parse_url, redact, resolve_url, scrub
+from npas.service.search.faults import GRACE_S, HEARTBEAT_S
+from npas.service.study.urls import parse_url, redact, resolve_url, scrub
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """`npas validate`: retrain a study's front and a sample of its trials longer, on fresh seeds, and
 score them on the held-out test split, so the study carries evidence of whether its ranking holds.
 
-What is retrained is the plan (`npas.service.validate_plan`). Each retraining is one trial of a
+What is retrained is the plan (`npas.service.certify.targets`). Each retraining is one trial of a
 linked Optuna study, ``"{study}:validate"``, in the same storage: value = test loss, user attrs =
 source trial, seed, recipe, allocation hash and the job key. A job whose key already has a COMPLETE
 trial never runs again, so a killed `npas validate` resumes where it stopped, and plain
-``optuna.load_study`` reads every number. The certificate (``npas.service.certificate``) is built
+``optuna.load_study`` reads every number. The certificate (``npas.service.certify.certificate``) is built
 from the linked study alone and goes into the source study's user attr ``fidelity_certificate``.
 """
 
@@ -15,9 +15,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
-import signal
-import socket
 import warnings
 from collections.abc import Callable
 
@@ -26,22 +23,21 @@ from optuna.trial import TrialState
 
 from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
-from npas.errors import StudyError
-from npas.service import study as studies
-from npas.service.optuna_adapter import storage_of, trial_id
-from npas.service.storage import open_storage
-from npas.service.urls import redact, resolve_url
-from npas.service.validate_plan import Options, Plan, Target, make_plan, score_batches
+from npas.errors import Interrupted, StudyError
+from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
+from npas.service.search import faults
+from npas.service.search.runner import sigterm_as_interrupt
+from npas.service.search.worker import WorkerSpec
+from npas.service.study import studies
+from npas.service.study.optuna_adapter import storage_of, trial_id
+from npas.service.study.record import RetrainAttr
+from npas.service.study.storage import open_storage
+from npas.service.study.urls import redact, resolve_url
 from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
 LINKED_SUFFIX = ":validate"
-# linked-study trial attributes (readable by plain Optuna)
-V_SOURCE, V_SEED, V_RECIPE, V_TEST_LOSS, V_HASH = "source_trial", "seed", "recipe", "test_loss", "allocation_hash"
-V_KEY, V_ROLES, V_SPLIT, V_ALLOC, V_DRIVER, V_REASON = ("job_key", "roles", "split", "allocation", "driver",
-                                                      "failure_reason")
-V_SOURCE_STUDY = "source_study"  # linked study attr
 
 Retrain = Callable[[ArchConfig, Recipe], float]  # (allocation, recipe with the fresh seed) -> test loss
 
@@ -53,30 +49,18 @@ class ClusterLost(StudyError):
     exit_code = 1
 
 
-class Interrupted(StudyError):
-    """Stopped by SIGINT/SIGTERM; completed retrainings are kept and a rerun continues from them."""
-
-    exit_code = 130
-
-
-def train_and_test(cfg: ArchConfig, recipe: Recipe, *, source: str | None, fingerprint: str,
-                   val_fraction: float, test_fraction: float, score_recipe: dict,
-                   reference: dict | None = None, tokenizer_json: str | None = None, glob: str | None = None,
-                   text_field: str | None = None) -> float:
+def train_and_test(cfg: ArchConfig, recipe: Recipe, *, spec: WorkerSpec, searched: Recipe,
+                   score_recipe: dict) -> float:
     """The real retraining: train under ``recipe`` (fresh seed) and return the test-split loss.
 
-    The corpus is split as the study's search split it (its recipe's ``val_fraction`` and
+    The corpus is split as the study's search split it (the `searched` recipe's ``val_fraction`` and
     ``test_fraction``), so the held-out text is the text the search never read, whatever the long
-    recipe says; ``reference`` is the study's reference chassis, as in the search's proxy runs."""
-    from npas.allocation.config import Chassis
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.data import load_known_corpus
+    recipe says; `spec` is what the search's workers got (corpus, tokenizer, reference chassis)."""
     from npas.training.forks import train_model
     from npas.training.proxy import evaluate, pick_device
 
-    corpus = load_known_corpus(source, val_fraction, test_fraction, fingerprint, tokenizer_json,
-                               glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD)
-    model, result = train_model(cfg, recipe, corpus, reference=Chassis(**reference) if reference else None)
+    corpus = spec.load_corpus(searched)
+    model, result = train_model(cfg, recipe, corpus, reference=spec.reference)
     if result.status != "ok":
         raise RuntimeError(f"retraining {result.status}: {result.failure_reason}")
     score = Recipe.from_dict(score_recipe)
@@ -96,46 +80,36 @@ def open_linked(storage, source: optuna.Study) -> optuna.Study:
                                  directions=["minimize"], load_if_exists=True)
     if not linked.metric_names:
         linked.set_metric_names(["test_loss"])
-        linked.set_user_attr(V_SOURCE_STUDY, source.study_name)
+        linked.set_user_attr(RetrainAttr.SOURCE_STUDY, source.study_name)
     return linked
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def recover(linked: optuna.Study) -> list[int]:
     """Fail the RUNNING retrainings of a validate process that died (killed, machine reset); refuse
     while another live process on this host still runs them."""
-    here, failed = socket.gethostname(), []
+    failed = []
     for t in linked.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        drv = t.user_attrs.get(V_DRIVER) or {}
-        if drv.get("host") == here and drv.get("pid") and _alive(int(drv["pid"])) and drv["pid"] != os.getpid():
-            raise StudyError(f"`npas validate {linked.user_attrs.get(V_SOURCE_STUDY)}` is already running "
+        drv = t.user_attrs.get(RetrainAttr.DRIVER) or {}
+        if faults.runs_elsewhere_here(drv):  # the search's check: host, PID namespace, boot, a live pid
+            raise StudyError(f"`npas validate {linked.user_attrs.get(RetrainAttr.SOURCE_STUDY)}` is already running "
                              f"(pid {drv['pid']}); wait for it or stop it first")
-        storage_of(linked).set_trial_user_attr(trial_id(t), V_REASON, "orphaned: its validate process stopped")
+        storage_of(linked).set_trial_user_attr(trial_id(t), RetrainAttr.REASON, "orphaned: its validate process stopped")
         storage_of(linked).set_trial_state_values(trial_id(t), state=TrialState.FAIL)
         failed.append(t.number)
     return failed
 
 
 def completed_keys(linked: optuna.Study) -> set[str]:
-    return {str(t.user_attrs.get(V_KEY)) for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    return {str(t.user_attrs.get(RetrainAttr.KEY)) for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
 
 
 # ---- running ---------------------------------------------------------------------------------
-def validate(name: str, opts: Options | None = None, *, storage: str | None = None,
-             retrain: Retrain | None = None, bits_per_nat: float | None = None) -> dict:
+def certify(name: str, opts: Options | None = None, *, storage: str | None = None,
+            retrain: Retrain | None = None, bits_per_nat: float | None = None) -> dict:
     """Run (or finish) the validation of study ``name`` and return its fidelity certificate.
     ``bits_per_nat`` converts its test losses to bits per byte; the real retraining computes it
     from the study's corpus and tokenizer (a custom ``retrain`` may pass it, else it stays None)."""
-    from npas.service.certificate import CERTIFICATE_ATTR, build_certificate
+    from npas.service.certify.certificate import CERTIFICATE_ATTR, build_certificate
     from npas.training.recipe import load_recipe
 
     opts = opts or Options()
@@ -171,12 +145,8 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
         space = parse_space(record.space_text, record.space_source).bind(
             vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
             budget_scope=record.overrides.get("budget_scope"))
-        retrain = functools.partial(train_and_test, source=record.data_source, fingerprint=plan.fingerprint,
-                                    tokenizer_json=record.tokenizer_json, glob=record.data_glob,
-                                    text_field=record.text_field,
-                                    val_fraction=searched.val_fraction, test_fraction=searched.test_fraction,
-                                    score_recipe=recipe.to_dict(),
-                                    reference=space.reference_chassis.to_dict())
+        retrain = functools.partial(train_and_test, spec=WorkerSpec.of_record(record, space.reference_chassis),
+                                    searched=searched, score_recipe=recipe.to_dict())
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))
     if jobs:
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
@@ -196,7 +166,7 @@ def validate(name: str, opts: Options | None = None, *, storage: str | None = No
 def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
     """Why no certificate is stored: every planned allocation has a retraining that failed or diverged."""
     failed = linked.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    reasons = sorted({str(t.user_attrs.get(V_REASON, "failed")).splitlines()[0][:160] for t in failed})
+    reasons = sorted({str(t.user_attrs.get(RetrainAttr.REASON, "failed")).splitlines()[0][:160] for t in failed})
     why = f"; e.g. {reasons[0]}" if reasons else ""
     return (f"no certificate for study {name!r}: none of its {planned} allocations finished all its retrainings "
             f"({len(failed)} failed or diverged{why}); nothing was stored. Check the recipe (a lower lr, "
@@ -206,13 +176,9 @@ def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
 def _bits_per_nat(kw: dict, score: Recipe) -> float:
     """Bits per byte of one nat per token on the test windows this certificate scores: the scored
     tokens per UTF-8 byte of those windows over ln 2 (a char model on ASCII text: 1 / ln 2)."""
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.data import load_known_corpus
     from npas.training.proxy import eval_tokens_per_byte
 
-    corpus = load_known_corpus(kw["source"], kw["val_fraction"], kw["test_fraction"], kw["fingerprint"],
-                               kw.get("tokenizer_json"), kw.get("glob") or DEFAULT_GLOB,
-                               kw.get("text_field") or DEFAULT_TEXT_FIELD)
+    corpus = kw["spec"].load_corpus(kw["searched"])
     return eval_tokens_per_byte(corpus, score, "test") / math.log(2)
 
 
@@ -222,21 +188,21 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
 
     def start(target: Target, seed: int, key: str) -> optuna.Trial:
         trial = linked.ask()
-        for k, v in ((V_SOURCE, target.source), (V_SEED, seed), (V_RECIPE, plan.recipe.name), (V_KEY, key),
-                     (V_HASH, target.cfg.hash), (V_ROLES, list(target.roles)), (V_SPLIT, plan.split),
-                     (V_ALLOC, target.cfg.to_dict()),
-                     (V_DRIVER, {"host": socket.gethostname(), "pid": os.getpid()})):
+        for k, v in ((RetrainAttr.SOURCE, target.source), (RetrainAttr.SEED, seed), (RetrainAttr.RECIPE, plan.recipe.name), (RetrainAttr.KEY, key),
+                     (RetrainAttr.HASH, target.cfg.hash), (RetrainAttr.ROLES, list(target.roles)), (RetrainAttr.SPLIT, plan.split),
+                     (RetrainAttr.ALLOC, target.cfg.to_dict()),
+                     (RetrainAttr.DRIVER, faults.driver_id())):
             trial.set_user_attr(k, v)
         return trial
 
     def finish(trial: optuna.Trial, loss: float | None, error: str | None) -> None:
         nonlocal done
         if error is None and loss is not None and loss == loss and loss != float("inf"):
-            trial.set_user_attr(V_TEST_LOSS, float(loss))
+            trial.set_user_attr(RetrainAttr.TEST_LOSS, float(loss))
             linked.tell(trial, float(loss))
             done += 1
         else:
-            trial.set_user_attr(V_REASON, error or f"non-finite test loss {loss}")
+            trial.set_user_attr(RetrainAttr.REASON, error or f"non-finite test loss {loss}")
             linked.tell(trial, state=TrialState.FAIL)
             log.warning("retraining trial %d failed: %s", trial.number, error)
         if opts.on_progress:
@@ -251,25 +217,9 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
     # and a killed run's trials are recovered by `recover` from the recorded driver instead
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     remote = _start_ray(opts, plan) if opts.workers > 0 else None  # before our handler: ray.init sets its own
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: running retrainings are recorded as stopped
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
     try:
-        if opts.workers == 0:
-            for target, seed, key in jobs:
-                trial = start(target, seed, key)
-                live[0] = (trial,)
-                try:
-                    loss, err = retrain(target.cfg, recipe_for(seed)), None
-                except Exception as e:  # one failed retraining is recorded; the others go on
-                    loss, err = None, f"{type(e).__name__}: {e}"
-                live.clear()
-                finish(trial, loss, err)
-        else:
-            _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live)
+        with sigterm_as_interrupt():  # running retrainings are recorded as stopped
+            _run_jobs(jobs, retrain, opts, plan, start, finish, recipe_for, live, remote)
     except ClusterLost:
         _abandon(linked, live, "abandoned: Ray stopped running retrainings")
         raise
@@ -277,14 +227,28 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
         _abandon(linked, live, "interrupted")
         raise Interrupted(f"validation interrupted after {done} of {total} retrainings; run the same "
                           f"`npas validate {plan.study} --storage {redact(url)}` to continue") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_jobs(jobs, retrain, opts, plan, start, finish, recipe_for, live, remote) -> None:
+    """The retrainings, one after another here (`--workers 0`) or as Ray tasks."""
+    if opts.workers == 0:
+        for target, seed, key in jobs:
+            trial = start(target, seed, key)
+            live[0] = (trial,)
+            try:
+                loss, err = retrain(target.cfg, recipe_for(seed)), None
+            except Exception as e:  # one failed retraining is recorded; the others go on
+                loss, err = None, f"{type(e).__name__}: {e}"
+            live.clear()
+            finish(trial, loss, err)
+    else:
+        _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, live)
 
 
 def _abandon(linked: optuna.Study, live: dict, reason: str) -> None:
     for entry in live.values():
         with contextlib.suppress(Exception):
-            entry[0].set_user_attr(V_REASON, reason)
+            entry[0].set_user_attr(RetrainAttr.REASON, reason)
             linked.tell(entry[0], state=TrialState.FAIL)
     live.clear()
 
@@ -299,7 +263,7 @@ def _start_ray(opts: Options, plan: Plan):
     to the end), and the Optuna ask/tell stays in this process, the only writer of the database."""
     import ray
 
-    from npas.service.runner import check_resources, init_ray
+    from npas.service.search.runner import check_resources, init_ray
 
     init_ray(opts.ray_address, num_cpus=None)
     cpus = float(max(1, plan.recipe.threads))

@@ -24,8 +24,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.service import optuna_adapter as adapter
-from npas.service.record import TrialAttr
+from npas.service.study import optuna_adapter as adapter
+from npas.service.study.record import TrialAttr
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,24 @@ def _provably_dead(driver: dict[str, Any]) -> bool:
     except PermissionError:  # exists, owned by someone else
         return False
     return False
+
+
+def runs_elsewhere_here(driver: dict[str, Any]) -> bool:
+    """True for a live process other than this one that recorded `driver` in this host's PID
+    namespace and boot (a pid from another container or boot names some other process, or none).
+    A record without a namespace (older npas) is judged by host and pid alone."""
+    me = driver_id()
+    if not driver.get("pid") or driver.get("host") != me["host"] or int(driver["pid"]) == os.getpid():
+        return False
+    if any(k in driver and driver.get(k) != me.get(k) for k in ("pidns", "boot")):
+        return False
+    try:
+        os.kill(int(driver["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def recover_orphans(study: optuna.Study, wait_unclaimed_s: float = 0.0) -> list[int]:

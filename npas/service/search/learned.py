@@ -20,16 +20,37 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import optuna
 
 from npas.allocation.config import reference_config
 from npas.allocation.space import Space
 from npas.errors import StudyError
 
+if TYPE_CHECKING:
+    from npas.service.search.plan import SearchPlan
+    from npas.service.study.storage import StorageHandle
+
 log = logging.getLogger(__name__)
 
 PRETRAINING_ATTR = "npas_pretraining"  # set by the creator while it pretrains: joiners wait PRETRAIN_WAIT_S
 PRETRAIN_WAIT_S = 3600.0
+
+
+def learn_for_study(study: optuna.Study, handle: StorageHandle, plan: SearchPlan) -> dict:
+    """The creator's one look at trained weights for the learned groups.
+
+    Runs after the study name is claimed, so a joiner never pretrains too: it waits on the
+    pretraining marker. A failure deletes the half-made study, leaving the database as it was."""
+    try:
+        if plan.init is None:
+            study.set_user_attr(PRETRAINING_ATTR, True)
+        return learn_source(plan.space, plan.init, plan.recipe, plan.corpus,
+                            source_dir(study.study_name, handle.sqlite_path))
+    except BaseException:
+        optuna.delete_study(study_name=study.study_name, storage=handle.storage)
+        raise
 
 
 def source_dir(study: str, sqlite_path: Path | None) -> Path:

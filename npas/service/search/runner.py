@@ -3,15 +3,13 @@
 The Optuna study is the source of truth; Ray Tune's experiment directory (trials/runs/) is scratch.
 Tune brings what is hard to do well by hand: placing trials on workers across a cluster, retrying a
 trial whose worker or node died (FailureConfig), and asynchronous successive halving on the
-validation loss (ASHA). The searcher in `npas.service.searcher` does the Optuna side.
+validation loss (ASHA). The searcher in `npas.service.search.searcher` does the Optuna side.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -19,9 +17,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npas.errors import RayError
+
+if TYPE_CHECKING:
+    from npas.service.search.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def _init_ray(address: str | None, num_cpus: int | None) -> None:
 
 
 def _quiet_auth_notice() -> None:
-    from npas.service.ray_adapter import AUTH_NOTICE_LOGGER
+    from npas.service.search.ray_adapter import AUTH_NOTICE_LOGGER
 
     notice = logging.getLogger(AUTH_NOTICE_LOGGER)
     if _drop_auth_enabled_notice not in notice.filters:
@@ -118,7 +119,7 @@ class _EarlyStart:
 
     def _main(self) -> None:
         try:
-            from npas.service.ray_adapter import WORKER_LOGGER
+            from npas.service.search.ray_adapter import WORKER_LOGGER
 
             quiet = logging.getLogger(WORKER_LOGGER)  # "SIGTERM handler is not set ...": npas sets its own
             level = quiet.level
@@ -160,7 +161,7 @@ def resolve_address(address: str) -> tuple[str, str]:
     if env and env != "auto":
         return env, "RAY_ADDRESS"
     if RAY_TEMP is None:
-        from npas.service.ray_adapter import cluster_record
+        from npas.service.search.ray_adapter import cluster_record
 
         record = cluster_record()
     else:
@@ -213,7 +214,7 @@ def authenticate_like_a_node() -> bool:
     token goes only to a head this machine started or joined, or where the user said to send it.
     RAY_AUTH_MODE=disabled (or anything set) is the user saying otherwise, and is kept.
     """
-    from npas.service import ray_adapter
+    from npas.service.search import ray_adapter
 
     mode = os.environ.get(ray_adapter.AUTH_MODE_ENV)
     if mode is not None:
@@ -233,7 +234,7 @@ def authenticate_like_a_node() -> bool:
 
 def _auth_refused_hint() -> str:
     """What to do about a refused token, from what this driver sent."""
-    from npas.service import ray_adapter
+    from npas.service.search import ray_adapter
 
     try:
         sent, held = ray_adapter.token_auth_enabled(), ray_adapter.token_available()
@@ -252,13 +253,13 @@ def _probe_gcs(hostport: str, origin: str, timeout_ms: int = 5000) -> None:
     """Ask the cluster's GCS for its id, as `ray.init` does first, but once and with a deadline:
     `ray.init` retries a refused token for ~20 s and then reports only "Failed to connect".
 
-    The request is `npas.service.ray_adapter.probe_gcs` (a private Ray client; no public call does
+    The request is `npas.service.search.ray_adapter.probe_gcs` (a private Ray client; no public call does
     one bounded request). Its C++ core logs each failed attempt straight to stderr; that one line is
     silenced here because npas reports the failure itself, in one line.
     """
     from ray.exceptions import AuthenticationError
 
-    from npas.service.ray_adapter import probe_gcs
+    from npas.service.search.ray_adapter import probe_gcs
 
     try:
         with _stderr_silenced():
@@ -306,85 +307,7 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
     return {"CPU": cpus, "GPU": gpus}
 
 
-# ---- the trainable: runs inside a Ray worker process ----------------------------------------
-def trainable(config: dict, data: dict) -> None:
-    """One trial: its allocation trained on `data["repeats"]` seeds (default 1), one after another.
-
-    Only the first seed reports its validation loss at each evaluation, so ASHA ranks and stops a
-    trial on one seed's curve, exactly as without repeats, and decides before the other R-1 seeds
-    cost anything; a trial it lets through trains the remaining seeds without reports, and the final
-    report carries the mean over all seeds (`npas.service.outcome.combine_repeats`). A seed whose run
-    fails or diverges ends the trial as failed, naming the seed: a mean without it would not be
-    comparable with the other trials'.
-    """
-    import ray
-    from ray import tune
-
-    from npas.allocation.config import ArchConfig, Chassis
-    from npas.service.outcome import combine_repeats, repeat_seeds
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-    from npas.training.data import load_known_corpus
-    from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
-    from npas.training.recipe import Recipe
-
-    cfg = ArchConfig.from_dict(config["allocation"])
-    recipe = Recipe.from_dict(config["recipe"])
-    corpus = data.get("corpus") or load_known_corpus(data["source"], recipe.val_fraction, recipe.test_fraction,
-                                                     data["fingerprint"], data.get("tokenizer_json"),
-                                                     data.get("glob", DEFAULT_GLOB),
-                                                     data.get("text_field", DEFAULT_TEXT_FIELD),
-                                                     data.get("tokenizer_fingerprint"))
-    reference = Chassis(**data["reference"]) if data.get("reference") else None
-    seeds = repeat_seeds(recipe.seed, int(data.get("repeats") or 1))
-
-    def report(step: int, val_loss: float) -> bool:
-        tune.report({"val_loss": val_loss if math.isfinite(val_loss) else math.inf, "step": step, "final": False})
-        return False  # ASHA stops a trial by ending it at a report, not through this return value
-
-    def which(seed: int) -> str:
-        return f"seed {seed} (repeat {seeds.index(seed) + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
-
-    node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
-    init_state = None
-    if data.get("init_from"):  # `search --init-from`: every seed starts from the trained model, converted
-        try:
-            from npas.conversion.init_from import initial_state
-
-            init_state = initial_state(data["init_from"], cfg, recipe.seed, corpus, recipe.seq_len)
-        except Exception as e:  # a conversion that raises would raise on every retry: the trial fails
-            reason = f"converting the --init-from model raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
-            tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
-                         "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
-            return
-    runs = []
-    for seed in seeds:
-        run_recipe = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
-        try:
-            result = run_proxy(cfg, run_recipe, corpus, report=report if seed == seeds[0] else None,
-                               reference=reference, init_state=init_state)
-        except Exception as e:
-            # raised by the run itself, so it would raise again on every retry: report it as the trial's
-            # failure instead of crashing the worker (Tune retries only workers and nodes that died)
-            reason = f"{which(seed)}the proxy run raised {type(e).__name__}: {' '.join(str(e).split())}"[:1500]
-            tune.report({"val_loss": math.inf, "step": 0, "final": True, "node": node,
-                         "proxy": json.dumps({"status": "failed", "failure_reason": reason})})
-            return
-        if result.status != "ok" or result.val_loss is None:
-            failed = result.to_dict()
-            if failed.get("failure_reason"):
-                failed["failure_reason"] = which(seed) + failed["failure_reason"]
-            loss = result.val_loss if result.val_loss is not None else math.inf
-            tune.report({"val_loss": loss, "step": result.steps_done, "final": True, "node": node,
-                         "proxy": json.dumps(failed)})
-            return
-        runs.append(result.to_dict())
-    proxy = combine_repeats(runs, seeds)
-    # Tune flattens nested result dicts; the metrics travel as one JSON string and are decoded by the searcher
-    tune.report({"val_loss": proxy["val_loss"], "step": proxy["steps_done"], "final": True, "node": node,
-                 "proxy": json.dumps(proxy)})
-
-
-def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, corpus_payload: dict,
+def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, worker: WorkerSpec,
                workers: int, cpus_per_trial: float, gpus_per_trial: float, early_stop: bool,
                max_retries: int = 2) -> bool:
     """Run Tune until the searcher finishes. Returns False if the run was interrupted: Tune ended
@@ -392,6 +315,8 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     trials still live."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+
+    from npas.service.search.worker import trainable
 
     class _Errors(tune.Callback):
         """Keep each failed trial's error text for the study (Tune's Searcher hook gets only a flag)."""
@@ -429,7 +354,7 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     runs = (RUNS_DIR / "ray").resolve()
     runs.mkdir(parents=True, exist_ok=True)
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(trainable, data=corpus_payload), resources),
+        tune.with_resources(tune.with_parameters(trainable, spec=worker), resources),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
                                     max_concurrent_trials=workers, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{study_name}-{int(time.time())}", storage_path=str(runs), verbose=0,
@@ -442,16 +367,25 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     # nor its closing "Failed to fetch metrics" from the result files the loggers above no longer write
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     interrupted = False
+    try:
+        with sigterm_as_interrupt():  # Tune stops its trials, the searcher records them
+            tuner.fit()
+    except KeyboardInterrupt:
+        interrupted = True
+    return not interrupted and searcher.finished and not searcher.has_live
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM behaves like Ctrl-C for the duration (a search's trials or a certificate's
+    retrainings are recorded as stopped, and a rerun continues); the previous handler is restored."""
     previous = signal.getsignal(signal.SIGTERM)
 
-    def _term(signum, frame):  # SIGTERM behaves like Ctrl-C: Tune stops its trials, we record them
+    def _term(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        tuner.fit()
-    except KeyboardInterrupt:
-        interrupted = True
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return not interrupted and searcher.finished and not searcher.has_live

@@ -18,9 +18,9 @@ import optuna
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import Space
-from npas.service.record import Constraint, TrialAttr
-from npas.service.samplers import baseline_fixed
-from npas.service.study import same_key, trial_key
+from npas.service.search.samplers import baseline_fixed
+from npas.service.study.record import Constraint, TrialAttr
+from npas.service.study.studies import same_key, trial_key
 
 log = logging.getLogger(__name__)
 

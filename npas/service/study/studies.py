@@ -1,7 +1,7 @@
 """Optuna studies as npas uses them: loading, reading trials back, and the front.
 
 The study is the source of truth: its user attributes hold everything a resume needs (the
-`StudyRecord` in `npas.service.record`); each trial's user attributes hold the allocation, its hash,
+`StudyRecord` in `npas.service.study.record`); each trial's user attributes hold the allocation, its hash,
 the accounting and the proxy metrics.
 Constraints (Optuna 5 `set_constraint`) keep the budget and, for trials stopped early by ASHA, the
 missing fidelity, so plain `optuna.load_study(...).best_trials` already returns the full-fidelity
@@ -21,9 +21,9 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
-from npas.service.noise import seed_std, seed_values
-from npas.service.record import Constraint, StudyAttr, StudyRecord, TrialAttr, is_ready
-from npas.service.storage import StorageHandle, study_names
+from npas.service.study.noise import seed_std, seed_values
+from npas.service.study.record import Constraint, StudyAttr, StudyRecord, TrialAttr, is_ready
+from npas.service.study.storage import StorageHandle, study_names
 
 
 def trial_key(cfg: ArchConfig, recipe: dict, fingerprint: str) -> str:

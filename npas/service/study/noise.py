@@ -1,11 +1,15 @@
 """Seed noise of a front: per-seed losses of trials run with `npas search --repeats R`, and whether
 one front point's loss advantage over another is larger than that noise.
 
-Every trial of a study trains seed index r on the same seed (`npas.service.outcome.repeat_seeds`),
+Every trial of a study trains seed index r on the same seed (`npas.service.search.outcome.repeat_seeds`),
 so the same batches in the same order: two trials' losses are compared seed by seed (paired), which
 removes the part of the noise both runs share. An advantage counts as resolved when the mean of the
 per-seed differences exceeds `NOISE_SIGMAS` times their standard deviation (ddof=1). A study run
 with one seed per trial knows no noise at all, and says so rather than calling anything resolved.
+
+The same statistics over a matrix of losses (allocations x seeds: `pooled_seed_std`, `paired_std`,
+`signal_to_noise`) are what the fidelity certificate reports: this module is the one home of
+seed-noise statistics, per trial and pooled.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from optuna.trial import FrozenTrial
 
-from npas.service.record import TrialAttr
+from npas.service.study.record import TrialAttr
 
 NOISE_SIGMAS = 2.0  # an advantage inside 2 paired std is not told apart from seed noise
 
@@ -98,3 +103,50 @@ def describe(gap: Gap, objective: str, decides: str | None) -> str:
     if decides and gap.resolved is not True:
         why += f"; --pick {decides} chose trial {gap.better} anyway (see also --pick trial={gap.other})"
     return f"{head}: {why}"
+
+
+# ---- pooled over a matrix of losses: allocations x seeds (the fidelity certificate) ----------
+def _losses(losses) -> np.ndarray:
+    a = np.asarray(losses, float)
+    if a.ndim != 2:
+        raise ValueError(f"losses must be (allocations, seeds), got shape {a.shape}")
+    return a
+
+
+def pooled_seed_std(losses) -> float | None:
+    """Pooled within-allocation std across seeds: the noise of one run (needs >= 2 seeds)."""
+    a = _losses(losses)
+    if a.shape[1] < 2 or a.shape[0] < 1:
+        return None
+    return float(math.sqrt(np.mean(np.var(a, axis=1, ddof=1))))
+
+
+def paired_std(losses) -> float | None:
+    """Std across seeds of the difference between two allocations, pooled over all pairs.
+
+    This is the noise a seed-paired comparison of two allocations sees; it is below
+    ``sqrt(2) * pooled_seed_std`` when seeds move all allocations together.
+    """
+    a = _losses(losses)
+    k, s = a.shape
+    if k < 2 or s < 2:
+        return None
+    var = [np.var(a[i] - a[j], ddof=1) for i in range(k) for j in range(i + 1, k)]
+    return float(math.sqrt(np.mean(var)))
+
+
+def signal_to_noise(losses) -> float | None:
+    """std across allocations of their seed-mean loss / (within-allocation seed std / sqrt(S)).
+
+    Under pure noise the seed means scatter by exactly one standard error, so the ratio is ~1;
+    an SNR of 3 means allocations differ three times more than seed noise can explain.
+    """
+    a = _losses(losses)
+    k, s = a.shape
+    noise = pooled_seed_std(a)
+    if k < 2 or noise is None:
+        return None
+    signal = float(np.std(a.mean(axis=1), ddof=1))
+    if noise == 0.0:
+        return math.inf if signal > 0 else None
+    return signal / (noise / math.sqrt(s))

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from npas.errors import StudyError
-from npas.service.record import TrialAttr
+from npas.service.study.record import TrialAttr
 
 # Repeat r trains from seed `recipe.seed + SEED_STRIDE * r`. A proxy run draws its init from its seed
 # s and its batch order from s + 1 (npas.training.proxy), so a stride of 2 keeps every repeat's two

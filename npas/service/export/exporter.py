@@ -10,9 +10,9 @@ import yaml
 
 from npas.allocation.config import ArchConfig
 from npas.errors import NpasError, StudyError
-from npas.service.picks import objective_names
-from npas.service.picks import pick as choose
-from npas.service.record import StudyAttr, TrialAttr
+from npas.service.export.picks import objective_names
+from npas.service.export.picks import pick as choose
+from npas.service.study.record import StudyAttr, TrialAttr
 from npas.training.train import REFERENCE_KEY, tokenizer_beside
 
 log = logging.getLogger(__name__)

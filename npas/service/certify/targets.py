@@ -28,11 +28,11 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
-from npas.service import study as studies
-from npas.service.outcome import repeat_seeds
-from npas.service.picks import objective_index
-from npas.service.picks import pick as choose
-from npas.service.record import StudyAttr, TrialAttr
+from npas.service.export.picks import objective_index
+from npas.service.export.picks import pick as choose
+from npas.service.search.outcome import repeat_seeds
+from npas.service.study import studies
+from npas.service.study.record import StudyAttr, TrialAttr
 from npas.training.recipe import Recipe
 
 SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds recipes use

@@ -18,8 +18,8 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.service.record import TrialAttr
-from npas.service.study import counts_toward_target, was_evaluated
+from npas.service.study.record import TrialAttr
+from npas.service.study.studies import counts_toward_target, was_evaluated
 
 
 class StudyTally:

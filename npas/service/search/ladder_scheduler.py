@@ -4,7 +4,7 @@ Ray Tune's ASHA stops the trials it does not promote, and a stopped trial never 
 (ray-project/ray#32634): a trial promoted late has to start again from step 0. This scheduler keeps
 them instead. A trial reports at every rung (``tune.report`` with the rung in ``time_attr``, its loss
 in ``metric``, and a checkpoint of its stable-phase state, ``npas.training.checkpoint``). Then
-``on_trial_result`` asks ``npas.service.ladder.Ladder``:
+``on_trial_result`` asks ``npas.service.search.ladder.Ladder``:
 
   - promoted at this rung            -> CONTINUE: train on to the next rung, no checkpoint round trip;
   - not (yet) promoted               -> PAUSE: Tune keeps the checkpoint the trial just reported
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from npas.service.ladder import DEFAULT_ETA, Ladder, Noise, RungResult, rank
+from npas.service.search.ladder import DEFAULT_ETA, Ladder, Noise, RungResult, rank
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController

@@ -16,17 +16,17 @@ import optuna
 from optuna.trial import TrialState
 
 from npas.allocation.budget import count
-from npas.service import fidelity as F
+from npas.service.certify import fidelity as F
+from npas.service.study import noise as N
+from npas.service.study.record import RetrainAttr
 
 CERTIFICATE_ATTR = "fidelity_certificate"  # source study user attr, JSON
 FROM_STUDY = ("front", "sample", "baseline", "pick", "memory_matched")  # roles of trials the proxy ranked
 
 
 def _losses_by_key(linked: optuna.Study) -> dict[str, float]:
-    from npas.service.validate import V_KEY
-
-    return {str(t.user_attrs[V_KEY]): float(t.values[0])
-            for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if V_KEY in t.user_attrs}
+    return {str(t.user_attrs[RetrainAttr.KEY]): float(t.values[0])
+            for t in linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if RetrainAttr.KEY in t.user_attrs}
 
 
 def _row(plan, target, losses: dict[str, float]) -> dict:
@@ -75,9 +75,9 @@ def build_certificate(source: optuna.Study, linked: optuna.Study, plan) -> dict:
         "retrainings": len(losses),
         "all": _ranking(ranked), "front": _ranking(front),
         "rank_flips": {"flips": flips, "pairs": pairs},
-        "seed_std": F.seed_std(matrix) if matrix else None,
-        "paired_std": F.paired_std(matrix) if matrix else None,
-        "snr": _finite(F.signal_to_noise(matrix)) if matrix else None,
+        "seed_std": N.pooled_seed_std(matrix) if matrix else None,
+        "paired_std": N.paired_std(matrix) if matrix else None,
+        "snr": _finite(N.signal_to_noise(matrix)) if matrix else None,
         "size_and_compute": F.size_and_compute([r["test_mean"] for r in ranked],
                                                [r["flops_per_token"] for r in ranked],
                                                [r["materialised_non_embedding"] for r in ranked]),

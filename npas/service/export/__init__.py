@@ -1,0 +1,1 @@
+"""Export: a trial picked from a study's front (`picks`) and its allocation written as YAML (`exporter`)."""
