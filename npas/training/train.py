@@ -61,7 +61,8 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
     nothing); the caller decides whether that is an error.
     """
-    check_compatible(cfg, recipe, corpus)  # before the directory exists: a refused run leaves nothing behind
+    # before the directory exists: a refused run leaves nothing behind
+    check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,

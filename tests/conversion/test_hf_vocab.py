@@ -77,3 +77,22 @@ def test_more_tokens_than_rows_converts_without_a_loss_pass(tmp_path, tokenizer)
     assert "has 300 tokens but the model's vocab_size is only 256" in ck.tokenizer_note
     res = convert_hf_dir(src, None, tmp_path / "out")
     assert res.note is not None and "only 256" in res.note and math.isnan(res.val_loss)
+
+
+def test_training_continues_from_a_padded_conversion_but_not_from_scratch(tmp_path, tokenizer, capsys):  # noqa: F811
+    src = tmp_path / "src"
+    make_llama(src, tokenizer, tied=True, vocab=PADDED)
+    convert_hf_dir(src, None, tmp_path / "conv")
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "conv"), "--recipe", "smoke", "--steps", "3",
+                 "--out", str(tmp_path / "more")]) == 0
+    model, tok, cfg = load_trained(tmp_path / "more")
+    assert cfg.chassis.vocab_size == PADDED and tok.vocab_size == V
+    # from scratch a chassis wider than its tokenizer is still a mistake: one line, exit 2
+    (tmp_path / "alloc.yaml").write_text(cfg.to_yaml())
+    capsys.readouterr()
+    code = main(["train", str(tmp_path / "alloc.yaml"), "--recipe", "smoke", "--steps", "3",
+                 "--tokenizer", str(src / "tokenizer.json"), "--out", str(tmp_path / "scratch")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"chassis vocab_size={PADDED}" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "scratch").exists()
