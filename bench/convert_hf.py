@@ -18,6 +18,7 @@ import math
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,14 +78,29 @@ def with_lr(recipe: Recipe, mult: float, seed: int, steps: int | None = None) ->
 ARMS = ("converted", "scratch_equal_uptrain", "scratch_equal_total")
 
 
+def arm_steps(mode: HFMode) -> dict[str, int]:
+    """Optimizer steps of one training run of each arm."""
+    u = mode.uptrain.steps
+    return {"converted": u, "scratch_equal_uptrain": u, "scratch_equal_total": mode.dense.steps + u}
+
+
+def plan_steps(mode: HFMode) -> dict[str, int]:
+    """The run's optimizer steps: the dense model's, the seed-0 grids', the other seeds' and the total,
+    without extensions ("total") and with every arm extended `MAX_EXTEND` times ("at_most"): the
+    counts `locate_and_repeat` spends (tests/bench/test_convert_hf_plan.py runs it on a stub)."""
+    steps = arm_steps(mode)
+    grids = sum(len(GRID) * s for s in steps.values())
+    seeds = sum((len(mode.seeds) - 1) * s for s in steps.values())  # seed 0 is in the grid
+    total = mode.dense.steps + grids + seeds
+    return {"dense": mode.dense.steps, "grids": grids, "seeds": seeds, "total": total,
+            "at_most": total + MAX_EXTEND * sum(steps.values())}
+
+
 def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
     d, u = mode.dense, mode.uptrain
     ref = count(reference_config(mode.chassis)).stored_params
     total = d.steps + u.steps
-    steps = {"converted": u.steps, "scratch_equal_uptrain": u.steps, "scratch_equal_total": total}
-    grid_steps = sum(len(GRID) * s for s in steps.values())
-    seed_steps = sum((len(mode.seeds) - 1) * s for s in steps.values())  # seed 0 is in the grid
-    worst = grid_steps + MAX_EXTEND * sum(steps.values())  # each arm extends at most MAX_EXTEND times
+    p = plan_steps(mode)
     print(f"plan (--hf): dense {mode.chassis.family} reference {ref:,} params, {d.name} {d.steps} steps x "
           f"{d.tokens_per_step:,} tokens, saved as a stock LlamaForCausalLM and read back with npas convert's reader")
     print(f"  allocation cycle+lora8@0.5x: {count(cfg).stored_params:,} params ({count(cfg).stored_params / ref:.3f}x) "
@@ -93,8 +109,35 @@ def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
           f"scratch at equal total steps ({total})")
     print(f"  rate location per arm on seed 0: lr x {list(GRID)} of {u.lr:g}, extended up to {MAX_EXTEND} times "
           f"past an edge optimum; then seeds {list(mode.seeds)} at the located rate; paired 95% t-intervals")
-    print(f"  optimizer steps: dense {d.steps:,} + grids {grid_steps:,} + seeds {seed_steps:,} = "
-          f"{d.steps + grid_steps + seed_steps:,} (at most {d.steps + worst + seed_steps:,} with extensions)")
+    print(f"  optimizer steps: dense {p['dense']:,} + grids {p['grids']:,} + seeds {p['seeds']:,} = "
+          f"{p['total']:,} (at most {p['at_most']:,} with extensions)")
+
+
+def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t0: float | None = None
+                      ) -> tuple[dict[str, tuple[float, bool]], dict[str, dict[int, float]]]:
+    """Per arm: the lr grid on seed 0, extended past an edge optimum at most `MAX_EXTEND` times, then
+    every other seed at the located rate. Returns ({arm: (lr multiple, interior)}, {arm: {seed: loss}})."""
+    located, losses = {}, {}
+    for arm in ARMS:
+        tried = {m: train(arm, m, 0) for m in GRID}
+        for _ in range(MAX_EXTEND):
+            best = min(tried, key=tried.get)
+            if best == min(tried):
+                tried[best / 2] = train(arm, best / 2, 0)
+            elif best == max(tried):
+                tried[best * 2] = train(arm, best * 2, 0)
+            else:
+                break
+        best = min(tried, key=tried.get)
+        interior = min(tried) < best < max(tried)
+        located[arm] = (best, interior)
+        losses[arm] = {0: tried[best]} | {s: train(arm, best, s) for s in mode.seeds if s != 0}
+        if t0 is not None:
+            print(f"  {arm}: lr x{best:g} ({'interior' if interior else 'EDGE'}) "
+                  + " ".join(f"{m:g}:{v:.4f}" for m, v in sorted(tried.items()))
+                  + f"; seeds {[round(losses[arm][s], 4) for s in mode.seeds]} [{time.perf_counter() - t0:.0f} s]",
+                  flush=True)
+    return located, losses
 
 
 def _t95(n: int) -> float:
@@ -134,25 +177,7 @@ def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
                                                            calibration=calibration).model.state_dict().items()}
         return train_model(cfg, recipe, corpus, device=dev, init_state=init)[1].val_loss
 
-    located, losses = {}, {}
-    for arm in ARMS:
-        tried = {m: train(arm, m, 0) for m in GRID}
-        for _ in range(MAX_EXTEND):
-            best = min(tried, key=tried.get)
-            if best == min(tried):
-                tried[best / 2] = train(arm, best / 2, 0)
-            elif best == max(tried):
-                tried[best * 2] = train(arm, best * 2, 0)
-            else:
-                break
-        best = min(tried, key=tried.get)
-        interior = min(tried) < best < max(tried)
-        located[arm] = (best, interior)
-        losses[arm] = {0: tried[best]} | {s: train(arm, best, s) for s in mode.seeds if s != 0}
-        print(f"  {arm}: lr x{best:g} ({'interior' if interior else 'EDGE'}) "
-              + " ".join(f"{m:g}:{v:.4f}" for m, v in sorted(tried.items()))
-              + f"; seeds {[round(losses[arm][s], 4) for s in mode.seeds]} [{time.perf_counter() - t0:.0f} s]",
-              flush=True)
+    located, losses = locate_and_repeat(mode, train, t0)
     print("\n| arm | lr | rate | " + " | ".join(f"seed {s}" for s in mode.seeds) + " | mean |")
     print("|---|---|---|" + "---|" * len(mode.seeds) + "---|")
     for arm in ARMS:

@@ -74,14 +74,20 @@ def _norm(c: Chassis) -> nn.Module:
     return nn.LayerNorm(c.d_model, bias=False)  # bias-free LayerNorm: d parameters
 
 
-def rotary(c: Chassis, T: int, device: torch.device, start: int = 0) -> tuple[Tensor, Tensor]:
+def rotary(c: Chassis, T: int, device: torch.device, start: int = 0,
+           positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(cos, sin), each (T, head_dim), of Hugging Face's default rotary embedding: inv_freq =
     1 / theta^(2i / head_dim) for i < head_dim / 2, angles pos x inv_freq, repeated for both halves.
+    Positions are start..start+T-1, or per row `positions` (B, T) (left-padded batches, whose rows
+    start at different offsets): then each is (B, 1, T, head_dim), broadcasting over the heads.
     Computed in fp32 per forward (a few thousand elements), so no buffer changes with the model's dtype."""
     hd = c.head_size
     inv_freq = scaled_inv_freq(1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device)
                                                       .float() / hd)), c.rope)
-    freqs = torch.outer(torch.arange(start, start + T, device=device).float(), inv_freq)  # (T, hd/2)
+    if positions is not None:
+        freqs = (positions.float()[..., None] * inv_freq)[:, None]  # (B, 1, T, hd/2)
+    else:
+        freqs = torch.outer(torch.arange(start, start + T, device=device).float(), inv_freq)  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 
@@ -138,6 +144,19 @@ def _causal(T: int, S: int, start: int, device: torch.device) -> dict[str, Any]:
     return {"attn_mask": torch.arange(S, device=device)[None, :] <= pos[:, None]}
 
 
+def _padded(keep: Tensor, T: int) -> dict[str, Any]:
+    """Causal attention of the last T of S positions, over the keys `keep` (B, S) marks real (a
+    transformers attention_mask, 1 = token, 0 = padding): a (B, 1, T, S) boolean mask. Each query may
+    also read its own position, so a padding query (all its earlier keys padding too) gets a finite
+    output rather than NaN, which would leak into later layers through the values it writes."""
+    B, S = keep.shape
+    q = torch.arange(S - T, S, device=keep.device)
+    k = torch.arange(S, device=keep.device)
+    causal = k[None, :] <= q[:, None]  # (T, S)
+    own = k[None, :] == q[:, None]
+    return {"attn_mask": (causal & keep.bool()[:, None, :] | own)[:, None]}
+
+
 class Block(nn.Module):
     """A unique block: direct Parameters for its slots that no bank generates, and shared norms."""
 
@@ -190,11 +209,12 @@ class Layer(nn.Module):
     def forward(self, x: Tensor, w: dict[str, Tensor], ln_1: nn.Module, ln_2: nn.Module,
                 kv: tuple[Tensor, Tensor] | None = None, moe: ExpertPools | None = None,
                 layer: int = 0, rope: tuple[Tensor, Tensor] | None = None, cache: Any = None,
-                start: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+                attn: dict[str, Any] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """The layer's output and the (k, v) it attended with, for layers that share them.
         With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`). On a
         llama chassis `rope` is the (cos, sin) of the positions: q and k are rotated before attention
-        (a shared k is shared rotated), and grouped K/V heads are repeated to the query heads."""
+        (a shared k is shared rotated), and grouped K/V heads are repeated to the query heads.
+        `attn` is the attention's mask arguments (`_causal` / `_padded`); None is plain causal."""
         B, T, C = x.shape
         hs = self.head_size
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
@@ -216,7 +236,7 @@ class Layer(nn.Module):
         else:
             q, (k, v) = out[0], kv  # full KV sharing: nothing of this layer's is cached
         y = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep),
-                                           **_causal(T, k.shape[2], start, x.device))
+                                           **({"is_causal": True} if attn is None else attn))
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_heads * hs)
         x = x + self._linear(y, "attn_o", w["attn_o"])
         h = ln_2(x)
@@ -299,26 +319,43 @@ class TransformerLM(nn.Module):
                 weights[b][slot] = w
         return weights
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None, cache: Any = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, cache: Any = None,
+                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Logits (B, T, V) and the mean cross-entropy against `targets` (None without them).
 
         `cache` (incremental decoding, e.g. a transformers DynamicCache: `get_seq_length()` and
         `update(k, v, layer)`) holds the keys and values of the tokens before `idx`; only KV *source*
         layers store theirs (a "v"-mode consumer its keys only): cross-layer KV sharing shrinks the cache
-        to the share of source layers."""
+        to the share of source layers.
+
+        `attention_mask` (B, start + T; 1 = token, 0 = padding, transformers' convention) lets a batch
+        of prompts of different lengths run left-padded: each row's positions count its real tokens
+        only and no query reads a padding key, so a row's logits equal its unpadded run's. Padding
+        positions get finite logits of no meaning."""
         B, T = idx.shape
         start = 0 if cache is None else int(cache.get_seq_length())
-        if start + T > self.cfg.chassis.context:
-            raise ValueError(f"sequence length {start + T} exceeds the chassis context {self.cfg.chassis.context}")
+        c = self.cfg.chassis
+        positions, attn = None, None
+        if attention_mask is not None and attention_mask.shape != (B, start + T):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(B, start + T)} "
+                             "(the cached tokens and the new ones)")
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+            attn = _padded(attention_mask, T)
+            end = int(positions.max()) + 1
+        else:
+            attn = None if start == 0 else _causal(T, start + T, start, idx.device)
+            end = start + T
+        if end > c.context:
+            raise ValueError(f"sequence length {end} exceeds the chassis context {c.context}")
         weights = self.materialise()
         atoms = {slot: dictionary.generate() for slot, dictionary in self.atoms.items()}  # (rows, d, d) each
-        c = self.cfg.chassis
         rope = None
         if c.llama:
             x = self.wte(idx)  # (B, T, d); positions enter as rotations of q and k
-            rope = rotary(c, T, idx.device, start)
+            rope = rotary(c, T, idx.device, start, positions)
         else:
-            pos = torch.arange(start, start + T, device=idx.device)
+            pos = torch.arange(start, start + T, device=idx.device) if positions is None else positions
             x = self.wte(idx) + self.wpe(pos)  # (B, T, d)
         kv: dict[int, tuple[Tensor, Tensor]] = {}
         if self.experts is not None:
@@ -332,7 +369,7 @@ class TransformerLM(nn.Module):
                     if i in rows:
                         w[slot] = atoms[slot][rows[i]]
             src = self.kv_source[i]
-            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope, cache, start)
+            x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope, cache, attn)
             if src == i:
                 kv[i] = kv_i
         if self.experts is not None:

@@ -8,8 +8,9 @@ source's dtype (bf16 weights are upcast only for the fits) unless `dtype` says o
 A checkpoint has no npas record of its training text, so the loss pass reads `data` (default: the
 bundled corpus) with the checkpoint's own tokenizer.json, at the `smoke` recipe's windows, scoring the
 source and the converted model on the same batches; MLP narrowing is calibrated on its training split.
-Without a usable tokenizer.json (only tokenizer.model, none, or a vocabulary of another size) the
-conversion runs without a loss pass and says so in `ConvertResult.note`.
+Without a usable tokenizer.json (only tokenizer.model, none, or more tokens than the model has rows;
+fewer is a padded vocabulary and fine) the conversion runs without a loss pass and says so in
+`ConvertResult.note`.
 """
 
 from __future__ import annotations

@@ -161,7 +161,9 @@ def hf_classes() -> tuple[type, type]:
         use_cache: bool = True
 
     class NpasForCausalLM(PreTrainedModel, GenerationMixin):
-        """npas's TransformerLM (`self.npas`) behind transformers' causal-LM interface; no KV cache."""
+        """npas's TransformerLM (`self.npas`) behind transformers' causal-LM interface. Its KV cache holds
+        only the KV source layers (cross-layer sharing shrinks it); a 2-D `attention_mask` lets batches
+        of prompts of different lengths run left-padded (positions come from the mask)."""
 
         config_class = NpasConfig
         base_model_prefix = "npas"
@@ -185,7 +187,8 @@ def hf_classes() -> tuple[type, type]:
                 from transformers import DynamicCache
 
                 cache = DynamicCache(config=self.config)
-            logits, _ = self.npas(input_ids, cache=cache if use_cache is not False else None)
+            logits, _ = self.npas(input_ids, cache=cache if use_cache is not False else None,
+                                  attention_mask=attention_mask)
             loss = None
             if labels is not None:  # transformers' convention: labels are the inputs, shifted here
                 loss = torch.nn.functional.cross_entropy(

@@ -197,15 +197,19 @@ class HFCheckpoint:
 
 
 def read_hf_tokenizer(d: Path, vocab_size: int) -> tuple[Any, str | None]:
-    """(tokenizer, None) from tokenizer.json, or (None, the one-line reason there is none usable)."""
+    """(tokenizer, None) from tokenizer.json, or (None, the one-line reason there is none usable).
+
+    A tokenizer with fewer tokens than the model's `vocab_size` is usable: checkpoints often pad the
+    embedding to a multiple of 64 or 128 for faster matmuls, and the rows past the tokenizer's ids are
+    never read (the model keeps them; npas's sampler never emits them). More tokens than rows is not."""
     from npas.training.tokenizers import tokenizer_from_json
 
     if not (d / TOKENIZER_JSON).is_file():
         what = f"only {SENTENCEPIECE}" if (d / SENTENCEPIECE).is_file() else "no tokenizer"
         return None, f"{d} has {what} (npas reads tokenizer.json)"
     tok = tokenizer_from_json((d / TOKENIZER_JSON).read_text(encoding="utf-8"), name=str(d / TOKENIZER_JSON))
-    if tok.vocab_size != vocab_size:
-        return tok, (f"{d / TOKENIZER_JSON} has {tok.vocab_size} tokens but the model's vocab_size is "
+    if tok.vocab_size > vocab_size:
+        return tok, (f"{d / TOKENIZER_JSON} has {tok.vocab_size} tokens but the model's vocab_size is only "
                      f"{vocab_size}")
     return tok, None
 

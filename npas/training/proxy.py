@@ -176,15 +176,17 @@ def evaluate(model: nn.Module, batches: tuple[torch.Tensor, torch.Tensor], devic
     return total.item() / len(xs)
 
 
-def check_compatible(cfg: Any, recipe: Recipe, corpus: Corpus) -> None:
-    """Refuse a recipe/corpus/allocation mismatch before any work, naming the fix."""
+def check_compatible(cfg: Any, recipe: Recipe, corpus: Corpus, padded: bool = False) -> None:
+    """Refuse a recipe/corpus/allocation mismatch before any work, naming the fix. `padded` (training
+    continues from given weights) accepts a chassis vocabulary larger than the tokenizer's: a Hugging
+    Face checkpoint's embedding padded past its tokenizer's ids, whose extra rows are never targets."""
     from npas.errors import ConfigError
 
     c = cfg.chassis
     if recipe.seq_len > c.context:
         raise ConfigError(f"recipe {recipe.name!r} has seq_len={recipe.seq_len} but the chassis context is "
                           f"{c.context}; lower seq_len in the recipe or raise chassis.context")
-    if c.vocab_size != corpus.vocab_size:
+    if c.vocab_size != corpus.vocab_size and not (padded and c.vocab_size > corpus.vocab_size):
         raise ConfigError(f"chassis vocab_size={c.vocab_size} but corpus {corpus.source} under tokenizer "
                           f"{corpus.tokenizer.name} has {corpus.vocab_size} tokens; set chassis.vocab_size: "
                           f"{corpus.vocab_size} or train on the data and tokenizer the allocation was searched on")
@@ -216,7 +218,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
 
     t_start = time.perf_counter()
     dev = pick_device(device)
-    check_compatible(cfg, recipe, corpus)
+    check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     acc = count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
     prev_threads = torch.get_num_threads()
     if dev.type == "cpu" and recipe.threads > 0:

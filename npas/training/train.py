@@ -61,7 +61,8 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
     nothing); the caller decides whether that is an error.
     """
-    check_compatible(cfg, recipe, corpus)  # before the directory exists: a refused run leaves nothing behind
+    # before the directory exists: a refused run leaves nothing behind
+    check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
@@ -219,7 +220,7 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
         raise DataError(f"{d / CONFIG_FILE} is damaged: {' '.join(str(err).split())}; train again or restore "
                         "the file") from None
     tokenizer = tokenizer_from_json(read_text(d / tok_file, "tokenizer", DataError), name=str(d / tok_file))
-    if tokenizer.vocab_size != cfg.chassis.vocab_size:
+    if tokenizer.vocab_size > cfg.chassis.vocab_size:  # fewer is a padded vocabulary (an HF checkpoint's)
         raise DataError(f"{d}: {tok_file} has {tokenizer.vocab_size} tokens but config.yaml's chassis "
                         f"vocab_size is {cfg.chassis.vocab_size}; the files come from different runs")
     model = build_model(cfg)
@@ -272,7 +273,8 @@ def sample(model: nn.Module, tokenizer: Tokenizer, prompt: str, tokens: int = 20
     model.eval()
     out: list[int] = []
     for _ in range(tokens):
-        logits = model(idx[:, -context:])[0][:, -1, :].float()  # (1, V)
+        # (1, V); a padded vocabulary's rows past the tokenizer's ids name no token: never emitted
+        logits = model(idx[:, -context:])[0][:, -1, :tokenizer.vocab_size].float()
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)
         else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -20,3 +23,46 @@ def test_hf_plan_names_the_arms_the_rate_location_and_the_cost():
     m = re.search(r"dense ([\d,]+) \+ grids ([\d,]+) \+ seeds ([\d,]+) = ([\d,]+)", out)
     parts = [int(x.replace(",", "")) for x in m.groups()]
     assert parts[0] + parts[1] + parts[2] == parts[3]
+
+
+@pytest.mark.parametrize("name", ["quick", "full"])
+def test_the_printed_step_counts_are_what_the_rate_location_spends(name, capsys):
+    """The plan's totals against `locate_and_repeat` run on a stub trainer that counts steps: a loss
+    falling with the rate always picks the grid's edge (every arm extends MAX_EXTEND times: "at most"),
+    a bowl at the recipe's rate never extends (the plain total)."""
+    from bench.convert_hf import (
+        GRID,
+        MAX_EXTEND,
+        arm_steps,
+        cycle_lora,
+        hf_modes,
+        locate_and_repeat,
+        print_hf_plan,
+    )
+
+    mode = hf_modes()[name]
+    print_hf_plan(mode, cycle_lora(mode.chassis))
+    m = re.search(r"dense ([\d,]+) \+ grids ([\d,]+) \+ seeds ([\d,]+) = ([\d,]+) \(at most ([\d,]+) with",
+                  capsys.readouterr().out)
+    dense, grids, seeds, total, at_most = (int(x.replace(",", "")) for x in m.groups())
+    per_arm = sum(arm_steps(mode).values())
+    assert dense == mode.dense.steps
+    assert total == dense + (len(GRID) + len(mode.seeds) - 1) * per_arm
+    assert at_most == total + MAX_EXTEND * per_arm
+
+    def spent(loss) -> int:
+        used = []
+
+        def train(arm, mult, seed):
+            used.append(arm_steps(mode)[arm])
+            return loss(mult)
+
+        located, _ = locate_and_repeat(mode, train)
+        return dense + sum(used), located
+
+    edge, located = spent(lambda mult: -mult)  # ever higher rates win: the edge, extended each time
+    assert edge == at_most and all(not interior for _, interior in located.values())
+    bowl, located = spent(lambda mult: math.log(mult) ** 2)
+    assert bowl == total and all(best == 1.0 and interior for best, interior in located.values())
+    if name == "full":  # issue 37's full run: 4,000 dense steps, then proxy (400) and 4,400-step arms
+        assert (total, at_most) == (50_800, 61_200)

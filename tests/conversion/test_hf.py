@@ -40,10 +40,10 @@ def tokenizer():
 
 
 def make_llama(path, tokenizer=None, *, tied=False, kv=2, rope=None, dtype=torch.float32, shard=None,
-               layers=3, seed=0, **extra):
+               layers=3, seed=0, vocab=V, **extra):
     torch.manual_seed(seed)
     rope_parameters = {"rope_type": "default", "rope_theta": 10000.0} if rope is None else rope | {"rope_theta": 5e5}
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=kv, max_position_embeddings=64,
                       tie_word_embeddings=tied, rope_parameters=rope_parameters, **extra)
     model = LlamaForCausalLM(cfg).eval()

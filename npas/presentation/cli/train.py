@@ -71,7 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
         start = None
     from npas.training.proxy import check_compatible
 
-    check_compatible(cfg, recipe, corpus)  # one line before the progress bar and the output directory
+    check_compatible(cfg, recipe, corpus, padded=start is not None)  # one line before the progress bar and --out
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if start is not None and not args.out:  # never the source's own default directory: keep what it continues
         from npas.conversion.directory import fingerprint_weights
