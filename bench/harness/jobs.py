@@ -1,0 +1,166 @@
+"""The job side every cached training bench shares, so a bench script only declares its jobs (and
+how a job names its cache file, builds its worker's arguments and labels its record) and its report:
+
+- ``run_spec``: the one training-job function (an allocation trained on the proxy loop, scored on
+  the validation and, if asked, test splits), which the CPU benches (``train_and_score``), the
+  evidence pool and the lent GPU's runner (``bench/device.py``) all call;
+- ``run_missing``: train every job whose run is not cached, on the CPU pool, each record saved the
+  moment it arrives, within an optional time box;
+- ``cost``: a plan's arithmetic (runs x tokens -> CPU-seconds, and what the cache already holds);
+- ``cached``: the report's read of the cache (every job's record, in job order).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import store
+from bench.harness.pool import run_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+_CORPUS: dict[tuple, Any] = {}
+
+
+def _corpus(recipe: Any) -> Any:
+    """The recipe's corpus, loaded once per process (a worker trains many runs)."""
+    from npas import load_corpus
+
+    key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
+    if key not in _CORPUS:
+        _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
+    return _CORPUS[key]
+
+
+corpus = _corpus
+
+
+def run_spec(spec: dict) -> dict:
+    """Train one spec'd run; the record is the spec's ``meta`` plus what the run measured."""
+    import torch
+
+    from npas import (
+        ArchConfig,
+        Chassis,
+        Recipe,
+        eval_batches,
+        evaluate,
+        pick_device,
+        train_model,  # cosine: npas.training.proxy's loop, as before
+    )
+
+    cfg = ArchConfig.from_json(spec["config"])
+    recipe = Recipe.from_dict(spec["recipe"])
+    ref = Chassis(**spec["reference"]) if spec.get("reference") else None
+    corpus = _corpus(recipe)
+    if recipe.threads > 0:
+        torch.set_num_threads(recipe.threads)
+    t = time.perf_counter()
+    init = None
+    if spec.get("init_weights"):  # a converted model's weights (bench/evidence/conversion.py): safetensors only
+        from safetensors.torch import load_file
+        init = load_file(str(ROOT / spec["init_weights"]))
+    try:
+        model, res = train_model(cfg, recipe, corpus, reference=ref, init_state=init)
+    except Exception as err:  # a run that breaks is a failed record, not a dead pool
+        return {**spec["meta"], "status": "failed", "val_loss": None, "test_loss": None,
+                "failure_reason": f"{type(err).__name__}: {err}"[:500], "steps": 0, "tokens": 0,
+                "wall_s": time.perf_counter() - t, "device": "?", "allocation": cfg.to_dict(),
+                "recipe": recipe.to_dict()}
+    if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
+        from safetensors.torch import save_file
+
+        from npas import export_state
+        dest = ROOT / spec["save_weights"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        save_file(export_state(model), str(dest.with_suffix(".tmp")))
+        dest.with_suffix(".tmp").replace(dest)
+    test = None
+    if spec.get("test") and res.status == "ok":
+        test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
+        test = test if math.isfinite(test) else None
+    return {**spec["meta"], "status": res.status, "val_loss": res.val_loss, "test_loss": test,
+            "failure_reason": res.failure_reason, "steps": res.steps_done,
+            "tokens": res.steps_done * recipe.tokens_per_step, "tokens_per_s": res.tokens_per_s,
+            "wall_s": res.wall_s, "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
+            "peak_memory_bytes": res.peak_memory_bytes, "device": res.device,
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict(), **_forked(res, recipe)}
+
+
+def _forked(res, recipe) -> dict:
+    """A WSD run's rung losses and what it trained with its forks (whose tokens it cost); {} for cosine."""
+    if not hasattr(res, "rung_losses"):
+        return {}
+    return {"rung_losses": {str(t): v for t, v in res.to_dict()["rung_losses"].items()},
+            "steps_trained": res.steps_trained, "tokens": res.steps_trained * recipe.tokens_per_step}
+
+
+
+
+def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
+    """``run_spec`` for the CPU benches: one allocation trained against the reference chassis
+    ``ref_json`` (the fair parameterization scales against it, as a search's runner passes it) and
+    scored on the validation and test splits; a run without a test loss counts as failed."""
+    rec = run_spec({"config": cfg_json, "recipe": json.loads(recipe_json), "reference": json.loads(ref_json),
+                    "test": True, "meta": {}})
+    if rec["status"] == "ok" and rec["test_loss"] is None:
+        rec["status"] = "failed"
+    return rec
+
+
+def run_missing(jobs: Sequence[Any], path: Callable[[Any], Path], args: Callable[[Any], tuple],
+                label: Callable[[Any], dict], workers: int, where: str,
+                progress: Callable[[int, int, Any, dict, float], None] | None = None,
+                fits: Callable[[Any, float], bool] | None = None) -> tuple[int, int, int]:
+    """Train every job of ``jobs`` whose run (cache file ``path(job)``) is missing, in order, with
+    ``train_and_score(*args(job))`` on ``workers`` processes; each record is saved (``label(job)``'s
+    fields first) the moment it arrives, so a killed bench keeps every finished run, and
+    ``progress(done, to_train, job, record, elapsed_s)`` reports it. ``fits(job, elapsed_s)``: a time
+    box (a job starts only while it fits). Returns (ran, cached, to train)."""
+    todo = [j for j in jobs if not store.exists(path(j))]
+    cached = len(jobs) - len(todo)
+    print(f"runs: {len(todo)} to train, {cached} cached{where}", flush=True)
+    t0 = time.perf_counter()
+    done = [0]
+
+    def save(j: Any, rec: dict) -> None:
+        store.save(path(j), {**label(j), **rec})
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], len(todo), j, rec, time.perf_counter() - t0)
+
+    gate = None if fits is None else (lambda j: fits(j, time.perf_counter() - t0))
+    return run_pool(todo, train_and_score, args, save, workers, gate), cached, len(todo)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A plan's arithmetic over some jobs: how many, how many cached, their training tokens, and the
+    estimated CPU-seconds of all of them and of the missing ones."""
+
+    runs: int
+    cached: int
+    tokens: int
+    secs: float
+    left: float
+
+
+def cost(jobs: Sequence[Any], tokens: Callable[[Any], int], flops: Callable[[Any], int], rate: float,
+         path: Callable[[Any], Path]) -> Cost:
+    """Runs x tokens -> CPU-seconds at ``rate`` training FLOP/s (3x the forward FLOPs per token,
+    evaluation excluded), and what the cache holds (``path(job)``: the job's run file)."""
+    have = [store.exists(path(j)) for j in jobs]
+    secs = [tokens(j) * 3 * flops(j) / rate for j in jobs]
+    return Cost(len(jobs), sum(have), sum(tokens(j) for j in jobs), sum(secs),
+                sum(s for s, h in zip(secs, have, strict=True) if not h))
+
+
+def cached(jobs: Sequence[Any], path: Callable[[Any], Path]) -> list[tuple[Any, Any]]:
+    """(job, record) of every job whose run is cached, in job order: what a report reads."""
+    return [(j, store.load(p)) for j in jobs if store.exists(p := path(j))]
