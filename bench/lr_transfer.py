@@ -4,7 +4,7 @@ A search trains every candidate with the recipe's one base learning rate, so the
 fair if each allocation's best learning rate sits where the reference's does. This bench sweeps the
 base rate over a x2 grid for allocations that differ from the reference (the untied uniform model at
 the middle depth and width) in depth, width, tying, pooling and LoRA relaxation, trains each with
-the real proxy loop (``npas.training.proxy.run_proxy``, reference chassis passed so the ``fair``
+the real proxy loop (``bench/harness/jobs.py``'s ``train_and_score``, reference chassis passed so the ``fair``
 rules see the width and depth ratios), and prints where each optimum lies under the ``fair``
 parameterization and the old ``uniform`` one side by side.
 
@@ -30,9 +30,9 @@ import math
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
@@ -40,12 +40,11 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 
 import npas  # noqa: E402
 from bench.device import make_spec  # noqa: E402
-from bench.harness import store  # noqa: E402
+from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.pool import run_pool  # noqa: E402
 from bench.harness.version import NUMERICS_FILES  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
-from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402  # noqa: E402
+from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
@@ -143,47 +142,27 @@ def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
     return out
 
 
-def _run(job: Job, cfg_json: str, recipe_json: str, ref_json: str) -> dict:
-    """One proxy run in a worker process; returns the JSON record that is cached."""
-    from npas import load_corpus, run_proxy
-
-    cfg = ArchConfig.from_json(cfg_json)
-    recipe = Recipe.from_dict(json.loads(recipe_json))
-    res = run_proxy(cfg, recipe, load_corpus(), reference=Chassis(**json.loads(ref_json)))
-    return {"arm": job.arm, "lr": job.lr, "seed": job.seed, "parameterization": job.parameterization,
-            "status": res.status, "val_loss": res.val_loss, "failure_reason": res.failure_reason,
-            "steps": res.steps_done, "tokens": res.steps_done * recipe.tokens_per_step, "wall_s": res.wall_s,
-            "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
-            "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+def path_of(setup: Setup, configs: dict[str, ArchConfig], version: str) -> Any:
+    """A job's run file in the cache (``bench/harness/store.py``)."""
+    return lambda j: setup.out / f"{j.key(configs[j.arm], version)}.json"
 
 
 def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> int:
-    """Train every job without a cached result; each result is written the moment it arrives."""
+    """Train every job without a cached result on the harness's pool (``bench/harness/jobs.py``)."""
     setup.out.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs_of(setup, configs)
-            if not store.exists(setup.out / f"{j.key(configs[j.arm], version)}.json")]
-    print(f"runs: {len(todo)} to train, {len(jobs_of(setup, configs)) - len(todo)} cached "
-          f"(code version {version}) in {setup.out}", flush=True)
     ref_json = json.dumps(setup.reference.__dict__)
 
-    def args(j: Job) -> tuple:
-        return j, configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json
+    def progress(i: int, n: int, j: Job, _rec: dict, elapsed: float) -> None:
+        if i == n or i % 10 == 0:
+            print(f"  {i}/{n} done ({elapsed:.0f} s), last {j.arm} {j.parameterization} lr {j.lr:g} seed {j.seed}",
+                  flush=True)
 
-    t0 = time.perf_counter()
-    done = [0]
-
-    def save(j: Job, rec: dict) -> None:
-        store.save(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
-        done[0] += 1
-        _progress(done[0], len(todo), j, t0)
-
-    return run_pool(todo, _run, args, save, setup.workers)
-
-
-def _progress(i: int, n: int, j: Job, t0: float) -> None:
-    if i == n or i % 10 == 0:
-        print(f"  {i}/{n} done ({time.perf_counter() - t0:.0f} s), last {j.arm} {j.parameterization} "
-              f"lr {j.lr:g} seed {j.seed}", flush=True)
+    return jobs_lib.run_missing(
+        jobs_of(setup, configs), path_of(setup, configs, version),
+        lambda j: (configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json),
+        lambda j: {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                   "code_version": version},
+        setup.workers, f" (code version {version}) in {setup.out}", progress)[0]
 
 
 def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
@@ -192,13 +171,12 @@ def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
     total = cached = 0.0
     print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
     for name, cfg in configs.items():
-        js = [j for j in jobs_of(setup, configs) if j.arm == name]
         flops = npas.count(cfg).flops_per_token
-        secs = len(js) * tokens * 3 * flops / CPU_FLOPS
-        done = sum(store.exists(setup.out / f"{j.key(cfg, version)}.json") for j in js)
-        cached += secs * done / len(js)
-        total += secs
-        print(f"{name:<14}{len(js):>6}{tokens:>12,}{flops:>15,}{secs / 3600:>11.2f}")
+        cost = jobs_lib.cost([j for j in jobs_of(setup, configs) if j.arm == name], lambda j: tokens,
+                             lambda j: flops, CPU_FLOPS, path_of(setup, configs, version))  # noqa: B023
+        cached += cost.secs - cost.left
+        total += cost.secs
+        print(f"{name:<14}{cost.runs:>6}{tokens:>12,}{flops:>15,}{cost.secs / 3600:>11.2f}")
     n = len(jobs_of(setup, configs))
     print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
           f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
@@ -211,11 +189,7 @@ def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> 
     """(arm, parameterization, lr, seed) -> final val loss (inf for a failed run), for the runs of
     exactly these arms, recipe and code version."""
     out = {}
-    for j in jobs_of(setup, configs):
-        path = setup.out / f"{j.key(configs[j.arm], version)}.json"
-        if not store.exists(path):
-            continue
-        r = store.load(path)
+    for j, r in jobs_lib.cached(jobs_of(setup, configs), path_of(setup, configs, version)):
         loss = r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf
         out[j.arm, j.parameterization, j.lr, j.seed] = loss
         if j.arm == "reference":  # one run stands for both parameterizations
