@@ -47,7 +47,7 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402,F401  (re-exported)
-from bench.harness.jobs import _corpus, run_spec  # noqa: E402,F401  (the one training function, re-exported)
+from bench.harness.jobs import run_spec  # noqa: E402  (the one training function, re-exported)
 from bench.harness.pool import run_pool  # noqa: E402,F401  (re-exported: the evidence pool's)
 from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
 

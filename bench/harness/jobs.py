@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CORPUS: dict[tuple, Any] = {}
 
 
-def _corpus(recipe: Any) -> Any:
+def corpus(recipe: Any) -> Any:
     """The recipe's corpus, loaded once per process (a worker trains many runs)."""
     from npas import load_corpus
 
@@ -35,9 +35,6 @@ def _corpus(recipe: Any) -> Any:
     if key not in _CORPUS:
         _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
     return _CORPUS[key]
-
-
-corpus = _corpus
 
 
 def run_spec(spec: dict) -> dict:
@@ -57,7 +54,7 @@ def run_spec(spec: dict) -> dict:
     cfg = ArchConfig.from_json(spec["config"])
     recipe = Recipe.from_dict(spec["recipe"])
     ref = Chassis(**spec["reference"]) if spec.get("reference") else None
-    corpus = _corpus(recipe)
+    data = corpus(recipe)
     if recipe.threads > 0:
         torch.set_num_threads(recipe.threads)
     t = time.perf_counter()
@@ -66,7 +63,7 @@ def run_spec(spec: dict) -> dict:
         from safetensors.torch import load_file
         init = load_file(str(ROOT / spec["init_weights"]))
     try:
-        model, res = train_model(cfg, recipe, corpus, reference=ref, init_state=init)
+        model, res = train_model(cfg, recipe, data, reference=ref, init_state=init)
     except Exception as err:  # a run that breaks is a failed record, not a dead pool
         return {**spec["meta"], "status": "failed", "val_loss": None, "test_loss": None,
                 "failure_reason": f"{type(err).__name__}: {err}"[:500], "steps": 0, "tokens": 0,
@@ -82,7 +79,7 @@ def run_spec(spec: dict) -> dict:
         dest.with_suffix(".tmp").replace(dest)
     test = None
     if spec.get("test") and res.status == "ok":
-        test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
+        test = evaluate(model, eval_batches(data, recipe, split="test"), pick_device(res.device), recipe)
         test = test if math.isfinite(test) else None
     return {**spec["meta"], "status": res.status, "val_loss": res.val_loss, "test_loss": test,
             "failure_reason": res.failure_reason, "steps": res.steps_done,
