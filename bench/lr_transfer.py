@@ -25,21 +25,18 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import make_spec  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
 from bench.harness.version import NUMERICS_FILES  # noqa: E402
@@ -142,27 +139,18 @@ def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
     return out
 
 
-def path_of(setup: Setup, configs: dict[str, ArchConfig], version: str) -> Any:
-    """A job's run file in the cache (``bench/harness/store.py``)."""
-    return lambda j: setup.out / f"{j.key(configs[j.arm], version)}.json"
+def runs_of(setup: Setup, configs: dict[str, ArchConfig], version: str) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs_of(setup, configs), lambda j: setup.out / f"{j.key(configs[j.arm], version)}.json",
+                         lambda j: (configs[j.arm], recipe_for(setup, j), setup.reference),
+                         lambda j: {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                                    "code_version": version})
 
 
-def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> int:
-    """Train every job without a cached result on the harness's pool (``bench/harness/jobs.py``)."""
-    setup.out.mkdir(parents=True, exist_ok=True)
-    ref_json = json.dumps(setup.reference.__dict__)
-
-    def progress(i: int, n: int, j: Job, _rec: dict, elapsed: float) -> None:
-        if i == n or i % 10 == 0:
-            print(f"  {i}/{n} done ({elapsed:.0f} s), last {j.arm} {j.parameterization} lr {j.lr:g} seed {j.seed}",
-                  flush=True)
-
-    return jobs_lib.run_missing(
-        jobs_of(setup, configs), path_of(setup, configs, version),
-        lambda j: (configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json),
-        lambda j: {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
-                   "code_version": version},
-        setup.workers, f" (code version {version}) in {setup.out}", progress)[0]
+def progress(i: int, n: int, j: Job, _rec: dict, elapsed: float) -> None:
+    if i == n or i % 10 == 0:
+        print(f"  {i}/{n} done ({elapsed:.0f} s), last {j.arm} {j.parameterization} lr {j.lr:g} seed {j.seed}",
+              flush=True)
 
 
 def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
@@ -170,14 +158,15 @@ def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
     tokens = setup.recipe.steps * setup.recipe.tokens_per_step
     total = cached = 0.0
     print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
+    runs = runs_of(setup, configs, version)
     for name, cfg in configs.items():
         flops = npas.count(cfg).flops_per_token
-        cost = jobs_lib.cost([j for j in jobs_of(setup, configs) if j.arm == name], lambda j: tokens,
-                             lambda j: flops, CPU_FLOPS, path_of(setup, configs, version))  # noqa: B023
+        cost = runs.cost([j for j in runs.jobs if j.arm == name], lambda j: tokens,
+                         lambda j: flops, CPU_FLOPS)  # noqa: B023
         cached += cost.secs - cost.left
         total += cost.secs
         print(f"{name:<14}{cost.runs:>6}{tokens:>12,}{flops:>15,}{cost.secs / 3600:>11.2f}")
-    n = len(jobs_of(setup, configs))
+    n = len(runs.jobs)
     print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
           f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
           f"~{(total - cached) / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
@@ -189,7 +178,7 @@ def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> 
     """(arm, parameterization, lr, seed) -> final val loss (inf for a failed run), for the runs of
     exactly these arms, recipe and code version."""
     out = {}
-    for j, r in jobs_lib.cached(jobs_of(setup, configs), path_of(setup, configs, version)):
+    for j, r in runs_of(setup, configs, version).cached():
         loss = r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf
         out[j.arm, j.parameterization, j.lr, j.seed] = loss
         if j.arm == "reference":  # one run stands for both parameterizations
@@ -308,16 +297,7 @@ def full_setup(n_seeds: int = len(SEEDS), out: Path = RESULTS, workers: int = 2)
 def device_specs() -> list[dict]:
     """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
     setup = full_setup(out=RESULTS_GPU)
-    configs = arms(setup.reference, setup.lora_ranks)
-    version = code_version(setup)
-    specs = []
-    for i, j in enumerate(jobs_of(setup, configs)):
-        cfg = configs[j.arm]
-        specs.append(make_spec(setup.out / f"{j.key(cfg, version)}.json", cfg, recipe_for(setup, j), setup.reference,
-                               test=False, priority=i,
-                               meta={"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
-                                     "code_version": version}))
-    return specs
+    return runs_of(setup, arms(setup.reference, setup.lora_ranks), code_version(setup)).device_specs(test=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         plan(setup, configs, version)
         return 0
     if not a.report:
-        run_missing(setup, configs, version)
+        jobs_lib.run_missing(runs_of(setup, configs, version), setup.workers,
+                             f" (code version {version}) in {setup.out}", progress)
     report(setup, configs, version)
     return 0
 

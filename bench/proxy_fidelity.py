@@ -45,7 +45,6 @@ the candidates.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import make_spec  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
@@ -228,9 +226,12 @@ def code_version(setup: Setup) -> str:
 
 
 # ------------------------------------------------------------------------------------------ runs
-def path_of(setup: Setup, version: str) -> Any:
-    """A job's run file in the cache (``bench/harness/store.py``)."""
-    return lambda j: setup.out / f"{j.key(setup, version)}.json"
+def runs_of(setup: Setup, cands: list[Candidate], version: str) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs_of(setup, cands), lambda j: setup.out / f"{j.key(setup, version)}.json",
+                         lambda j: (j.cand.config, j.recipe(setup), REFERENCE[0]),
+                         lambda j: {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                                    "parameterization": j.parameterization, "code_version": version})
 
 
 def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes: float | None) -> tuple[int, int]:
@@ -259,12 +260,8 @@ def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes:
               f"({elapsed:.0f} s elapsed)", flush=True)
 
     # a long run that would overrun the box gives way to a cheaper proxy run behind it
-    ran, cached, todo = jobs_lib.run_missing(
-        jobs_of(setup, cands), path_of(setup, version),
-        lambda j: (j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict()), json.dumps(REFERENCE[0].__dict__)),
-        lambda j: {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                   "parameterization": j.parameterization, "code_version": version},
-        setup.workers, f" (code version {version}) in {setup.out}", progress, fits)
+    ran, cached, todo = jobs_lib.run_missing(runs_of(setup, cands, version), setup.workers,
+                                             f" (code version {version}) in {setup.out}", progress, fits)
     stop = f"; time box of {max_minutes:g} min: {todo - ran} runs not started" if todo - ran else ""
     print(f"ran {ran}, cached {cached}{stop}", flush=True)
     return ran, cached
@@ -287,17 +284,18 @@ def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float
 
 
 def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
-    rate, jobs, path = measure_rate(setup, cands), jobs_of(setup, cands), path_of(setup, version)
+    rate, runs = measure_rate(setup, cands), runs_of(setup, cands, version)
+    jobs = runs.jobs
     total = left = 0.0
     print(f"measured: {rate / 1e9:.1f} GFLOP/s training per worker (20 proxy-shaped steps, this machine, now)")
     print(f"{'candidate':<14}{'hash':<18}{'fwd FLOPs/tok':>14}{'runs':>6}{'tokens':>14}{'est CPU-h':>11}")
     for c in cands:
-        cost = jobs_lib.cost([j for j in jobs if j.cand is c], lambda j: j.tokens(setup), lambda j: j.cand.flops, rate, path)
+        cost = runs.cost([j for j in jobs if j.cand is c], lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
         total, left = total + cost.secs, left + cost.left
         print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{cost.runs:>6}{cost.tokens:>14,}{cost.secs / 3600:>11.2f}")
     for kind in ("proxy", "long", "mid", "wsd"):
         js = [j for j in jobs if j.kind == kind]
-        cost = jobs_lib.cost(js, lambda j: j.tokens(setup), lambda j: j.cand.flops, rate, path)
+        cost = runs.cost(js, lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
         print(f"  {kind:<6}{cost.runs:>4} runs, {cost.cached:>4} cached, {cost.tokens / 1e6:>8.1f}M tokens"
               f" ({', '.join(sorted({j.parameterization for j in js}))}; seeds {sorted({j.seed for j in js})})")
     tokens = sum(j.tokens(setup) for j in jobs)
@@ -310,8 +308,9 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
 def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str, Any]:
     """What the report reads: runs cached at `version` out of the bench's jobs (the verdict rows' and the
     diagnostics' apart), and the files of other code versions in the same folder, which it does not read."""
-    jobs = jobs_of(setup, cands)
-    have = [store.exists(path_of(setup, version)(j)) for j in jobs]
+    runs = runs_of(setup, cands, version)
+    jobs = runs.jobs
+    have = [store.exists(runs.path(j)) for j in jobs]
     is_verdict = [j.kind == "long" or (j.kind == "proxy" and j.seed == setup.proxy.seed) for j in jobs]
     known = {j.key(setup, version) for j in jobs}
     others: dict[str, int] = {}
@@ -337,7 +336,7 @@ def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str,
 
 def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict]:
     return {(j.cand.config.hash, j.kind, j.seed, j.parameterization): rec
-            for j, rec in jobs_lib.cached(jobs_of(setup, cands), path_of(setup, version))}
+            for j, rec in runs_of(setup, cands, version).cached()}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -387,14 +386,7 @@ def device_specs() -> list[dict]:
     """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
     setup = make_setup(False, None, None, RESULTS_GPU, 1)
     _, cands = load_candidates(setup)
-    version = code_version(setup)
-    specs = []
-    for i, j in enumerate(jobs_of(setup, cands)):
-        specs.append(make_spec(setup.out / f"{j.key(setup, version)}.json", j.cand.config, j.recipe(setup),
-                               REFERENCE[0], test=True, priority=i,
-                               meta={"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
-                                     "seed": j.seed, "parameterization": j.parameterization, "code_version": version}))
-    return specs
+    return runs_of(setup, cands, code_version(setup)).device_specs(test=True)
 
 
 def main(argv: list[str] | None = None) -> int:

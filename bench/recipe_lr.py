@@ -27,7 +27,6 @@ recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -65,27 +64,21 @@ def key(c: Candidate, factor: float, seed: int, version: str) -> str:
     return f"{c.name}-{c.config.hash[:8]}-x{factor:g}-s{seed}-{version}"
 
 
-def job_path(out: Path, version: str) -> Any:
-    return lambda job: out / f"{key(*job, version)}.json"
+def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version)}.json",
+                         lambda j: (j[0].config, scaled(recipe, j[1], j[2]), reference),
+                         lambda j: {"arm": j[0].name, "factor": j[1], "seed": j[2], "code_version": version})
 
 
-def run_missing(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference_json: str,
-                workers: int) -> int:
-    """Train every uncached (arm, factor, seed) on the harness's pool (``bench/harness/jobs.py``)."""
-    def progress(_i: int, _n: int, job: Job, rec: dict, elapsed: float) -> None:
-        loss = rec["val_loss"] if rec["status"] == "ok" else None
-        print(f"  {job[0].name:<14} x{job[1]:<4g} seed {job[2]}: val {'-' if loss is None else f'{loss:.4f}'} "
-              f"({rec['wall_s']:.0f} s, {elapsed:.0f} s elapsed)", flush=True)
-
-    return jobs_lib.run_missing(
-        jobs, job_path(out, version),
-        lambda j: (j[0].config.to_json(), json.dumps(scaled(recipe, j[1], j[2]).to_dict()), reference_json),
-        lambda j: {"arm": j[0].name, "factor": j[1], "seed": j[2], "code_version": version}, workers,
-        f" in {out}", progress)[0]
+def progress(_i: int, _n: int, job: Job, rec: dict, elapsed: float) -> None:
+    loss = rec["val_loss"] if rec["status"] == "ok" else None
+    print(f"  {job[0].name:<14} x{job[1]:<4g} seed {job[2]}: val {'-' if loss is None else f'{loss:.4f}'} "
+          f"({rec['wall_s']:.0f} s, {elapsed:.0f} s elapsed)", flush=True)
 
 
-def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...], out: Path,
-           version: str, base_lr: float) -> str:
+def report(runs: jobs_lib.Runs, arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...],
+           base_lr: float) -> str:
     """Print the loss grid and each arm's optimum; return PASS, MISS or INCOMPLETE."""
     print(f"\nmean val loss (nats) over seeds {list(seeds)}, lr = factor x {base_lr:g}; 'div' = diverged")
     print(f"{'arm':<14}" + "".join(f"{'x' + format(f, 'g'):>9}" for f in factors) + f"{'best':>7}{'sub-grid':>10}")
@@ -93,7 +86,7 @@ def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, 
     for c in arms:
         means = []
         for f in factors:
-            recs = [r for _, r in jobs_lib.cached([(c, f, s) for s in seeds], job_path(out, version))]
+            recs = [r for _, r in runs.cached([(c, f, s) for s in seeds])]
             losses = [r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf for r in recs]
             means.append(statistics.fmean(losses) if len(losses) == len(seeds) else None)
         cells = "".join(f"{'-' if m is None else ('div' if not math.isfinite(m) else f'{m:.4f}'):>9}" for m in means)
@@ -130,16 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[recipe_lr] recipe {recipe.name}: lr {recipe.lr:g} -> {recipe.min_lr:g}, {recipe.steps} steps x "
           f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
           f"fair | code {version}", flush=True)
-    jobs = [(c, f, s) for s in seeds for c in arms for f in factors]
+    runs = runs_of(recipe, [(c, f, s) for s in seeds for c in arms for f in factors], setup.out, version,
+                   space.reference_chassis)
     if a.plan:
         tokens = recipe.steps * recipe.tokens_per_step
-        secs = jobs_lib.cost(jobs, lambda j: tokens, lambda j: j[0].flops, CPU_FLOPS, job_path(setup.out, version)).secs
-        print(f"plan: {len(jobs)} runs x {tokens:,} tokens -> ~{secs / 3600:.2f} CPU-hours "
+        secs = runs.cost(runs.jobs, lambda j: tokens, lambda j: j[0].flops, CPU_FLOPS).secs
+        print(f"plan: {len(runs.jobs)} runs x {tokens:,} tokens -> ~{secs / 3600:.2f} CPU-hours "
               f"(~{secs / 3600 / max(1, setup.workers):.2f} h wall on {setup.workers} workers)")
         return 0
     if not a.report:
-        run_missing(recipe, jobs, setup.out, version, json.dumps(space.reference_chassis.__dict__), setup.workers)
-    report(arms, factors, seeds, setup.out, version, recipe.lr)
+        jobs_lib.run_missing(runs, setup.workers, f" in {setup.out}", progress)
+    report(runs, arms, factors, seeds, recipe.lr)
     return 0
 
 

@@ -4,10 +4,11 @@ how a job names its cache file, builds its worker's arguments and labels its rec
 - ``run_spec``: the one training-job function (an allocation trained on the proxy loop, scored on
   the validation and, if asked, test splits), which the CPU benches (``train_and_score``), the
   evidence pool and the lent GPU's runner (``bench/device.py``) all call;
+- ``Runs``: what an experiment declares (its jobs, their run files, what each trains, its record's
+  identity), with a plan's arithmetic (``cost``: runs x tokens -> CPU-seconds, what is cached), the
+  report's read of the cache (``cached``) and the GPU specs (``device_specs``);
 - ``run_missing``: train every job whose run is not cached, on the CPU pool, each record saved the
-  moment it arrives, within an optional time box;
-- ``cost``: a plan's arithmetic (runs x tokens -> CPU-seconds, and what the cache already holds);
-- ``cached``: the report's read of the cache (every job's record, in job order).
+  moment it arrives, within an optional time box.
 """
 
 from __future__ import annotations
@@ -98,8 +99,6 @@ def _forked(res, recipe) -> dict:
             "steps_trained": res.steps_trained, "tokens": res.steps_trained * recipe.tokens_per_step}
 
 
-
-
 def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     """``run_spec`` for the CPU benches: one allocation trained against the reference chassis
     ``ref_json`` (the fair parameterization scales against it, as a search's runner passes it) and
@@ -111,29 +110,67 @@ def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
     return rec
 
 
-def run_missing(jobs: Sequence[Any], path: Callable[[Any], Path], args: Callable[[Any], tuple],
-                label: Callable[[Any], dict], workers: int, where: str,
+@dataclass(frozen=True)
+class Runs:
+    """An experiment's runs as the harness needs them, all the script declares: its ``jobs`` (in
+    training order), each job's run file in the cache (``path``), what it trains (``train``: allocation,
+    recipe, reference chassis) and its record's identity fields (``label``, the code version among
+    them: a GPU spec's ``meta`` is the same)."""
+
+    jobs: Sequence[Any]
+    path: Callable[[Any], Path]
+    train: Callable[[Any], tuple[Any, Any, Any]]
+    label: Callable[[Any], dict]
+
+    def args(self, job: Any) -> tuple[str, str, str]:
+        """``train_and_score``'s arguments for ``job`` (JSON: they cross to a spawned worker)."""
+        cfg, recipe, ref = self.train(job)
+        return cfg.to_json(), json.dumps(recipe.to_dict()), json.dumps(ref.__dict__)
+
+    def cached(self, jobs: Sequence[Any] | None = None) -> list[tuple[Any, Any]]:
+        """(job, record) of every job (of ``jobs``, default all) whose run is cached, in job order:
+        what a report reads."""
+        return [(j, store.load(p)) for j in (self.jobs if jobs is None else jobs) if store.exists(p := self.path(j))]
+
+    def cost(self, jobs: Sequence[Any], tokens: Callable[[Any], int], flops: Callable[[Any], int],
+             rate: float) -> Cost:
+        """A plan's arithmetic over ``jobs``: runs x tokens -> CPU-seconds at ``rate`` training FLOP/s
+        (3x the forward FLOPs per token, evaluation excluded), and what the cache holds."""
+        have = [store.exists(self.path(j)) for j in jobs]
+        secs = [tokens(j) * 3 * flops(j) / rate for j in jobs]
+        return Cost(len(jobs), sum(have), sum(tokens(j) for j in jobs), sum(secs),
+                    sum(s for s, h in zip(secs, have, strict=True) if not h))
+
+    def device_specs(self, test: bool) -> list[dict]:
+        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order."""
+        from bench.device import make_spec
+
+        return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j))
+                for i, j in enumerate(self.jobs)]
+
+
+def run_missing(runs: Runs, workers: int, where: str,
                 progress: Callable[[int, int, Any, dict, float], None] | None = None,
                 fits: Callable[[Any, float], bool] | None = None) -> tuple[int, int, int]:
-    """Train every job of ``jobs`` whose run (cache file ``path(job)``) is missing, in order, with
-    ``train_and_score(*args(job))`` on ``workers`` processes; each record is saved (``label(job)``'s
-    fields first) the moment it arrives, so a killed bench keeps every finished run, and
-    ``progress(done, to_train, job, record, elapsed_s)`` reports it. ``fits(job, elapsed_s)``: a time
-    box (a job starts only while it fits). Returns (ran, cached, to train)."""
-    todo = [j for j in jobs if not store.exists(path(j))]
-    cached = len(jobs) - len(todo)
+    """Train every job whose run is not cached, in order, with ``train_and_score`` on ``workers``
+    processes; each record is saved (``label``'s fields first) the moment it arrives, so a killed
+    bench keeps every finished run, and ``progress(done, to_train, job, record, elapsed_s)`` reports
+    it. ``fits(job, elapsed_s)``: a time box (a job starts only while it fits). Returns (ran, cached,
+    to train)."""
+    todo = [j for j in runs.jobs if not store.exists(runs.path(j))]
+    cached = len(runs.jobs) - len(todo)
     print(f"runs: {len(todo)} to train, {cached} cached{where}", flush=True)
     t0 = time.perf_counter()
     done = [0]
 
     def save(j: Any, rec: dict) -> None:
-        store.save(path(j), {**label(j), **rec})
+        store.save(runs.path(j), {**runs.label(j), **rec})
         done[0] += 1
         if progress is not None:
             progress(done[0], len(todo), j, rec, time.perf_counter() - t0)
 
     gate = None if fits is None else (lambda j: fits(j, time.perf_counter() - t0))
-    return run_pool(todo, train_and_score, args, save, workers, gate), cached, len(todo)
+    return run_pool(todo, train_and_score, runs.args, save, workers, gate), cached, len(todo)
 
 
 @dataclass(frozen=True)
@@ -146,18 +183,3 @@ class Cost:
     tokens: int
     secs: float
     left: float
-
-
-def cost(jobs: Sequence[Any], tokens: Callable[[Any], int], flops: Callable[[Any], int], rate: float,
-         path: Callable[[Any], Path]) -> Cost:
-    """Runs x tokens -> CPU-seconds at ``rate`` training FLOP/s (3x the forward FLOPs per token,
-    evaluation excluded), and what the cache holds (``path(job)``: the job's run file)."""
-    have = [store.exists(path(j)) for j in jobs]
-    secs = [tokens(j) * 3 * flops(j) / rate for j in jobs]
-    return Cost(len(jobs), sum(have), sum(tokens(j) for j in jobs), sum(secs),
-                sum(s for s, h in zip(secs, have, strict=True) if not h))
-
-
-def cached(jobs: Sequence[Any], path: Callable[[Any], Path]) -> list[tuple[Any, Any]]:
-    """(job, record) of every job whose run is cached, in job order: what a report reads."""
-    return [(j, store.load(p)) for j in jobs if store.exists(p := path(j))]
