@@ -25,10 +25,7 @@ from pathlib import Path
 import optuna
 import torch
 
-from npas.allocation.budget import count
-from npas.allocation.config import ArchConfig, Chassis, reference_config
-from npas.allocation.space_parser import parse_space
-from npas.training.recipe import Recipe, load_recipe
+from npas import ArchConfig, Chassis, Recipe, count, load_recipe, parse_space, reference_config
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
@@ -147,12 +144,9 @@ def _t95(n: int) -> float:
 
 
 def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
-    from npas.conversion import convert_model
-    from npas.conversion.calibration import calibration_ids
-    from npas.conversion.hf_export import write_hf
-    from npas.conversion.hf_source import read_hf_dir
-    from npas.training.data import load_corpus
-    from npas.training.proxy import eval_batches, evaluate, train_model
+    from npas import calibration_ids, convert_model, eval_batches, evaluate, load_corpus, train_model
+    from npas.conversion.hf_export import write_hf  # not yet public: npas/api.py should list it (issue #32)
+    from npas.conversion.hf_source import read_hf_dir  # likewise
 
     corpus = load_corpus(None, mode.dense.val_fraction, mode.dense.test_fraction)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

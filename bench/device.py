@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import multiprocessing as mp
 import os
 import statistics
@@ -48,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402,F401  (re-exported)
+from bench.harness.jobs import run_spec  # noqa: E402  (the one training function, re-exported)
 from bench.harness.pool import run_pool  # noqa: E402,F401  (re-exported: the evidence pool's)
 from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
 
@@ -55,7 +55,6 @@ JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
           "taper_scale": "bench/evidence/taper_scale.py", "evidence": "bench/evidence/runs.py"}
 EVIDENCE = ("taper", "relaxed", "low_budget", "high_budget", "atoms")
-_CORPUS: dict[tuple, Any] = {}
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -117,76 +116,6 @@ def evidence_specs() -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ run (there)
-def _corpus(recipe: Any) -> Any:
-    from npas import load_corpus
-
-    key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
-    if key not in _CORPUS:
-        _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
-    return _CORPUS[key]
-
-
-def run_spec(spec: dict) -> dict:
-    """Train one spec'd run; the record is the spec's ``meta`` plus what the run measured."""
-    import torch
-
-    from npas import (
-        ArchConfig,
-        Chassis,
-        Recipe,
-        eval_batches,
-        evaluate,
-        pick_device,
-        train_model,  # cosine: npas.training.proxy's loop, as before
-    )
-
-    cfg = ArchConfig.from_json(spec["config"])
-    recipe = Recipe.from_dict(spec["recipe"])
-    ref = Chassis(**spec["reference"]) if spec.get("reference") else None
-    corpus = _corpus(recipe)
-    if recipe.threads > 0:
-        torch.set_num_threads(recipe.threads)
-    t = time.perf_counter()
-    init = None
-    if spec.get("init_weights"):  # a converted model's weights (bench/evidence/conversion.py): safetensors only
-        from safetensors.torch import load_file
-        init = load_file(str(ROOT / spec["init_weights"]))
-    try:
-        model, res = train_model(cfg, recipe, corpus, reference=ref, init_state=init)
-    except Exception as err:  # a run that breaks is a failed record, not a dead pool
-        return {**spec["meta"], "status": "failed", "val_loss": None, "test_loss": None,
-                "failure_reason": f"{type(err).__name__}: {err}"[:500], "steps": 0, "tokens": 0,
-                "wall_s": time.perf_counter() - t, "device": "?", "allocation": cfg.to_dict(),
-                "recipe": recipe.to_dict()}
-    if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
-        from safetensors.torch import save_file
-
-        from npas import export_state
-        dest = ROOT / spec["save_weights"]
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        save_file(export_state(model), str(dest.with_suffix(".tmp")))
-        dest.with_suffix(".tmp").replace(dest)
-    test = None
-    if spec.get("test") and res.status == "ok":
-        test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
-        test = test if math.isfinite(test) else None
-    return {**spec["meta"], "status": res.status, "val_loss": res.val_loss, "test_loss": test,
-            "failure_reason": res.failure_reason, "steps": res.steps_done,
-            "tokens": res.steps_done * recipe.tokens_per_step, "tokens_per_s": res.tokens_per_s,
-            "wall_s": res.wall_s, "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
-            "peak_memory_bytes": res.peak_memory_bytes, "device": res.device,
-            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict(), **_forked(res, recipe)}
-
-
-def _forked(res, recipe) -> dict:
-    """A WSD run's rung losses and what it trained with its forks (whose tokens it cost); {} for cosine."""
-    if not hasattr(res, "rung_losses"):
-        return {}
-    return {"rung_losses": {str(t): v for t, v in res.to_dict()["rung_losses"].items()},
-            "steps_trained": res.steps_trained, "tokens": res.steps_trained * recipe.tokens_per_step}
-
-
 def write_record(path: Path, doc: dict) -> None:
     """Write one finished run's JSON record atomically: a kill never leaves half a record, so a
     resumed bench trusts every record file it finds."""

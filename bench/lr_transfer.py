@@ -4,7 +4,7 @@ A search trains every candidate with the recipe's one base learning rate, so the
 fair if each allocation's best learning rate sits where the reference's does. This bench sweeps the
 base rate over a x2 grid for allocations that differ from the reference (the untied uniform model at
 the middle depth and width) in depth, width, tying, pooling and LoRA relaxation, trains each with
-the real proxy loop (``npas.training.proxy.run_proxy``, reference chassis passed so the ``fair``
+the real proxy loop (``bench/harness/jobs.py``'s ``train_and_score``, reference chassis passed so the ``fair``
 rules see the width and depth ratios), and prints where each optimum lies under the ``fair``
 parameterization and the old ``uniform`` one side by side.
 
@@ -25,12 +25,10 @@ reference chassis, so a change to any of them starts afresh (and editing this re
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,13 +37,11 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.device import make_spec  # noqa: E402
-from bench.harness import store  # noqa: E402
+from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.pool import run_pool  # noqa: E402
 from bench.harness.version import NUMERICS_FILES  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
-from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402  # noqa: E402
+from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
@@ -143,47 +139,18 @@ def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
     return out
 
 
-def _run(job: Job, cfg_json: str, recipe_json: str, ref_json: str) -> dict:
-    """One proxy run in a worker process; returns the JSON record that is cached."""
-    from npas import load_corpus, run_proxy
-
-    cfg = ArchConfig.from_json(cfg_json)
-    recipe = Recipe.from_dict(json.loads(recipe_json))
-    res = run_proxy(cfg, recipe, load_corpus(), reference=Chassis(**json.loads(ref_json)))
-    return {"arm": job.arm, "lr": job.lr, "seed": job.seed, "parameterization": job.parameterization,
-            "status": res.status, "val_loss": res.val_loss, "failure_reason": res.failure_reason,
-            "steps": res.steps_done, "tokens": res.steps_done * recipe.tokens_per_step, "wall_s": res.wall_s,
-            "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
-            "allocation": cfg.to_dict(), "recipe": recipe.to_dict()}
+def runs_of(setup: Setup, configs: dict[str, ArchConfig], version: str) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs_of(setup, configs), lambda j: setup.out / f"{j.key(configs[j.arm], version)}.json",
+                         lambda j: (configs[j.arm], recipe_for(setup, j), setup.reference),
+                         lambda j: {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
+                                    "code_version": version})
 
 
-def run_missing(setup: Setup, configs: dict[str, ArchConfig], version: str) -> int:
-    """Train every job without a cached result; each result is written the moment it arrives."""
-    setup.out.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs_of(setup, configs)
-            if not store.exists(setup.out / f"{j.key(configs[j.arm], version)}.json")]
-    print(f"runs: {len(todo)} to train, {len(jobs_of(setup, configs)) - len(todo)} cached "
-          f"(code version {version}) in {setup.out}", flush=True)
-    ref_json = json.dumps(setup.reference.__dict__)
-
-    def args(j: Job) -> tuple:
-        return j, configs[j.arm].to_json(), json.dumps(recipe_for(setup, j).to_dict()), ref_json
-
-    t0 = time.perf_counter()
-    done = [0]
-
-    def save(j: Job, rec: dict) -> None:
-        store.save(setup.out / f"{j.key(configs[j.arm], version)}.json", {**rec, "code_version": version})
-        done[0] += 1
-        _progress(done[0], len(todo), j, t0)
-
-    return run_pool(todo, _run, args, save, setup.workers)
-
-
-def _progress(i: int, n: int, j: Job, t0: float) -> None:
+def progress(i: int, n: int, j: Job, _rec: dict, elapsed: float) -> None:
     if i == n or i % 10 == 0:
-        print(f"  {i}/{n} done ({time.perf_counter() - t0:.0f} s), last {j.arm} {j.parameterization} "
-              f"lr {j.lr:g} seed {j.seed}", flush=True)
+        print(f"  {i}/{n} done ({elapsed:.0f} s), last {j.arm} {j.parameterization} lr {j.lr:g} seed {j.seed}",
+              flush=True)
 
 
 def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
@@ -191,15 +158,15 @@ def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
     tokens = setup.recipe.steps * setup.recipe.tokens_per_step
     total = cached = 0.0
     print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
+    runs = runs_of(setup, configs, version)
     for name, cfg in configs.items():
-        js = [j for j in jobs_of(setup, configs) if j.arm == name]
         flops = npas.count(cfg).flops_per_token
-        secs = len(js) * tokens * 3 * flops / CPU_FLOPS
-        done = sum(store.exists(setup.out / f"{j.key(cfg, version)}.json") for j in js)
-        cached += secs * done / len(js)
-        total += secs
-        print(f"{name:<14}{len(js):>6}{tokens:>12,}{flops:>15,}{secs / 3600:>11.2f}")
-    n = len(jobs_of(setup, configs))
+        cost = runs.cost([j for j in runs.jobs if j.arm == name], lambda j: tokens,
+                         lambda j: flops, CPU_FLOPS)  # noqa: B023
+        cached += cost.secs - cost.left
+        total += cost.secs
+        print(f"{name:<14}{cost.runs:>6}{tokens:>12,}{flops:>15,}{cost.secs / 3600:>11.2f}")
+    n = len(runs.jobs)
     print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
           f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
           f"~{(total - cached) / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
@@ -211,11 +178,7 @@ def load_results(setup: Setup, configs: dict[str, ArchConfig], version: str) -> 
     """(arm, parameterization, lr, seed) -> final val loss (inf for a failed run), for the runs of
     exactly these arms, recipe and code version."""
     out = {}
-    for j in jobs_of(setup, configs):
-        path = setup.out / f"{j.key(configs[j.arm], version)}.json"
-        if not store.exists(path):
-            continue
-        r = store.load(path)
+    for j, r in runs_of(setup, configs, version).cached():
         loss = r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf
         out[j.arm, j.parameterization, j.lr, j.seed] = loss
         if j.arm == "reference":  # one run stands for both parameterizations
@@ -334,16 +297,7 @@ def full_setup(n_seeds: int = len(SEEDS), out: Path = RESULTS, workers: int = 2)
 def device_specs() -> list[dict]:
     """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
     setup = full_setup(out=RESULTS_GPU)
-    configs = arms(setup.reference, setup.lora_ranks)
-    version = code_version(setup)
-    specs = []
-    for i, j in enumerate(jobs_of(setup, configs)):
-        cfg = configs[j.arm]
-        specs.append(make_spec(setup.out / f"{j.key(cfg, version)}.json", cfg, recipe_for(setup, j), setup.reference,
-                               test=False, priority=i,
-                               meta={"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
-                                     "code_version": version}))
-    return specs
+    return runs_of(setup, arms(setup.reference, setup.lora_ranks), code_version(setup)).device_specs(test=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         plan(setup, configs, version)
         return 0
     if not a.report:
-        run_missing(setup, configs, version)
+        jobs_lib.run_missing(runs_of(setup, configs, version), setup.workers,
+                             f" (code version {version}) in {setup.out}", progress)
     report(setup, configs, version)
     return 0
 

@@ -82,6 +82,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness.jobs import corpus  # noqa: E402  (the benches' one corpus cache)
+
 NUMERICS_EPOCH = 1  # bump by hand for a numerics change the probe cannot see (module docstring)
 K_STEPS = 2  # real training steps per probed allocation
 PROBE_SEED = 0  # init and batch order of every probe run, whatever seeds the experiment uses
@@ -101,7 +103,6 @@ NOT_NUMERICS = ("name", "seed")  # the probe fixes the seed; a recipe's name is 
 
 Run = tuple[Any, Any, Any]  # (ArchConfig, Recipe, reference Chassis or None)
 _MEMO: dict[tuple[str, str, str], str] = {}
-_CORPUS: dict[tuple, Any] = {}
 
 
 # ------------------------------------------------------------------------------------------ probe
@@ -125,15 +126,6 @@ def _ref_dict(reference: Any) -> dict[str, Any] | None:
     return asdict(reference) if is_dataclass(reference) else dict(reference.__dict__)
 
 
-def _corpus(recipe: Any) -> Any:
-    from npas import load_corpus
-
-    key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
-    if key not in _CORPUS:
-        _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
-    return _CORPUS[key]
-
-
 def _short(recipe: Any) -> Any:
     """The recipe cut to K_STEPS steps of at most PROBE_BATCH windows, one evaluation batch at the end,
     on the probe seed."""
@@ -154,7 +146,7 @@ def _train(cfg: Any, recipe: Any, reference: Any) -> tuple[bytes, list[float]]:
 
     ref = _ref_dict(reference)
     short = _short(recipe)
-    model, res = train_model(cfg, short, _corpus(short), device="cpu",
+    model, res = train_model(cfg, short, corpus(short), device="cpu",
                              reference=None if ref is None else Chassis(**ref))
     h = hashlib.sha256()
     values: list[float] = [float(res.steps_done), float(res.status == "ok"), float(res.train_loss),

@@ -45,11 +45,8 @@ the candidates.
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +58,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.device import make_spec  # noqa: E402
+from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.pool import run_pool  # noqa: E402
 from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
@@ -230,94 +226,43 @@ def code_version(setup: Setup) -> str:
 
 
 # ------------------------------------------------------------------------------------------ runs
-_CORPUS: dict[tuple, Any] = {}
-
-
-def _corpus(recipe: Recipe) -> Any:
-    from npas import load_corpus
-
-    key = (recipe.data, recipe.val_fraction, recipe.test_fraction)
-    if key not in _CORPUS:
-        _CORPUS[key] = load_corpus(recipe.data, recipe.val_fraction, recipe.test_fraction)
-    return _CORPUS[key]
-
-
-def train_and_score(cfg_json: str, recipe_json: str, ref_json: str) -> dict:
-    """Train one allocation (in a worker process) and score it on the validation and test splits.
-    ``ref_json`` is the space's reference chassis, which the fair parameterization scales against
-    (as a search's runner passes it)."""
-    import torch
-
-    from npas import (
-        Chassis,
-        eval_batches,
-        evaluate,
-        pick_device,
-        train_model,  # cosine: npas.training.proxy's loop, as before
-    )
-
-    cfg = ArchConfig.from_json(cfg_json)
-    recipe = Recipe.from_dict(json.loads(recipe_json))
-    corpus = _corpus(recipe)
-    if recipe.threads > 0:  # evaluation too runs on the recipe's threads, not on every core of a shared box
-        torch.set_num_threads(recipe.threads)
-    model, res = train_model(cfg, recipe, corpus, reference=Chassis(**json.loads(ref_json)))
-    test = None
-    if res.status == "ok":
-        test = evaluate(model, eval_batches(corpus, recipe, split="test"), pick_device(res.device), recipe)
-        test = test if math.isfinite(test) else None
-    forked = {"rung_losses": {str(t): v for t, v in res.to_dict()["rung_losses"].items()},
-              "steps_trained": res.steps_trained} if hasattr(res, "rung_losses") else {}
-    steps = forked.get("steps_trained", res.steps_done)  # what the run trained, its forks included
-    return {"status": res.status if test is not None or res.status != "ok" else "failed",
-            "val_loss": res.val_loss, "test_loss": test, "failure_reason": res.failure_reason,
-            "steps": res.steps_done, "tokens": steps * recipe.tokens_per_step,
-            "tokens_per_s": res.tokens_per_s, "wall_s": res.wall_s, "stored_params": res.stored_params,
-            "flops_per_token": res.flops_per_token, "allocation": cfg.to_dict(), "recipe": recipe.to_dict(),
-            **forked}
+def runs_of(setup: Setup, cands: list[Candidate], version: str) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs_of(setup, cands), lambda j: setup.out / f"{j.key(setup, version)}.json",
+                         lambda j: (j.cand.config, j.recipe(setup), REFERENCE[0]),
+                         lambda j: {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
+                                    "parameterization": j.parameterization, "code_version": version})
 
 
 def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes: float | None) -> tuple[int, int]:
-    """Train every uncached job in order; each result is written the moment it arrives. After
+    """Train every uncached job in order on the harness's pool (``bench/harness/jobs.py``). After
     ``max_minutes`` no new run starts (runs in flight finish and are cached). Returns (ran, cached)."""
     setup.out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_of(setup, cands)
-    todo = [j for j in jobs if not store.exists(setup.out / f"{j.key(setup, version)}.json")]
-    cached = len(jobs) - len(todo)
-    print(f"runs: {len(todo)} to train, {cached} cached (code version {version}) in {setup.out}", flush=True)
-    t0 = time.perf_counter()
     work = [0.0, 0.0]  # training FLOPs and wall seconds of this session's finished runs
 
-    def expired(j: Job | None = None) -> bool:
-        """Past the box, or (once a run has finished) this run would end more than 10% past it at
+    def fits(j: Job, now: float) -> bool:
+        """Not past the box, nor (once a run has finished) would this run end more than 10% past it at
         this session's observed pace: a box is a promise about wall time, not only about starts."""
         if max_minutes is None:
-            return False
-        now = time.perf_counter() - t0
-        if now >= max_minutes * 60:
             return True
-        if j is None or not work[0]:
+        if now >= max_minutes * 60:
             return False
+        if not work[0]:
+            return True
         eta = j.tokens(setup) * 3 * j.cand.flops * work[1] / work[0]  # each run has its own worker
-        return now + eta > max_minutes * 60 * 1.1
+        return now + eta <= max_minutes * 60 * 1.1
 
-    def save(j: Job, rec: dict) -> None:
-        store.save(setup.out / f"{j.key(setup, version)}.json",
-                   {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
-                    "parameterization": j.parameterization, **rec, "code_version": version})
+    def progress(_i: int, _n: int, j: Job, rec: dict, elapsed: float) -> None:
         work[0] += rec["tokens"] * 3 * j.cand.flops
         work[1] += rec["wall_s"]
         print(f"  {j.kind:<5} {j.cand.name:<14} {j.parameterization:<8} seed {j.seed:<5} {rec['status']:<7} "
               f"val {_fmt(rec['val_loss'])} test {_fmt(rec['test_loss'])} {rec['wall_s']:.0f} s "
-              f"({time.perf_counter() - t0:.0f} s elapsed)", flush=True)
-
-    def args(j: Job) -> tuple[str, str, str]:
-        return j.cand.config.to_json(), json.dumps(j.recipe(setup).to_dict()), json.dumps(REFERENCE[0].__dict__)
+              f"({elapsed:.0f} s elapsed)", flush=True)
 
     # a long run that would overrun the box gives way to a cheaper proxy run behind it
-    ran = run_pool(todo, train_and_score, args, save, setup.workers, fits=lambda j: not expired(j))
-    left = len(todo) - ran
-    stop = f"; time box of {max_minutes:g} min: {left} runs not started" if left else ""
+    ran, cached, todo = jobs_lib.run_missing(runs_of(setup, cands, version), setup.workers,
+                                             f" (code version {version}) in {setup.out}", progress, fits)
+    stop = f"; time box of {max_minutes:g} min: {todo - ran} runs not started" if todo - ran else ""
     print(f"ran {ran}, cached {cached}{stop}", flush=True)
     return ran, cached
 
@@ -334,28 +279,24 @@ def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float
     c = sorted(cands, key=lambda c: c.flops)[len(cands) // 2]
     r = Recipe.from_dict({**setup.proxy.to_dict(), "steps": steps, "warmup_steps": 1, "eval_every": steps,
                           "eval_batches": 1})
-    _, res = train_model(c.config, r, _corpus(r))
+    _, res = train_model(c.config, r, jobs_lib.corpus(r))
     return res.tokens_per_s * 3 * c.flops
 
 
 def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
-    rate = measure_rate(setup, cands)
-    jobs = jobs_of(setup, cands)
+    rate, runs = measure_rate(setup, cands), runs_of(setup, cands, version)
+    jobs = runs.jobs
     total = left = 0.0
     print(f"measured: {rate / 1e9:.1f} GFLOP/s training per worker (20 proxy-shaped steps, this machine, now)")
     print(f"{'candidate':<14}{'hash':<18}{'fwd FLOPs/tok':>14}{'runs':>6}{'tokens':>14}{'est CPU-h':>11}")
     for c in cands:
-        js = [j for j in jobs if j.cand is c]
-        secs = sum(j.tokens(setup) * 3 * c.flops / rate for j in js)
-        miss = sum(j.tokens(setup) * 3 * c.flops / rate for j in js
-                   if not store.exists(setup.out / f"{j.key(setup, version)}.json"))
-        total, left = total + secs, left + miss
-        print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{len(js):>6}{sum(j.tokens(setup) for j in js):>14,}"
-              f"{secs / 3600:>11.2f}")
+        cost = runs.cost([j for j in jobs if j.cand is c], lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
+        total, left = total + cost.secs, left + cost.left
+        print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{cost.runs:>6}{cost.tokens:>14,}{cost.secs / 3600:>11.2f}")
     for kind in ("proxy", "long", "mid", "wsd"):
         js = [j for j in jobs if j.kind == kind]
-        have = sum(store.exists(setup.out / f"{j.key(setup, version)}.json") for j in js)
-        print(f"  {kind:<6}{len(js):>4} runs, {have:>4} cached, {sum(j.tokens(setup) for j in js) / 1e6:>8.1f}M tokens"
+        cost = runs.cost(js, lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
+        print(f"  {kind:<6}{cost.runs:>4} runs, {cost.cached:>4} cached, {cost.tokens / 1e6:>8.1f}M tokens"
               f" ({', '.join(sorted({j.parameterization for j in js}))}; seeds {sorted({j.seed for j in js})})")
     tokens = sum(j.tokens(setup) for j in jobs)
     print(f"plan: {len(jobs)} runs, {tokens / 1e6:.0f}M training tokens -> ~{total / 3600:.1f} CPU-hours "
@@ -367,8 +308,9 @@ def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
 def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str, Any]:
     """What the report reads: runs cached at `version` out of the bench's jobs (the verdict rows' and the
     diagnostics' apart), and the files of other code versions in the same folder, which it does not read."""
-    jobs = jobs_of(setup, cands)
-    have = [store.exists(setup.out / f"{j.key(setup, version)}.json") for j in jobs]
+    runs = runs_of(setup, cands, version)
+    jobs = runs.jobs
+    have = [store.exists(runs.path(j)) for j in jobs]
     is_verdict = [j.kind == "long" or (j.kind == "proxy" and j.seed == setup.proxy.seed) for j in jobs]
     known = {j.key(setup, version) for j in jobs}
     others: dict[str, int] = {}
@@ -393,13 +335,8 @@ def print_cache(setup: Setup, cands: list[Candidate], version: str) -> dict[str,
 
 
 def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict]:
-    out = {}
-    for j in jobs_of(setup, cands):
-        path = setup.out / f"{j.key(setup, version)}.json"
-        if store.exists(path):
-            out[j.cand.config.hash, j.kind, j.seed, j.parameterization] = store.load(path)
-    return out
-
+    return {(j.cand.config.hash, j.kind, j.seed, j.parameterization): rec
+            for j, rec in runs_of(setup, cands, version).cached()}
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -449,14 +386,7 @@ def device_specs() -> list[dict]:
     """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
     setup = make_setup(False, None, None, RESULTS_GPU, 1)
     _, cands = load_candidates(setup)
-    version = code_version(setup)
-    specs = []
-    for i, j in enumerate(jobs_of(setup, cands)):
-        specs.append(make_spec(setup.out / f"{j.key(setup, version)}.json", j.cand.config, j.recipe(setup),
-                               REFERENCE[0], test=True, priority=i,
-                               meta={"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind,
-                                     "seed": j.seed, "parameterization": j.parameterization, "code_version": version}))
-    return specs
+    return runs_of(setup, cands, code_version(setup)).device_specs(test=True)
 
 
 def main(argv: list[str] | None = None) -> int:

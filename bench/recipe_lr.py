@@ -27,27 +27,24 @@ recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import store  # noqa: E402
+from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.pool import run_pool  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
     Candidate,
     code_version,
     load_candidates,
     make_setup,
-    train_and_score,
 )
 from npas import Recipe  # noqa: E402
 
@@ -56,6 +53,7 @@ FACTORS = (0.5, 1.0, 2.0, 4.0)
 QUICK_FACTORS = (0.5, 1.0, 2.0)
 SEEDS = (20, 21)  # never the proxy's seed 0 nor proxy_fidelity's long seeds 1000+
 DEFAULT_ARMS = ("narrow_untied", "cycle_tying")
+Job = tuple[Candidate, float, int]  # (arm, lr factor, seed)
 
 
 def scaled(recipe: Recipe, factor: float, seed: int) -> Recipe:
@@ -66,31 +64,21 @@ def key(c: Candidate, factor: float, seed: int, version: str) -> str:
     return f"{c.name}-{c.config.hash[:8]}-x{factor:g}-s{seed}-{version}"
 
 
-def run_missing(recipe: Recipe, arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...],
-                out: Path, version: str, reference_json: str, workers: int) -> int:
-    """Train every uncached (arm, factor, seed), writing each record the moment it arrives."""
-    out.mkdir(parents=True, exist_ok=True)
-    todo = [(c, f, s) for s in seeds for c in arms for f in factors if not store.exists(out / f"{key(c, f, s, version)}.json")]
-    print(f"runs: {len(todo)} to train, {len(arms) * len(factors) * len(seeds) - len(todo)} cached in {out}", flush=True)
-    t0 = time.perf_counter()
-
-    def save(job: tuple[Candidate, float, int], rec: dict) -> None:
-        c, f, s = job
-        store.save(out / f"{key(c, f, s, version)}.json", {"arm": c.name, "factor": f, "seed": s, **rec,
-                                                          "code_version": version})
-        loss = rec["val_loss"] if rec["status"] == "ok" else None
-        print(f"  {c.name:<14} x{f:<4g} seed {s}: val {'-' if loss is None else f'{loss:.4f}'} "
-              f"({rec['wall_s']:.0f} s, {time.perf_counter() - t0:.0f} s elapsed)", flush=True)
-
-    def args(job: tuple[Candidate, float, int]) -> tuple[str, str, str]:
-        c, f, s = job
-        return c.config.to_json(), json.dumps(scaled(recipe, f, s).to_dict()), reference_json
-
-    return run_pool(todo, train_and_score, args, save, workers)
+def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``)."""
+    return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version)}.json",
+                         lambda j: (j[0].config, scaled(recipe, j[1], j[2]), reference),
+                         lambda j: {"arm": j[0].name, "factor": j[1], "seed": j[2], "code_version": version})
 
 
-def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...], out: Path,
-           version: str, base_lr: float) -> str:
+def progress(_i: int, _n: int, job: Job, rec: dict, elapsed: float) -> None:
+    loss = rec["val_loss"] if rec["status"] == "ok" else None
+    print(f"  {job[0].name:<14} x{job[1]:<4g} seed {job[2]}: val {'-' if loss is None else f'{loss:.4f}'} "
+          f"({rec['wall_s']:.0f} s, {elapsed:.0f} s elapsed)", flush=True)
+
+
+def report(runs: jobs_lib.Runs, arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, ...],
+           base_lr: float) -> str:
     """Print the loss grid and each arm's optimum; return PASS, MISS or INCOMPLETE."""
     print(f"\nmean val loss (nats) over seeds {list(seeds)}, lr = factor x {base_lr:g}; 'div' = diverged")
     print(f"{'arm':<14}" + "".join(f"{'x' + format(f, 'g'):>9}" for f in factors) + f"{'best':>7}{'sub-grid':>10}")
@@ -98,7 +86,7 @@ def report(arms: list[Candidate], factors: tuple[float, ...], seeds: tuple[int, 
     for c in arms:
         means = []
         for f in factors:
-            recs = [store.load(p) for s in seeds if store.exists(p := out / f"{key(c, f, s, version)}.json")]
+            recs = [r for _, r in runs.cached([(c, f, s) for s in seeds])]
             losses = [r["val_loss"] if r["status"] == "ok" and r["val_loss"] is not None else math.inf for r in recs]
             means.append(statistics.fmean(losses) if len(losses) == len(seeds) else None)
         cells = "".join(f"{'-' if m is None else ('div' if not math.isfinite(m) else f'{m:.4f}'):>9}" for m in means)
@@ -135,16 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[recipe_lr] recipe {recipe.name}: lr {recipe.lr:g} -> {recipe.min_lr:g}, {recipe.steps} steps x "
           f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
           f"fair | code {version}", flush=True)
+    runs = runs_of(recipe, [(c, f, s) for s in seeds for c in arms for f in factors], setup.out, version,
+                   space.reference_chassis)
     if a.plan:
         tokens = recipe.steps * recipe.tokens_per_step
-        secs = sum(3 * c.flops * tokens / CPU_FLOPS for c in arms) * len(factors) * len(seeds)
-        print(f"plan: {len(arms) * len(factors) * len(seeds)} runs x {tokens:,} tokens -> ~{secs / 3600:.2f} CPU-hours "
+        secs = runs.cost(runs.jobs, lambda j: tokens, lambda j: j[0].flops, CPU_FLOPS).secs
+        print(f"plan: {len(runs.jobs)} runs x {tokens:,} tokens -> ~{secs / 3600:.2f} CPU-hours "
               f"(~{secs / 3600 / max(1, setup.workers):.2f} h wall on {setup.workers} workers)")
         return 0
     if not a.report:
-        run_missing(recipe, arms, factors, seeds, setup.out, version,
-                    json.dumps(space.reference_chassis.__dict__), setup.workers)
-    report(arms, factors, seeds, setup.out, version, recipe.lr)
+        jobs_lib.run_missing(runs, setup.workers, f" in {setup.out}", progress)
+    report(runs, arms, factors, seeds, recipe.lr)
     return 0
 
 

@@ -44,7 +44,8 @@ import report
 import runs
 import stats
 
-from bench.harness import store  # runs put the checkout on sys.path
+from bench.harness import jobs as harness_jobs  # runs put the checkout on sys.path
+from bench.harness import store
 from npas import ArchConfig, Recipe, reference_config, tying_map
 
 RANK = 16
@@ -141,7 +142,7 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
         return "", store.load(at0_file)["val_loss"]
     dense = build_model(ArchConfig.from_dict(dense_job["config"])).float()
     dense.load_state_dict(load_file(dense_job["save_weights"]))
-    corpus = runs.device_module()._corpus(up)
+    corpus = harness_jobs.corpus(up)
     conv = convert_model(dense, cfg, seed=seed, calibration=calibration_ids(corpus, up.seq_len))
     with torch.no_grad():
         at0 = evaluate(conv.model.float(), eval_batches(corpus, up), torch.device("cpu"), up)

@@ -28,17 +28,10 @@ from stats import optimum_words, paired_interval, summarize  # noqa: E402
 
 import npas  # noqa: E402
 from bench.harness import store  # noqa: E402
+from bench.harness.jobs import run_spec  # noqa: E402
+from bench.harness.pool import run_pool  # noqa: E402
 from bench.harness.version import code_version as code_version_of  # noqa: E402
 from npas import ArchConfig, Recipe  # noqa: E402
-
-
-def device_module():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import device
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return device
 
 
 def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
@@ -52,8 +45,8 @@ def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
 
 
 def train_job(job: dict[str, Any]) -> dict[str, Any]:
-    """One run in a worker process (bench/device.py's runner): the job's identity plus its metrics."""
-    rec = device_module().run_spec(spec_of(job))
+    """One run in a worker process (the harness's one training function): the job's identity plus its metrics."""
+    rec = run_spec(spec_of(job))
     rec.setdefault("steps_done", rec.get("steps", 0))
     rec["wall_s"] = round(rec.get("wall_s") or 0.0, 2)
     return rec
@@ -120,7 +113,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     if plan_only or export:
         return [r for r in out if r is not None]
 
-    dev, finished = device_module(), [0]
+    finished = [0]
 
     def done(i: int, rec: dict[str, Any]) -> None:
         out[i] = rec
@@ -129,7 +122,7 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
         finished[0] += 1
         _progress(finished[0], len(todo), rec, t0)
 
-    dev.run_pool(todo, train_job, lambda i: (jobs[i],), done, workers)
+    run_pool(todo, train_job, lambda i: (jobs[i],), done, workers)
     return [r for r in out if r is not None]
 
 

@@ -35,9 +35,10 @@ from typing import Any
 import common  # noqa: E402  (bench/evidence is on sys.path when run as a script)
 import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
-from runs import device_module  # noqa: E402
 
-from bench.harness import store  # noqa: E402  (runs put the checkout on sys.path)
+from bench.device import make_spec  # noqa: E402  (runs put the checkout on sys.path)
+from bench.harness import store  # noqa: E402
+from bench.harness.version import files_version  # noqa: E402
 from npas import ArchConfig, Chassis, Recipe
 
 ROOT = common.ROOT
@@ -61,7 +62,7 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    return device_module().files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
+    return files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
 
 
 def runs() -> list[dict[str, Any]]:
@@ -83,7 +84,7 @@ def device_specs() -> list[dict]:
     for i, r in enumerate(runs()):
         recipe = Recipe.from_dict({**RECIPE.to_dict(), "seed": r["seed"], "lr": r["lr"], "min_lr": r["lr"] / 10,
                                    "dtype": r["dtype"]})
-        specs.append(device_module().make_spec(
+        specs.append(make_spec(
             RUNS / f"{key(r, v)}.json", cfgs[r["arm"]], recipe, CHASSIS, test=True, priority=i,
             meta={**r, "code_version": v}, est_s=recipe.steps * (0.012 if r["dtype"] == "float32" else 0.006)))
     return specs

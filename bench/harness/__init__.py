@@ -5,6 +5,9 @@ and its report.
   recorded version while the probed numerics are unchanged);
 - ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
   both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);
+- ``jobs``: what an experiment declares (``Runs``: its jobs, their run files, what each trains, its
+  record's label) and what the harness does with it (``run_missing``, ``cost``, ``cached``,
+  ``device_specs``); ``run_spec``, the one training function;
 - ``pool``: the CPU training pool (``run_pool``: spawned 1-thread workers, each record saved the moment
   it arrives, an optional time box);
 - ``cli``: the shared command line of the cached benches (``bench_parser``, ``version_to_read``);
