@@ -144,9 +144,16 @@ def _t95(n: int) -> float:
 
 
 def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
-    from npas import calibration_ids, convert_model, eval_batches, evaluate, load_corpus, train_model
-    from npas.conversion.hf_export import write_hf  # not yet public: npas/api.py should list it (issue #32)
-    from npas.conversion.hf_source import read_hf_dir  # likewise
+    from npas import (
+        calibration_ids,
+        convert_model,
+        eval_batches,
+        evaluate,
+        load_corpus,
+        read_hf_dir,
+        train_model,
+        write_hf,
+    )
 
     corpus = load_corpus(None, mode.dense.val_fraction, mode.dense.test_fraction)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -33,6 +33,9 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     # -- conversion of a trained model
     "convert_model": ("npas.conversion", "convert_model"),
     "calibration_ids": ("npas.conversion.calibration", "calibration_ids"),
+    # -- Hugging Face checkpoints in and out (transformers is imported by write_hf only)
+    "read_hf_dir": ("npas.conversion.hf_source", "read_hf_dir"),
+    "write_hf": ("npas.conversion.hf_export", "write_hf"),
     # -- search service (npas/service/: study/, search/, certify/, export/)
     "Launch": ("npas.service.search.launch", "Launch"),
     "NpasSearcher": ("npas.service.search.searcher", "NpasSearcher"),
