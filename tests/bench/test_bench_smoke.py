@@ -44,6 +44,14 @@ def test_accounting_bench_is_exact_and_its_speed_verdict_matches_its_numbers():
                      out, re.M), out
 
 
+def verdict_matches(verdict: str, printed: float, target: float, digits: int = 3) -> bool:
+    """The bench decides on the unrounded ratio and prints it to `digits` decimals: a printed ratio at
+    the target (1.100 from 1.1004) may carry either verdict; anywhere else the verdict must follow it."""
+    if abs(printed - target) < 0.5 * 10 ** -digits + 1e-12:
+        return verdict in ("PASS", "MISS")
+    return verdict == ("PASS" if printed <= target else "MISS")
+
+
 def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
     out = quick("sharing_overhead.py")
     variants = ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
@@ -57,7 +65,7 @@ def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
             assert flop_ratio < 1.0, m[0]
         else:
             assert flop_ratio == 1.0, f"{v} changes FLOPs per token: {m[0]}"  # sharing moves params, not FLOPs
-        assert verdict == ("PASS" if ratio <= 1.10 else "MISS"), m[0]
+        assert verdict_matches(verdict, ratio, 1.10), m[0]
         passed += [v] if verdict == "PASS" else []
     m = re.search(r"^result: (\d)/8 variants within 1\.10x", out, re.M)
     assert m and int(m[1]) == len(passed), out
@@ -67,10 +75,10 @@ def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
         assert m, f"no row for {v}:\n{out}"
         assert 1.0 < num(m[3]) < 1.1, m[0]  # only the routers' scores add FLOPs
         assert num(m[4]) <= num(m[5]), m[0]  # a token activates at most what is stored
-        assert m[6] == ("PASS" if num(m[2]) <= 1.5 else "MISS"), m[0]
+        assert verdict_matches(m[6], num(m[2]), 1.5), m[0]
     m = re.search(rf"^pool size: global pool 4x larger at the same k = ({NUM})x the step time "
                   rf"\(target <= 1\.15x\) (PASS|MISS)$", out, re.M)
-    assert m and m[2] == ("PASS" if num(m[1]) <= 1.15 else "MISS"), out
+    assert m and verdict_matches(m[2], num(m[1]), 1.15), out
 
 
 def test_data_bench_reports_its_cache_and_its_verdict_matches_its_ratio():
