@@ -4,8 +4,10 @@ of an uninterrupted climb, and no step trained twice (trained_steps = top rung +
 
 from __future__ import annotations
 
+import json
 import tempfile
 
+import pandas as pd
 import pytest
 
 from npas.allocation.config import Chassis, reference_config
@@ -39,8 +41,11 @@ def climbing(config: dict) -> None:
         t, loss = c.step_up()
         with tempfile.TemporaryDirectory() as d:
             checkpoint.save(c, d)
-            tune.report({"rung": t, "loss": loss, "trained_steps": c.trained_steps, "resumed_at": resumed_at,
-                         "stable_step": c.trainer.step}, checkpoint=tune.Checkpoint.from_directory(d))
+            row = {"rung": t, "loss": loss, "trained_steps": c.trained_steps, "resumed_at": resumed_at,
+                   "stable_step": c.trainer.step}
+            with open(config["log"], "a") as log:  # the trial's own history (JSON keeps a float exactly)
+                log.write(json.dumps({"trial": tune.get_context().get_trial_id(), **row}) + "\n")
+            tune.report(row, checkpoint=tune.Checkpoint.from_directory(d))
 
 
 @pytest.mark.slow
@@ -54,8 +59,10 @@ def test_a_ladder_of_real_wsd_runs_resumes_bitwise_and_trains_nothing_twice(ray_
     from npas.training.data import load_corpus
 
     sched = LadderScheduler(rungs=WSD.fork_rungs(), eta=2)
+    log = tmp_path / "reports.jsonl"
+    log.touch()
     grid = tune.Tuner(
-        climbing, param_space={"f": tune.grid_search(FACTORS)},
+        climbing, param_space={"f": tune.grid_search(FACTORS), "log": str(log)},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=sched),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), name="ladder-wsd", verbose=0,
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
@@ -63,9 +70,13 @@ def test_a_ladder_of_real_wsd_runs_resumes_bitwise_and_trains_nothing_twice(ray_
     assert not grid.errors
 
     corpus = load_corpus()
+    # each trial's history from the trainable's own log: Tune's per-trial metrics_dataframe came back
+    # empty for a trial stopped while paused in a loaded CI run
+    reports = pd.DataFrame([json.loads(line) for line in log.read_text().splitlines()])
+    history = {tid: h.sort_values("rung") for tid, h in reports.groupby("trial")}
     resumed = 0
     for r in grid:
-        h = r.metrics_dataframe.sort_values("rung")
+        h = history[r.metrics["trial_id"]]
         assert h["rung"].is_unique, "a rung was reported twice: the trial restarted instead of resuming"
         straight = climb.start(REF, WSD, corpus, device="cpu", lr_factor=r.config["f"])
         straight.climb(until=int(h["rung"].max()))
@@ -73,6 +84,6 @@ def test_a_ladder_of_real_wsd_runs_resumes_bitwise_and_trains_nothing_twice(ray_
         assert list(h["trained_steps"]) == [{8: 8, 12: 12 + 2, 16: 16 + 2 + 2}[t] for t in h["rung"]]
         assert r.metrics["trained_steps"] == straight.trained_steps  # top rung + forks: nothing twice
         resumed += int((h["resumed_at"] > 0).any())
-    reached = {r.config["f"]: int(r.metrics_dataframe["rung"].max()) for r in grid}
+    reached = {r.config["f"]: int(history[r.metrics["trial_id"]]["rung"].max()) for r in grid}
     assert resumed >= 1, "no trial was paused and resumed: the test proves nothing about resuming"
     assert sum(t == 16 for t in reached.values()) >= 1 and sum(t >= 12 for t in reached.values()) >= 3
