@@ -320,3 +320,15 @@ def test_generate_decodes_with_a_cache_holding_only_kv_source_layers(tmp_path, k
         cached = hf.generate(x[:1, :5], max_new_tokens=6, do_sample=False)
         assert lengths == [5] + [1] * 5  # the prompt once, then one token per step
         assert torch.equal(cached, hf.generate(x[:1, :5], max_new_tokens=6, do_sample=False, use_cache=False))
+
+
+def test_cli_dtype_sets_an_hf_sources_output_dtype_and_is_refused_for_an_npas_source(tmp_path, capsys):
+    src = tmp_path / "src"
+    make_llama(src)  # float32
+    out = tmp_path / "bf16"
+    assert main(["convert", str(src), "--out", str(out), "--dtype", "bfloat16", "--quiet"]) == 0
+    model, _, cfg = _load_npas(out)
+    assert cfg.dtype == "bfloat16" and next(model.parameters()).dtype == torch.bfloat16
+    err = refused(capsys, ["convert", str(out), "--to", str(out / "config.yaml"), "--out", str(tmp_path / "again"),
+                           "--dtype", "float16"], tmp_path / "again")
+    assert "--dtype applies to a Hugging Face source" in err
