@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness.recipes import bench_recipe  # noqa: E402
 from npas import (  # noqa: E402  # noqa: E402  # noqa: E402
     ArchConfig,
     Chassis,
@@ -44,7 +45,6 @@ from npas import (  # noqa: E402  # noqa: E402  # noqa: E402
     eval_batches,
     evaluate,
     load_corpus,  # noqa: E402
-    load_recipe,
     parse_space,  # noqa: E402
     reference_config,
     train_model,
@@ -64,9 +64,9 @@ class Mode:
 def modes() -> dict[str, Mode]:
     full_ch = Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=512)
     quick_ch = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=256)
-    smoke = load_recipe("smoke")
+    smoke = bench_recipe("smoke")
     return {
-        "full": Mode(full_ch, load_recipe("long"), load_recipe("proxy"), (0, 1, 2)),
+        "full": Mode(full_ch, bench_recipe("long"), bench_recipe("proxy"), (0, 1, 2)),
         "quick": Mode(quick_ch, smoke.with_steps(400), smoke.with_steps(100), (0,)),
     }
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import optuna
 import torch
 
-from npas import ArchConfig, Chassis, Recipe, count, load_recipe, parse_space, reference_config
+from bench.harness.recipes import bench_recipe  # noqa: E402
+from npas import ArchConfig, Chassis, Recipe, count, parse_space, reference_config
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
@@ -44,8 +45,8 @@ def hf_modes() -> dict[str, HFMode]:
                    family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
     quick = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=176, activation="swiglu",
                     family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
-    smoke = load_recipe("smoke")
-    return {"full": HFMode(full, load_recipe("long"), load_recipe("proxy"), (0, 1, 2, 3, 4)),
+    smoke = bench_recipe("smoke")
+    return {"full": HFMode(full, bench_recipe("long"), bench_recipe("proxy"), (0, 1, 2, 3, 4)),
             "quick": HFMode(quick, smoke.with_steps(300), smoke.with_steps(100), (0, 1))}
 
 

@@ -61,6 +61,7 @@ import npas  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.recipes import bench_recipe  # noqa: E402
 from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
@@ -70,7 +71,6 @@ from npas import (  # noqa: E402
     NpasError,  # noqa: E402
     Recipe,
     Space,  # noqa: E402
-    load_recipe,
     load_space,  # noqa: E402
     repeat_seeds,  # noqa: E402
 )
@@ -345,14 +345,14 @@ def load(setup: Setup, cands: list[Candidate], version: str) -> dict[tuple, dict
 def make_setup(quick: bool, n_candidates: int | None, long_seeds: int | None, out: Path | None,
                workers: int, proxy_repeats: int | None = None) -> Setup:
     if quick:
-        smoke = load_recipe("smoke")
+        smoke = bench_recipe("smoke")
         proxy = Recipe.from_dict({**smoke.to_dict(), "name": "smoke-quick", "steps": 6, "warmup_steps": 2,
                                   "eval_every": 6, "eval_batches": 1, "batch_size": 4, "seq_len": 32})
         n, seeds, repeats, workers = n_candidates or 4, long_seeds or 1, proxy_repeats or 1, 1
         n_full = min(n, N_FULL)
         out = out or Path(tempfile.mkdtemp(prefix="npas-proxy-fidelity-"))
     else:
-        proxy = load_recipe("proxy")
+        proxy = bench_recipe("proxy")
         n, seeds, repeats, out = n_candidates or N_CANDIDATES, long_seeds or 2, proxy_repeats or 2, out or RESULTS
         n_full = min(n, N_FULL)
     long, mid = (Recipe.from_dict({**proxy.to_dict(), "name": f"{proxy.name}-x{f}", "steps": proxy.steps * f,
