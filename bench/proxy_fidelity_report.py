@@ -270,7 +270,54 @@ def horizon_report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict])
     if label is not None:
         stats["target"] = _delta_target(columns[label], columns[f"proxy {setup.proxy.steps}"], target, len(cands),
                                         label, f"proxy {setup.proxy.steps}")
+    stats.update(_ladder_rows(setup, cands, res, columns[f"proxy {setup.proxy.steps}"], target, gap_sd))
     return stats
+
+
+def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], proxy: dict[str, float | None],
+                 target: dict[str, float], gap_sd: float | None) -> dict[str, dict]:
+    """The ladder row (issue #34 item 7), replayed from the WSD runs' rung losses over the candidates that
+    have one (``bench/proxy_fidelity_ladder.py``), with its three targets: Delta tau (ladder - proxy)
+    above 0, top-3 recall >= 2/3, compute <= 0.5 x N x T steps, forks counted."""
+    from bench.proxy_fidelity_ladder import WORKERS, replay
+
+    assert setup.wsd is not None
+    rungs, T = setup.wsd.fork_rungs(), setup.wsd.steps
+    losses: dict[str, dict[int, float]] = {}
+    for c in cands:
+        r = res.get((c.config.hash, "wsd", setup.proxy.seed, DEFAULT_PAR))
+        got = {int(t): float(v) for t, v in ((r or {}).get("rung_losses") or {}).items() if v is not None}
+        if r is not None and r.get("status") == "ok" and T not in got and r.get("val_loss") is not None:
+            got[T] = float(r["val_loss"])  # the run's own end is the top rung
+        if all(t in got for t in rungs):
+            losses[c.name] = got
+    if len(losses) < 3:
+        print("ladder row: fewer than 3 candidates with a finished WSD run; nothing to replay")
+        return {}
+    order = [c.name for c in cands if c.name in losses]
+    rep = replay(order, losses, setup.wsd, {c.name: c.flops for c in cands})
+    n, full = len(order), len(order) == len(cands)
+    reach = {t: sum(v == t for v in rep.reached.values()) for t in rungs}
+    print(f"\nladder ({n} of {len(cands)} candidates, sampler order, {WORKERS} workers, eta {rep.ladder.eta}, "
+          f"rungs {', '.join(map(str, rungs))}, replayed from the WSD runs' rung losses, loss alone ranked): reached "
+          + ", ".join(f"{t}: {k}" for t, k in reach.items()))
+    for rung in rungs[:-1]:
+        ag = npas.ladder_agreement(rep.ladder, rung)
+        tau = "suppressed (< 10 pairs)" if ag.tau is None else f"{_num(ag.tau.value)} [{_num(ag.tau.low)}, {_num(ag.tau.high)}]"
+        print(f"  rung {ag.rung} -> {ag.next_rung}: n {ag.n}, Kendall tau {tau}, rank flips {ag.flips} of {ag.pairs} pairs")
+    score = rep.score()
+    row = _horizon_row("ladder (rung, then loss)", {c.name: score.get(c.name) for c in cands}, target, gap_sd,
+                       len(cands))
+    budget = n * T
+    frac = rep.total_steps / budget
+    status = lambda ok: ("PASS" if ok else "MISS") if full else "INCOMPLETE"  # noqa: E731
+    print(f"target: ladder compute {rep.total_steps:,} steps (forks counted) = {frac:.3f} x N x T "
+          f"({n} x {T:,}) <= 0.5: {status(frac <= 0.5)}")
+    print(f"target: ladder top-{TOP_RECALL} recall {row['top_recall']:.2f} >= 2/3: {status(row['top_recall'] >= 2 / 3 - 1e-9)}")
+    delta = _delta_target({c.name: score.get(c.name) for c in cands}, proxy, target, len(cands), "ladder",
+                          f"proxy {setup.proxy.steps}")
+    return {"ladder": {**row, "compute_fraction": frac, "steps": rep.total_steps, "reached": reach},
+            "ladder_target": delta}
 
 
 def _pooled_sigma(losses: list[list[float]]) -> float | None:

@@ -52,6 +52,8 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "init_ray": ("npas.service.search.runner", "init_ray"),
     "hypervolume": ("npas.service.study.optuna_adapter", "hypervolume"),
     "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
+    **{n: ("npas.service.search.ladder", n) for n in ("Ladder", "RungResult")},
+    "ladder_agreement": ("npas.service.search.ladder", "agreement"),
     **{n: ("npas.service.certify.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},
     "certify": ("npas.service.certify.retrain", "certify"),
     "CertifyOptions": ("npas.service.certify.retrain", "Options"),
