@@ -54,6 +54,11 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
     **{n: ("npas.service.search.ladder", n) for n in ("Ladder", "RungResult")},
     "ladder_agreement": ("npas.service.search.ladder", "agreement"),
+    # the rung-1 learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
+    "LR_GRID": ("npas.training.located_rate", "DEFAULT_GRID"),
+    "LR_MAX_EXTENSIONS": ("npas.training.located_rate", "MAX_EXTENSIONS"),
+    "lr_next_factor": ("npas.training.located_rate", "next_factor"),
+    "lr_best_factor": ("npas.training.located_rate", "best_factor"),
     **{n: ("npas.service.certify.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},
     "certify": ("npas.service.certify.retrain", "certify"),
     "CertifyOptions": ("npas.service.certify.retrain", "Options"),

@@ -94,6 +94,13 @@ def test_quick_runs_caches_and_reruns_nothing(quick_run):
                          r"pairs = \S+ \| top-3 recall \d\.\d\d$", out, re.M), out
     assert re.search(r"^target: delta tau \(fork 6 - proxy 6\) over 4/4 candidates = \S+ \[95% paired bootstrap "
                      r"\S+, \S+; \d+ resamples\] above 0: (PASS|MISS)$", out, re.M), out
+    # the ladder row, replayed from the WSD runs' rung losses (bench/proxy_fidelity_ladder.py)
+    m = re.search(r"^ladder \(4 of 4 candidates, sampler order, 2 workers, eta 4, rungs 3, 6, 24, .*reached "
+                  r"3: (\d+), 6: (\d+), 24: (\d+)$", out, re.M)
+    assert m and sum(map(int, m.groups())) == 4, out
+    assert re.search(r"^target: ladder compute [\d,]+ steps \(forks counted\) = \d\.\d{3} x N x T \(4 x 24\) "
+                     r"<= 0\.5: (PASS|MISS)$", out, re.M), out
+    assert re.search(r"^target: delta tau \(ladder - proxy 6\) over 4/4 candidates", out, re.M), out
     again = _bench("--quick", "--out", str(tmp_path))
     assert "ran 0, cached 24" in again
     assert len(store.names(tmp_path)) == 24

@@ -1,0 +1,54 @@
+"""bench/located_rate.py --quick end to end: the rung-1 grid by the located-rate rule, the hold-at-T runs
+at f/2, f, 2f on a fresh seed, the WSD run at the located factor, and a report from the cache alone."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.harness import store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(*args: str) -> str:
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "located_rate.py"), *args], capture_output=True,
+                       text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+@pytest.mark.slow  # trains ~40 tiny runs in subprocesses
+def test_quick_locates_holds_and_reports_from_the_cache(tmp_path):
+    out = _bench("--quick", "--workers", "1", "--out", str(tmp_path))
+    recs = [store.load(tmp_path / n) for n in store.names(tmp_path)]
+    grids: dict[str, dict[float, float]] = {}
+    for r in recs:
+        if r["kind"] == "grid":
+            assert r["recipe"]["schedule"] == "wsd" and r["recipe"]["steps"] == 3 and r["seed"] == 0
+            grids.setdefault(r["candidate"], {})[r["factor"]] = r["val_loss"] if r["status"] == "ok" else math.inf
+    assert len(grids) == 4 and all({0.5, 1.0, 2.0, 4.0} <= set(g) for g in grids.values())
+    for name, g in grids.items():
+        f = min(g, key=lambda k: (g[k], abs(math.log(k)), k))  # the rule's choice
+        edge_ext = [k for k in g if k not in (0.5, 1.0, 2.0, 4.0)]
+        assert len(edge_ext) <= 2
+        hold = {r["factor"] for r in recs if r["kind"] == "hold" and r["candidate"] == name}
+        assert hold == {f / 2, f, 2 * f}, (name, g, hold)
+        assert all(r["seed"] == 2000 and r["recipe"]["steps"] == 24 for r in recs if r["kind"] == "hold")
+        row = re.search(rf"^{name}\s+.*?\s{f:g}[* ]\s", out, re.M)
+        assert row, out
+    # the recipe's rate is scaled by the factor, the whole schedule with it
+    base = next(r for r in recs if r["kind"] == "grid" and r["factor"] == 1.0)["recipe"]
+    for r in recs:
+        assert r["recipe"]["lr"] == pytest.approx(base["lr"] * r["factor"])
+        assert r["recipe"]["min_lr"] == pytest.approx(base["min_lr"] * r["factor"])
+    assert re.search(r"^target: located factor best of three at T for \d of 4 \(>= 6 of 8\), within one step for "
+                     r"4 of 4: (PASS|MISS)$", out, re.M), out
+    again = _bench("--quick", "--report", "--out", str(tmp_path))
+    assert "runs due" not in again
+    assert again.split("located rates over")[1] == out.split("located rates over")[1]
