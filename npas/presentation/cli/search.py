@@ -160,12 +160,30 @@ def _print_front(study, fmt: str = "table") -> None:
         print(json.dumps(json.loads(df.to_json(orient="records")), indent=2))
     elif df.empty:
         print(f"study {study.study_name}: no complete full-fidelity trial within budget yet")
+        _print_rungs(study)
     else:
         print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
-        print(humanize(_mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])).to_string(index=False))
+        shown = _mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])
+        if "lr_factor" in shown.columns:  # a factor of the fair rate: x2, x0.5
+            shown["lr_factor"] = [f"×{v:g}" for v in shown["lr_factor"]]
+        print(humanize(shown).to_string(index=False))
         seeds = int(df["seeds"].min())
         print(f"loss: mean ± std over {seeds} seeds per trial" if seeds > 1 else
               "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
+        if "lr_factor" in df.columns:
+            print("lr_factor: each trial's learning rate located at the first rung, as a factor of the recipe's "
+                  "fair rate; `npas export` writes it and `npas train` applies it")
+        _print_rungs(study)
+
+
+def _print_rungs(study) -> None:
+    """How many trials the front is read from, and the rung-to-rung agreement of the promoted ones."""
+    from npas.service.study.rungs import summary
+
+    s = summary(study)
+    print(f"front read at the top rung: {s.reached_line()}")
+    for line in s.agreement_lines():
+        print(line)
 
 
 def _mean_pm_std(df):
