@@ -12,6 +12,17 @@ that produced it:
 
 A directory is also a starting point (``load_start``): ``npas train MODEL_DIR`` continues from its
 weights, with the reference chassis it recorded, so a converted or trained model is not thrown away.
+
+A learning-rate factor (``lr_factor``, issue #35): a search that locates each candidate's rate stores
+the chosen factor of the recipe's fair rate on the trial, ``npas export`` writes it beside the
+allocation and ``train_allocation`` trains at it, under any recipe: the recipe's whole schedule (peak,
+warmup and floor) times the factor, every parameter group's fair rule kept (``Recipe.with_lr_factor``).
+The search's climb multiplies each group's ``lr_mult`` instead (``climb.scale_rates``); the two are
+the same numbers bit for bit when the factor is a power of two, since scaling by one is exact in
+floating point, and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2
+steps past them: ``located_rate``). So ``npas train`` of an export reproduces its WSD trial's loss at
+T exactly (tests/training/test_train_lr_factor.py); another factor (``--lr-factor 1.5``) agrees to the
+rounding of the last bit. Factor 1 changes nothing and is not written: old exports train as before.
 """
 
 from __future__ import annotations
@@ -51,22 +62,25 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
                      device: str | torch.device | None = None, progress: Progress | None = None,
                      report: Report | None = None, reference: Any = None,
                      init_state: dict[str, torch.Tensor] | None = None,
-                     started_from: str | Path | None = None) -> ProxyResult:
+                     started_from: str | Path | None = None, lr_factor: float = 1.0) -> ProxyResult:
     """Train ``cfg`` under ``recipe`` and write the four output files to ``out_dir``.
 
     ``reference`` is the chassis the fair parameterization scales learning rates and init against
     (default ``cfg.chassis``): pass the search space's reference chassis, as the search's runner does,
     and an exported trial trains exactly as it did in its study. ``init_state`` starts from given
     weights (``load_start``) instead of a fresh init; ``started_from`` names where they came from, for
-    the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
-    nothing); the caller decides whether that is an error.
+    the record. ``lr_factor`` trains at that factor of the recipe's fair rate (see the module
+    docstring); ``metrics.json`` records the recipe as given and the factor beside it. A run that
+    ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth nothing); the caller
+    decides whether that is an error.
     """
+    lr_factor = check_lr_factor(lr_factor, "lr_factor")
     # before the directory exists: a refused run leaves nothing behind
     check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
-                                reference=reference, init_state=init_state)
+    model, result = train_model(cfg, at_lr_factor(recipe, lr_factor), corpus, report=report, device=device,
+                                progress=progress, reference=reference, init_state=init_state)
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
@@ -75,8 +89,27 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     extra: dict[str, Any] = {"reference": (reference if reference is not None else cfg.chassis).to_dict()}
     if started_from is not None:
         extra["started_from"] = str(started_from)
+    if lr_factor != 1.0:
+        extra[LR_FACTOR_KEY] = lr_factor
     write_metrics(out, result, recipe, corpus, extra)
     return result
+
+
+LR_FACTOR_KEY = "lr_factor"  # in an export and in metrics.json: the factor of the recipe's fair rate trained at
+
+
+def check_lr_factor(value: Any, where: str) -> float:
+    """A learning-rate factor as a float, refused in one line unless a finite number > 0."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ConfigError(f"{where} must be a finite number > 0 (a factor of the recipe's fair learning rate, "
+                          f"e.g. 2), got {value!r}; export it again or pass --lr-factor")
+    return float(value)
+
+
+def at_lr_factor(recipe: Recipe, lr_factor: float) -> Recipe:
+    """``recipe`` at ``lr_factor`` x its rates (the whole schedule); the recipe itself at factor 1."""
+    return recipe if lr_factor == 1.0 else recipe.with_lr_factor(lr_factor)
 
 
 def save_trained(model: nn.Module, cfg: Any, tokenizer: Tokenizer, out_dir: str | Path) -> None:
@@ -132,6 +165,7 @@ class AllocationFile:
     cfg: Any  # ArchConfig
     reference: Any  # Chassis | None: None for a bare allocation or an export from before it was recorded
     exported: bool  # the file is an `npas export` document (an `allocation:` mapping with its record beside it)
+    lr_factor: float = 1.0  # the trial's located learning-rate factor; 1.0 when the export carries none
 
 
 def read_allocation_file(path: str | Path) -> AllocationFile:
@@ -148,7 +182,9 @@ def read_allocation_file(path: str | Path) -> AllocationFile:
     doc = yaml.safe_load(text)
     exported = isinstance(doc, dict) and "allocation" in doc
     ref = doc.get(REFERENCE_KEY) if exported else None
-    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported)
+    factor = doc.get(LR_FACTOR_KEY) if exported else None
+    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported,
+                          1.0 if factor is None else check_lr_factor(factor, f"{p}: {LR_FACTOR_KEY}"))
 
 
 @dataclass(frozen=True)
@@ -162,6 +198,7 @@ class Start:
     reference: Any  # Chassis | None: the one its metrics.json records; None: the allocation's own chassis
     data: dict  # its metrics.json's description of the corpus it was trained (or converted) on
     val_loss: float | None  # its validation loss as recorded (a conversion's: before any training)
+    lr_factor: float = 1.0  # the learning-rate factor it was trained at (metrics.json), continued at by default
 
 
 def load_start(model_dir: str | Path) -> Start:
@@ -175,8 +212,10 @@ def load_start(model_dir: str | Path) -> Start:
     if val is None:
         val = (metrics.get("conversion") or {}).get("val_loss")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # train_model copies into fp32
+    factor = metrics.get(LR_FACTOR_KEY)
     return Start(d, cfg, tokenizer, state, None if ref is None else read_chassis(ref, str(d / METRICS_FILE)),
-                 metrics.get("data") or {}, val)
+                 metrics.get("data") or {}, val,
+                 1.0 if factor is None else check_lr_factor(factor, f"{d / METRICS_FILE}: {LR_FACTOR_KEY}"))
 
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus,

@@ -333,7 +333,8 @@ def run_export(args: argparse.Namespace) -> int:
     study = _load(args)
     doc = write_export(study, args.out, args.pick)
     vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())
-    print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}, hash {doc['hash']}")
+    rate = f", lr_factor {doc['lr_factor']:g}" if "lr_factor" in doc else ""
+    print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}{rate}, hash {doc['hash']}")
     note = noise_note(study, args.pick, doc["trial"])
     if note:
         print(note)
