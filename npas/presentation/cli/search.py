@@ -117,11 +117,20 @@ def _report_dir(study, where: str) -> Path:
 
 
 def _report_writer(where: str | None):
-    if where is None:
-        return None
-    from npas.presentation.dashboard import write_report
+    """After every finished trial: the study's rung-to-rung agreement refreshed on its record
+    (`npas.service.study.rungs.record`), and the HTML report rewritten when --dashboard asks for one.
+    Imported when a trial is done, not here: this runs before Ray is started in the background."""
 
-    return lambda study: write_report(study, _report_dir(study, where))
+    def done(study) -> None:
+        from npas.service.study.rungs import record
+
+        record(study)
+        if where is not None:
+            from npas.presentation.dashboard import write_report
+
+            write_report(study, _report_dir(study, where))
+
+    return done
 
 
 def _final_report(study, args: argparse.Namespace) -> None:

@@ -116,7 +116,9 @@ def summary(study: optuna.Study) -> RungSummary:
 
 def record(study: optuna.Study) -> RungSummary:
     """Store the summary on the study (user attr ``rung_agreement``), for plain-Optuna readers; a
-    search refreshes it as results arrive."""
+    search refreshes it as results arrive (`npas search`/`resume` after every finished trial). A study
+    whose trials stored no rung losses (a cosine recipe) has nothing to certify and is left as it was."""
     s = summary(study)
-    study.set_user_attr(RUNG_AGREEMENT_ATTR, s.to_dict())
+    if s.agreements:
+        study.set_user_attr(RUNG_AGREEMENT_ATTR, s.to_dict())
     return s
