@@ -110,8 +110,23 @@ def summary(study: optuna.Study) -> RungSummary:
     ladder = ladder_of(study)
     agreements: tuple[RungAgreement, ...] = ()
     if ladder is not None:
-        agreements = tuple(a for r in ladder.rungs[:-1] if (a := agreement(ladder, r)) is not None)
+        agreements = tuple(a for r in ladder.rungs[:-1] if (a := _agreement(ladder, r)) is not None)
     return RungSummary(top_steps(study), reached, len(counted), running, agreements)
+
+
+_SEEN: dict[tuple, RungAgreement | None] = {}  # (rung, next rung, its pairs) -> agreement: see _agreement
+
+
+def _agreement(ladder: Ladder, rung: int) -> RungAgreement | None:
+    """``ladder.agreement``, remembered for the same pairs of losses: its bootstrap takes about a second
+    at 200 pairs, and a search refreshes the summary after every trial while the pairs change only
+    when a trial is promoted."""
+    key = (rung, ladder.next_rung(rung), tuple(ladder.rung_pairs(rung)))
+    if key not in _SEEN:
+        if len(_SEEN) >= 64:
+            _SEEN.clear()
+        _SEEN[key] = agreement(ladder, rung)
+    return _SEEN[key]
 
 
 def record(study: optuna.Study) -> RungSummary:
