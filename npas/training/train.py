@@ -13,16 +13,7 @@ that produced it:
 A directory is also a starting point (``load_start``): ``npas train MODEL_DIR`` continues from its
 weights, with the reference chassis it recorded, so a converted or trained model is not thrown away.
 
-A learning-rate factor (``lr_factor``, issue #35): a search that locates each candidate's rate stores
-the chosen factor of the recipe's fair rate on the trial, ``npas export`` writes it beside the
-allocation and ``train_allocation`` trains at it, under any recipe: the recipe's whole schedule (peak,
-warmup and floor) times the factor, every parameter group's fair rule kept (``Recipe.with_lr_factor``).
-The search's climb multiplies each group's ``lr_mult`` instead (``climb.scale_rates``); the two are
-the same numbers bit for bit when the factor is a power of two, since scaling by one is exact in
-floating point, and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2
-steps past them: ``located_rate``). So ``npas train`` of an export reproduces its WSD trial's loss at
-T exactly (tests/training/test_train_lr_factor.py); another factor (``--lr-factor 1.5``) agrees to the
-rounding of the last bit. Factor 1 changes nothing and is not written: old exports train as before.
+A model can be trained at a learning-rate factor a search located for it (``npas.training.lr_factor``).
 """
 
 from __future__ import annotations
@@ -44,6 +35,7 @@ from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
 from npas.training.forks import train_model  # the recipe's schedule: cosine, or WSD with its forks
+from npas.training.lr_factor import LR_FACTOR_KEY, at_lr_factor, check_lr_factor
 from npas.training.proxy import Progress, ProxyResult, Report, check_compatible
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
@@ -69,10 +61,10 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     (default ``cfg.chassis``): pass the search space's reference chassis, as the search's runner does,
     and an exported trial trains exactly as it did in its study. ``init_state`` starts from given
     weights (``load_start``) instead of a fresh init; ``started_from`` names where they came from, for
-    the record. ``lr_factor`` trains at that factor of the recipe's fair rate (see the module
-    docstring); ``metrics.json`` records the recipe as given and the factor beside it. A run that
-    ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth nothing); the caller
-    decides whether that is an error.
+    the record. ``lr_factor`` trains at that factor of the recipe's fair rate
+    (``npas.training.lr_factor``); ``metrics.json`` records the recipe as given and the factor beside
+    it. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
+    nothing); the caller decides whether that is an error.
     """
     lr_factor = check_lr_factor(lr_factor, "lr_factor")
     # before the directory exists: a refused run leaves nothing behind
@@ -93,23 +85,6 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
         extra[LR_FACTOR_KEY] = lr_factor
     write_metrics(out, result, recipe, corpus, extra)
     return result
-
-
-LR_FACTOR_KEY = "lr_factor"  # in an export and in metrics.json: the factor of the recipe's fair rate trained at
-
-
-def check_lr_factor(value: Any, where: str) -> float:
-    """A learning-rate factor as a float, refused in one line unless a finite number > 0."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise ConfigError(f"{where} must be a finite number > 0 (a factor of the recipe's fair learning rate, "
-                          f"e.g. 2), got {value!r}; export it again or pass --lr-factor")
-    return float(value)
-
-
-def at_lr_factor(recipe: Recipe, lr_factor: float) -> Recipe:
-    """``recipe`` at ``lr_factor`` x its rates (the whole schedule); the recipe itself at factor 1."""
-    return recipe if lr_factor == 1.0 else recipe.with_lr_factor(lr_factor)
 
 
 def save_trained(model: nn.Module, cfg: Any, tokenizer: Tokenizer, out_dir: str | Path) -> None:

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def lr_factor_arg(text: str) -> float:
-    from npas.training.train import check_lr_factor
+    from npas.training.lr_factor import check_lr_factor
 
     try:
         return check_lr_factor(float(text), "--lr-factor")

@@ -33,8 +33,8 @@ from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
 from npas.service.study.storage import open_storage
 from npas.service.study.urls import redact, resolve_url
+from npas.training.lr_factor import at_lr_factor
 from npas.training.recipe import Recipe
-from npas.training.train import at_lr_factor
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from npas.errors import NpasError, StudyError
 from npas.service.export.picks import objective_names
 from npas.service.export.picks import pick as choose
 from npas.service.study.record import StudyAttr, TrialAttr
-from npas.training.train import LR_FACTOR_KEY, REFERENCE_KEY, check_lr_factor, tokenizer_beside
+from npas.training.lr_factor import LR_FACTOR_KEY, check_lr_factor
+from npas.training.train import REFERENCE_KEY, tokenizer_beside
 
 log = logging.getLogger(__name__)
 
