@@ -90,3 +90,14 @@ def test_a_pick_refused_below_T_is_one_line_exit_2_nothing_written(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "stopped at step 20 of 40" in err and "npas front smoke" in err
     assert not out.exists()
+
+
+def test_the_dashboard_front_and_hypervolume_ignore_it(tmp_path, smoke_study):
+    from npas.presentation.dashboard.info import hypervolume_info, pareto_info
+
+    study, _ = _study(tmp_path, constraint=False)
+    info = pareto_info(study)
+    assert sorted(info.front) == sorted(SMOKE_FRONT)
+    (stopped,) = [p for p in info.points if p.number == STOPPED]
+    assert not stopped.on_front and not stopped.full_fidelity
+    assert hypervolume_info(study).values[-1] == hypervolume_info(smoke_study[0]).values[-1]

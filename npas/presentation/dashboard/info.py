@@ -43,8 +43,8 @@ def within_budget(t: FrozenTrial) -> bool:
 
 
 def feasible(t: FrozenTrial) -> bool:
-    """Complete, full fidelity and within budget: what Optuna's constrained front is drawn from."""
-    return was_evaluated(t) and all(v <= 0.0 for v in t.constraints.values())
+    """Complete, full fidelity (reached T) and within budget: what the front is drawn from."""
+    return is_full_fidelity(t) and all(v <= 0.0 for v in t.constraints.values())
 
 
 # ---- the header ----------------------------------------------------------------------------
