@@ -12,6 +12,8 @@ that produced it:
 
 A directory is also a starting point (``load_start``): ``npas train MODEL_DIR`` continues from its
 weights, with the reference chassis it recorded, so a converted or trained model is not thrown away.
+
+A model can be trained at a learning-rate factor a search located for it (``npas.training.lr_factor``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
 from npas.training.forks import train_model  # the recipe's schedule: cosine, or WSD with its forks
+from npas.training.lr_factor import LR_FACTOR_KEY, at_lr_factor, check_lr_factor
 from npas.training.proxy import Progress, ProxyResult, Report, check_compatible
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
@@ -51,22 +54,25 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
                      device: str | torch.device | None = None, progress: Progress | None = None,
                      report: Report | None = None, reference: Any = None,
                      init_state: dict[str, torch.Tensor] | None = None,
-                     started_from: str | Path | None = None) -> ProxyResult:
+                     started_from: str | Path | None = None, lr_factor: float = 1.0) -> ProxyResult:
     """Train ``cfg`` under ``recipe`` and write the four output files to ``out_dir``.
 
     ``reference`` is the chassis the fair parameterization scales learning rates and init against
     (default ``cfg.chassis``): pass the search space's reference chassis, as the search's runner does,
     and an exported trial trains exactly as it did in its study. ``init_state`` starts from given
     weights (``load_start``) instead of a fresh init; ``started_from`` names where they came from, for
-    the record. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
+    the record. ``lr_factor`` trains at that factor of the recipe's fair rate
+    (``npas.training.lr_factor``); ``metrics.json`` records the recipe as given and the factor beside
+    it. A run that ends ``failed`` writes only ``metrics.json`` (its weights are NaN and worth
     nothing); the caller decides whether that is an error.
     """
+    lr_factor = check_lr_factor(lr_factor, "lr_factor")
     # before the directory exists: a refused run leaves nothing behind
     check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
-                                reference=reference, init_state=init_state)
+    model, result = train_model(cfg, at_lr_factor(recipe, lr_factor), corpus, report=report, device=device,
+                                progress=progress, reference=reference, init_state=init_state)
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
@@ -75,6 +81,8 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     extra: dict[str, Any] = {"reference": (reference if reference is not None else cfg.chassis).to_dict()}
     if started_from is not None:
         extra["started_from"] = str(started_from)
+    if lr_factor != 1.0:
+        extra[LR_FACTOR_KEY] = lr_factor
     write_metrics(out, result, recipe, corpus, extra)
     return result
 
@@ -132,6 +140,7 @@ class AllocationFile:
     cfg: Any  # ArchConfig
     reference: Any  # Chassis | None: None for a bare allocation or an export from before it was recorded
     exported: bool  # the file is an `npas export` document (an `allocation:` mapping with its record beside it)
+    lr_factor: float = 1.0  # the trial's located learning-rate factor; 1.0 when the export carries none
 
 
 def read_allocation_file(path: str | Path) -> AllocationFile:
@@ -148,7 +157,9 @@ def read_allocation_file(path: str | Path) -> AllocationFile:
     doc = yaml.safe_load(text)
     exported = isinstance(doc, dict) and "allocation" in doc
     ref = doc.get(REFERENCE_KEY) if exported else None
-    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported)
+    factor = doc.get(LR_FACTOR_KEY) if exported else None
+    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported,
+                          1.0 if factor is None else check_lr_factor(factor, f"{p}: {LR_FACTOR_KEY}"))
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,7 @@ class Start:
     reference: Any  # Chassis | None: the one its metrics.json records; None: the allocation's own chassis
     data: dict  # its metrics.json's description of the corpus it was trained (or converted) on
     val_loss: float | None  # its validation loss as recorded (a conversion's: before any training)
+    lr_factor: float = 1.0  # the learning-rate factor it was trained at (metrics.json), continued at by default
 
 
 def load_start(model_dir: str | Path) -> Start:
@@ -175,8 +187,10 @@ def load_start(model_dir: str | Path) -> Start:
     if val is None:
         val = (metrics.get("conversion") or {}).get("val_loss")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # train_model copies into fp32
+    factor = metrics.get(LR_FACTOR_KEY)
     return Start(d, cfg, tokenizer, state, None if ref is None else read_chassis(ref, str(d / METRICS_FILE)),
-                 metrics.get("data") or {}, val)
+                 metrics.get("data") or {}, val,
+                 1.0 if factor is None else check_lr_factor(factor, f"{d / METRICS_FILE}: {LR_FACTOR_KEY}"))
 
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus,

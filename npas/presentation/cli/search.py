@@ -117,11 +117,20 @@ def _report_dir(study, where: str) -> Path:
 
 
 def _report_writer(where: str | None):
-    if where is None:
-        return None
-    from npas.presentation.dashboard import write_report
+    """After every finished trial: the study's rung-to-rung agreement refreshed on its record
+    (`npas.service.study.rungs.record`), and the HTML report rewritten when --dashboard asks for one.
+    Imported when a trial is done, not here: this runs before Ray is started in the background."""
 
-    return lambda study: write_report(study, _report_dir(study, where))
+    def done(study) -> None:
+        from npas.service.study.rungs import record
+
+        record(study)
+        if where is not None:
+            from npas.presentation.dashboard import write_report
+
+            write_report(study, _report_dir(study, where))
+
+    return done
 
 
 def _final_report(study, args: argparse.Namespace) -> None:
@@ -160,12 +169,30 @@ def _print_front(study, fmt: str = "table") -> None:
         print(json.dumps(json.loads(df.to_json(orient="records")), indent=2))
     elif df.empty:
         print(f"study {study.study_name}: no complete full-fidelity trial within budget yet")
+        _print_rungs(study)
     else:
         print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
-        print(humanize(_mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])).to_string(index=False))
+        shown = _mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])
+        if "lr_factor" in shown.columns:  # a factor of the fair rate: x2, x0.5
+            shown["lr_factor"] = [f"×{v:g}" for v in shown["lr_factor"]]
+        print(humanize(shown).to_string(index=False))
         seeds = int(df["seeds"].min())
         print(f"loss: mean ± std over {seeds} seeds per trial" if seeds > 1 else
               "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
+        if "lr_factor" in df.columns:
+            print("lr_factor: each trial's learning rate located at the first rung, as a factor of the recipe's "
+                  "fair rate; `npas export` writes it and `npas train` applies it")
+        _print_rungs(study)
+
+
+def _print_rungs(study) -> None:
+    """How many trials the front is read from, and the rung-to-rung agreement of the promoted ones."""
+    from npas.service.study.rungs import summary
+
+    s = summary(study)
+    print(f"front read at the top rung: {s.reached_line()}")
+    for line in s.agreement_lines():
+        print(line)
 
 
 def _mean_pm_std(df):
@@ -315,7 +342,8 @@ def run_export(args: argparse.Namespace) -> int:
     study = _load(args)
     doc = write_export(study, args.out, args.pick)
     vals = ", ".join(f"{k}={v:.4g}" for k, v in doc["values"].items())
-    print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}, hash {doc['hash']}")
+    rate = f", lr_factor {doc['lr_factor']:g}" if "lr_factor" in doc else ""
+    print(f"wrote {args.out}: trial {doc['trial']} ({doc['summary']}), {vals}{rate}, hash {doc['hash']}")
     note = noise_note(study, args.pick, doc["trial"])
     if note:
         print(note)

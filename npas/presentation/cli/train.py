@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>, or "
                    "train-<hash>-from-<weights> when continuing a model directory)")
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
+    p.add_argument("--lr-factor", type=lr_factor_arg, default=None, metavar="X",
+                   help="train at X times the recipe's fair learning rate (whole schedule, every parameter group); "
+                        "default: the factor the search located, as the export (or the model directory) records "
+                        "it, else 1")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
     p.add_argument("--format", choices=("npas", "hf"), default="npas", dest="fmt",
@@ -52,6 +56,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_sample)
 
 
+def lr_factor_arg(text: str) -> float:
+    from npas.training.lr_factor import check_lr_factor
+
+    try:
+        return check_lr_factor(float(text), "--lr-factor")
+    except (ValueError, NpasError):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (a factor of the recipe's fair learning "
+                                         f"rate, e.g. 2), got {text!r}") from None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -66,9 +80,11 @@ def run_train(args: argparse.Namespace) -> int:
         recipe = recipe.with_steps(args.steps)
     if path.is_dir():  # a trained or converted model: continue from its weights
         cfg, corpus, reference, start, what = _continue_from(path, recipe, args)
+        recorded = start.lr_factor
     else:
-        cfg, corpus, reference, what = _from_allocation(path, recipe, args)
+        cfg, corpus, reference, what, recorded = _from_allocation(path, recipe, args)
         start = None
+    lr_factor = recorded if getattr(args, "lr_factor", None) is None else args.lr_factor
     from npas.training.proxy import check_compatible
 
     check_compatible(cfg, recipe, corpus, padded=start is not None)  # one line before the progress bar and --out
@@ -83,8 +99,11 @@ def run_train(args: argparse.Namespace) -> int:
     from npas.allocation.budget import count
 
     acc = count(cfg)
+    rate = "" if lr_factor == 1.0 else (f", at lr_factor {lr_factor:g} x its fair rate"
+                                          + (" (--lr-factor)" if getattr(args, "lr_factor", None) is not None
+                                             else " (located by the search)" if start is None else " (as trained)"))
     print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params){what} on {corpus.source}, "
-          f"{recipe.describe()} -> {out}")
+          f"{recipe.describe()}{rate} -> {out}")
     bar = tqdm(total=recipe.steps, unit="step", dynamic_ncols=True, file=sys.stderr)
     post: dict[str, str] = {}
 
@@ -101,7 +120,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         result = train_allocation(cfg, recipe, corpus, out, device=args.device, progress=progress, report=report,
                                   reference=reference, init_state=None if start is None else start.state,
-                                  started_from=None if start is None else start.dir.resolve())
+                                  started_from=None if start is None else start.dir.resolve(), lr_factor=lr_factor)
     finally:
         bar.close()
     if result.status == "failed":
@@ -143,7 +162,7 @@ def _from_allocation(path: Path, recipe, args: argparse.Namespace):
               f"unlike its trial); export it again to match the search", file=sys.stderr)
     tokenizer = args.tokenizer or exported_tokenizer(path)
     corpus = _load_corpus(args, recipe, args.data if args.data is not None else recipe.data, tokenizer)
-    return alloc.cfg, corpus, alloc.reference, ""
+    return alloc.cfg, corpus, alloc.reference, "", alloc.lr_factor
 
 
 def _continue_from(path: Path, recipe, args: argparse.Namespace):

@@ -43,8 +43,8 @@ def within_budget(t: FrozenTrial) -> bool:
 
 
 def feasible(t: FrozenTrial) -> bool:
-    """Complete, full fidelity and within budget: what Optuna's constrained front is drawn from."""
-    return was_evaluated(t) and all(v <= 0.0 for v in t.constraints.values())
+    """Complete, full fidelity (reached T) and within budget: what the front is drawn from."""
+    return is_full_fidelity(t) and all(v <= 0.0 for v in t.constraints.values())
 
 
 # ---- the header ----------------------------------------------------------------------------
@@ -445,6 +445,7 @@ def trials_frame(study: optuna.Study):
             rec["budget_margin"] = budget - stored if budget is not None and stored is not None else None
         rec["fidelity"] = ua.get(TrialAttr.FIDELITY)
         rec["max_fidelity"] = ua.get(TrialAttr.MAX_FIDELITY)
+        rec["lr_factor"] = ua.get(TrialAttr.LR_FACTOR)  # None: the trial located no rate (x1)
         rec["baseline"] = ua.get(TrialAttr.BASELINE) or ""
         try:
             rec["allocation"] = ArchConfig.from_dict(alloc).summary() if alloc else ""
@@ -453,5 +454,5 @@ def trials_frame(study: optuna.Study):
         rec["reason"] = ua.get(TrialAttr.REASON) or ""
         records.append(rec)
     columns = ["trial", "state", "status", *names, "stored_params", "budget_margin", "fidelity", "max_fidelity",
-               "baseline", "allocation", "reason"]
+               "lr_factor", "baseline", "allocation", "reason"]
     return pd.DataFrame.from_records(records, columns=columns)

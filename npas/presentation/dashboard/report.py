@@ -20,6 +20,7 @@ import optuna
 from npas import __version__
 from npas.presentation.dashboard import info as I
 from npas.presentation.dashboard import render as R
+from npas.presentation.dashboard import rungs as G
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def report_html(study: optuna.Study) -> str:
     alloc, taper, curves = I.allocation_info(study), I.taper_info(study), I.curves_info(study)
     importance = I.importance_info(study)
     fidelity = I.fidelity_info(study)
+    ladder = G.rungs_info(study)
     frame = I.trials_frame(study)
     sections = [
         _section("front", "Pareto front", R.render_pareto(pareto), _pareto_caption(pareto),
@@ -75,6 +77,7 @@ def report_html(study: optuna.Study) -> str:
         _section("curves", "Learning curves", R.render_curves(curves),
                  "Validation loss at each evaluation of the front trials, as recorded in their `curve` attribute.",
                  curves.note),
+        _section("rungs", "Rungs", G.render_rungs(ladder), G.caption(ladder), ladder.note),
         _section("fidelity", "Proxy vs validated", R.render_fidelity(fidelity),
                  "Each point is a trial retrained by `npas validate` with a longer recipe on fresh seeds: its proxy "
                  "loss against its validated seed-mean loss with a 95% t-interval over seeds. Points in the proxy's "
@@ -84,7 +87,7 @@ def report_html(study: optuna.Study) -> str:
     ]
     log.debug("report for %s built in %.2fs", study.study_name, time.perf_counter() - t0)
     return PAGE.format(title=_e(f"npas · {summary.study_name}"), style=STYLE, head_script=HEAD_SCRIPT,
-                       header=_header(summary), nav=_nav(), body="\n".join(sections), script=SCRIPT)
+                       header=_header(summary, ladder), nav=_nav(), body="\n".join(sections), script=SCRIPT)
 
 
 # ---- pieces of the page ----------------------------------------------------------------------
@@ -109,7 +112,7 @@ def _section(anchor: str, title: str, fig, caption: str, note: str | None) -> st
     return "".join(parts)
 
 
-def _header(s: I.SummaryInfo) -> str:
+def _header(s: I.SummaryInfo, ladder: G.RungsInfo | None = None) -> str:
     facts = [f"space <b>{_e(s.space_name)}</b>", "objectives " + ", ".join(f"<b>{_e(o)}</b>" for o in s.objectives)]
     if s.budget_params is not None:
         ratio = f" = {s.budget_params / s.reference_params:.2f}× the reference" if s.reference_params else ""
@@ -121,6 +124,8 @@ def _header(s: I.SummaryInfo) -> str:
     out = [f"<header><h1>npas study <code>{_e(s.study_name)}</code></h1>",
            f'<p class="meta">{" · ".join(facts)}</p>',
            f'<p class="meta">{s.n_trials} trial(s), {s.n_complete} complete, {s.n_front} on the front {chips}</p>',
+           *([f'<p class="meta" id="rung-summary">front read at the top rung: {_e(ladder.reached)}'
+              + "".join(f"<br>{_e(a)}" for a in ladder.agreement) + "</p>"] if ladder is not None else []),
            f'<p class="meta small">generated {_e(time.strftime("%Y-%m-%d %H:%M:%S"))} by npas {_e(__version__)}</p>']
     if s.empty_note:
         out.append(f'<div class="notice"><b>{_e(s.empty_note)}</b>')
@@ -136,7 +141,7 @@ def _header(s: I.SummaryInfo) -> str:
 def _nav() -> str:
     links = [("front", "Pareto front"), ("hypervolume", "Hypervolume"), ("allocation", "Allocation map"),
              ("taper", "MLP taper"), ("importance", "Importance"), ("curves", "Learning curves"),
-             ("fidelity", "Proxy vs validated"), ("trials", "All trials")]
+             ("rungs", "Rungs"), ("fidelity", "Proxy vs validated"), ("trials", "All trials")]
     return "<nav>" + " · ".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in links) + "</nav>"
 
 
@@ -191,8 +196,10 @@ def _table_section(frame, front: list[int], objectives: list[str]) -> str:
     cols: list[tuple[str, str, bool]] = [("trial", "trial", True), ("status", "status", False)]
     cols += [(o, R.axis(o)[0], True) for o in objectives]
     cols += [("stored_params", "stored params", True), ("budget_margin", "budget", True),
-             ("fidelity", "fidelity (steps)", True), ("baseline", "baseline", False),
-             ("allocation", "allocation", False), ("reason", "failure reason", False)]
+             ("fidelity", "fidelity (steps)", True)]
+    if "lr_factor" in frame.columns and frame["lr_factor"].notna().any():  # a study that located rates
+        cols.append(("lr_factor", "lr factor", True))
+    cols += [("baseline", "baseline", False), ("allocation", "allocation", False), ("reason", "failure reason", False)]
     head = "".join(f'<th data-type="{"num" if num else "text"}" data-key="{_e(key)}" title="click to sort">'
                    f'{_e(label)}</th>' for key, label, num in cols)
     rows = []
@@ -228,6 +235,9 @@ def _cell(key: str, rec: dict, objectives: list[str]) -> tuple[str, str]:
             return "", "–"
         v = int(v)
         return str(v), f'<span class="ok">✓ {v:,} to spare</span>' if v >= 0 else f'<span class="bad">✗ over by {-v:,}</span>'
+    if key == "lr_factor":  # a factor of the recipe's fair rate; none located reads x1
+        f = 1.0 if missing else float(v)
+        return repr(f), f"×{f:g}"
     if key == "fidelity":
         if missing:
             return "", "–"

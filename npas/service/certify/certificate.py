@@ -40,6 +40,7 @@ def _row(plan, target, losses: dict[str, float]) -> dict:
         "test_std": float(np.std(seed_losses, ddof=1)) if complete and len(seed_losses) > 1 else None,
         "stored_params": acc.stored_params, "flops_per_token": acc.flops_per_token,
         "materialised_non_embedding": acc.materialised_params - acc.embedding_params, "complete": complete,
+        "lr_factor": target.lr_factor,  # the located rate it was retrained at (1: none located)
     }
 
 

@@ -33,6 +33,7 @@ from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
 from npas.service.study.storage import open_storage
 from npas.service.study.urls import redact, resolve_url
+from npas.training.lr_factor import at_lr_factor
 from npas.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
                      (RetrainAttr.ALLOC, target.cfg.to_dict()),
                      (RetrainAttr.DRIVER, faults.driver_id())):
             trial.set_user_attr(k, v)
+        if target.lr_factor != 1.0:  # the rate it is retrained at: the source trial's located factor
+            trial.set_user_attr(RetrainAttr.LR_FACTOR, target.lr_factor)
         return trial
 
     def finish(trial: optuna.Trial, loss: float | None, error: str | None) -> None:
@@ -208,10 +211,11 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
         if opts.on_progress:
             opts.on_progress(done, total)
 
-    def recipe_for(seed: int) -> Recipe:
+    def recipe_for(seed: int, target: Target) -> Recipe:
+        """The long recipe on a fresh seed, at the target's located learning-rate factor."""
         r = Recipe.from_dict({**plan.recipe.to_dict(), "seed": seed})
         assert r.seed != plan.recipe.seed, "a retraining reused the recipe's own seed"
-        return r
+        return at_lr_factor(r, target.lr_factor)
 
     # the storage beats for trials of `study.optimize`; these retrainings are asked and told here,
     # and a killed run's trials are recovered by `recover` from the recorded driver instead
@@ -236,7 +240,7 @@ def _run_jobs(jobs, retrain, opts, plan, start, finish, recipe_for, live, remote
             trial = start(target, seed, key)
             live[0] = (trial,)
             try:
-                loss, err = retrain(target.cfg, recipe_for(seed)), None
+                loss, err = retrain(target.cfg, recipe_for(seed, target)), None
             except Exception as e:  # one failed retraining is recorded; the others go on
                 loss, err = None, f"{type(e).__name__}: {e}"
             live.clear()
@@ -280,7 +284,7 @@ def _execute_ray(remote, jobs, retrain, opts, plan, start, finish, recipe_for, l
         while pending and len(live) < opts.workers:
             target, seed, key = pending.pop(0)
             trial = start(target, seed, key)
-            ref = remote.remote(retrain, target.cfg.to_dict(), recipe_for(seed).to_dict())
+            ref = remote.remote(retrain, target.cfg.to_dict(), recipe_for(seed, target).to_dict())
             live[ref] = (trial,)
         ready, _ = ray.wait(list(live), num_returns=1)
         for ref in ready:

@@ -9,7 +9,10 @@
   (the space's `narrow_untied` baseline is exactly that) and the dense untied model whose FLOPs per
   token come as close to the pick's as a uniform MLP width allows (the exact ratio is reported);
 - fresh seeds ``10_000 + s``, never a recipe's own seed: training a pick again on the seed that
-  selected it would keep the luck that put it on the front (the winner's curse).
+  selected it would keep the luck that put it on the front (the winner's curse);
+- each searched allocation at the learning-rate factor its trial located (``lr_factor``, issue #35;
+  1 where none was located, and for the constructed FLOPs match, which has no trial): validated as it
+  would be trained, at that factor of the long recipe's fair rate.
 
 Every (allocation, seed) is one job with a key over allocation, recipe, seed, data and split, so the
 same retraining is recognised whatever role it plays and however often the command is rerun.
@@ -105,6 +108,7 @@ class Target:
     source: int | None  # trial number in the source study; None for the constructed FLOPs match
     proxy_loss: float | None
     label: str = ""  # baseline name or how the allocation was constructed
+    lr_factor: float = 1.0  # the source trial's located learning-rate factor (1: none located)
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,11 @@ class Plan:
     fingerprint: str
 
     def key(self, target: Target, seed: int) -> str:
-        """Same allocation, recipe, seed and data -> same retraining, whatever role it plays."""
+        """Same allocation, recipe, rate, seed and data -> same retraining, whatever role it plays (a
+        factor of 1 is left out, so every key from before located rates stays as it was)."""
+        rate = {} if target.lr_factor == 1.0 else {"f": target.lr_factor}
         blob = json.dumps({"a": target.cfg.hash, "r": self.recipe.to_dict(), "s": seed, "d": self.fingerprint,
-                           "split": self.split}, sort_keys=True)
+                           "split": self.split, **rate}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def jobs(self) -> list[tuple[Target, int, str]]:
@@ -174,7 +180,8 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     def add(t: FrozenTrial | None, role: str, cfg: ArchConfig | None = None, label: str = "") -> str:
         cfg = cfg or _cfg(t)
         entry = targets.setdefault(cfg.hash, {"cfg": cfg, "roles": [], "source": t.number if t else None,
-                                              "proxy_loss": t.values[li] if t else None, "label": label})
+                                              "proxy_loss": t.values[li] if t else None, "label": label,
+                                              "lr_factor": _lr_factor(t)})
         if role not in entry["roles"]:
             entry["roles"].append(role)
         entry["label"] = entry["label"] or label
@@ -201,11 +208,16 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     repeats = int(study.user_attrs.get(StudyAttr.REPEATS) or 1)  # `search --repeats`: every proxy seed is taken
     seeds = fresh_seeds(opts.seeds, {*repeat_seeds(proxy_seed, repeats), recipe.seed})
     return Plan(study=study.study_name,
-                targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"])
-                              for e in targets.values()),
+                targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"],
+                                     e["lr_factor"]) for e in targets.values()),
                 seeds=seeds, recipe=recipe, pick=picked.number, memory_matched=mem, flops_matched=flo,
                 flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(StudyAttr.FINGERPRINT, "")))
 
 
 def _cfg_hash(t: FrozenTrial) -> str:
     return str(t.user_attrs.get(TrialAttr.HASH) or _cfg(t).hash)
+
+
+def _lr_factor(t: FrozenTrial | None) -> float:
+    factor = None if t is None else t.user_attrs.get(TrialAttr.LR_FACTOR)
+    return 1.0 if factor is None else float(factor)

@@ -13,6 +13,7 @@ from npas.errors import NpasError, StudyError
 from npas.service.export.picks import objective_names
 from npas.service.export.picks import pick as choose
 from npas.service.study.record import StudyAttr, TrialAttr
+from npas.training.lr_factor import LR_FACTOR_KEY, check_lr_factor
 from npas.training.train import REFERENCE_KEY, tokenizer_beside
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,16 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
     trial = choose(study, pick)
     cfg = export(study, f"trial={trial.number}")
     names = objective_names(study)
+    # the trial's located learning rate, as a factor of the recipe's fair rate: `npas train` applies it.
+    # A trial that located none (every study from before issue #35) writes none: its export is as it was
+    factor = trial.user_attrs.get(TrialAttr.LR_FACTOR)
+    rate = {} if factor is None else {LR_FACTOR_KEY: check_lr_factor(factor, f"trial {trial.number}: lr_factor")}
     return {
         "allocation": cfg.to_dict(),
         "hash": cfg.hash,
         "summary": cfg.summary(),
         REFERENCE_KEY: reference_chassis(study),  # what the trial's learning rates and init were scaled against
+        **rate,
         "study": study.study_name,
         "trial": trial.number,
         "pick": pick,
@@ -76,7 +82,9 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
 def write_export(study: optuna.Study, out: str | Path, pick: str = "knee") -> dict:
     doc = export_document(study, pick)
     header = ("# npas export: rebuild with npas.build_model(npas.ArchConfig.from_yaml(open(PATH).read()))\n"
-              f"# train for real: npas train {out}\n")
+              f"# train for real: npas train {out}"
+              + (f"  (at lr_factor {doc[LR_FACTOR_KEY]:g} x the recipe's fair rate)" if LR_FACTOR_KEY in doc else "")
+              + "\n")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))

@@ -108,6 +108,12 @@ def _by_number(study: optuna.Study, how: str) -> FrozenTrial:
         if t.number == n:
             if not studies.was_evaluated(t) or TrialAttr.ALLOC not in t.user_attrs:
                 raise StudyError(f"trial {n} of study {study.study_name!r} is {studies.status(t)}, not complete")
+            if not studies.reached_top(t):  # its loss is a shorter run's: not comparable with the front's
+                done, asked = t.user_attrs.get(TrialAttr.FIDELITY), t.user_attrs.get(TrialAttr.MAX_FIDELITY)
+                where = f" at step {done} of {asked}" if done is not None and asked is not None else ""
+                raise StudyError(f"trial {n} of study {study.study_name!r} stopped{where}, below the top rung, so "
+                                 f"its loss is a shorter run's; pick a trial that reached it (`npas front "
+                                 f"{study.study_name}` lists them)")
             return t
     raise StudyError(f"study {study.study_name!r} has no trial {n}")
 

@@ -66,6 +66,7 @@ class RetrainAttr(StrEnum):
     DRIVER = "driver"  # the `npas validate` process that runs it (search.faults.driver_id)
     REASON = "failure_reason"
     SOURCE_STUDY = "source_study"  # a user attr of the linked study itself: the searched study's name
+    LR_FACTOR = "lr_factor"  # the source trial's located learning-rate factor it was retrained at; absent = 1
 
 
 class TrialAttr(StrEnum):
@@ -94,6 +95,8 @@ class TrialAttr(StrEnum):
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
+    LR_FACTOR = "lr_factor"  # the located factor x the recipe's fair rate (issue #35); absent on old studies = 1.0
+    LR_GRID_STEPS = "lr_grid_steps"  # steps of the rate grid's runs that were not kept (apart from trained steps)
 
 
 class Constraint(StrEnum):

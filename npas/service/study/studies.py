@@ -4,8 +4,11 @@ The study is the source of truth: its user attributes hold everything a resume n
 `StudyRecord` in `npas.service.study.record`); each trial's user attributes hold the allocation, its hash,
 the accounting and the proxy metrics.
 Constraints (Optuna 5 `set_constraint`) keep the budget and, for trials stopped early by ASHA, the
-missing fidelity, so plain `optuna.load_study(...).best_trials` already returns the full-fidelity
-front within budget.
+missing fidelity, so plain `optuna.load_study(...).best_trials` returns the full-fidelity front within
+budget for every study npas has written so far. npas does not lean on that: the front is read at the top
+rung T explicitly (`reached_top`: the steps trained against the steps asked), because a promotion ladder
+may tell the sampler something else about a trial it stopped below T (issue #34), and a trial at a
+lower rung has a loss from a shorter run, which would dominate the trials that finished at T.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from npas.allocation.config import ArchConfig
@@ -97,8 +101,24 @@ def was_evaluated(t: FrozenTrial) -> bool:
     return t.state == TrialState.COMPLETE and t.user_attrs.get(TrialAttr.STATUS) not in NOT_EVALUATED
 
 
+def reached_top(t: FrozenTrial) -> bool:
+    """Trained to the recipe's whole length T, the ladder's top rung: its values are losses at T.
+
+    The record says so twice: the steps trained (`fidelity`) against the steps asked
+    (`max_fidelity`), and the fidelity constraint. Both must agree; a trial from before either was
+    recorded is judged by the one it has."""
+    done, asked = t.user_attrs.get(TrialAttr.FIDELITY), t.user_attrs.get(TrialAttr.MAX_FIDELITY)
+    if _is_number(done) and _is_number(asked) and done < asked:
+        return False
+    return t.constraints.get(Constraint.FIDELITY, 0.0) <= 0.0
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def is_full_fidelity(t: FrozenTrial) -> bool:
-    return was_evaluated(t) and t.constraints.get(Constraint.FIDELITY, 0.0) <= 0.0
+    return was_evaluated(t) and reached_top(t)
 
 
 def counts_toward_target(t: FrozenTrial) -> bool:
@@ -108,9 +128,26 @@ def counts_toward_target(t: FrozenTrial) -> bool:
 
 
 def front_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """The Pareto front: complete, within budget, full fidelity (Optuna applies the constraints, which
-    also drop infeasible asks told COMPLETE; the filter keeps them out should a constraint be missing)."""
-    return sorted((t for t in study.best_trials if was_evaluated(t)), key=lambda t: t.values[0])
+    """The Pareto front at the top rung: non-dominated among the trials that are complete, evaluated,
+    feasible (every constraint <= 0: within budget) and reached T (`reached_top`). Only those compete,
+    so a trial stopped at a lower rung never knocks a trial at T off the front, whatever the sampler
+    was told about it. Dominance is Optuna's (no worse everywhere, better somewhere; equal points
+    both stay), so on every study npas wrote before the ladder this is `study.best_trials`."""
+    pool = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if is_full_fidelity(t) and t.values is not None and all(v <= 0.0 for v in t.constraints.values())]
+    return sorted(pareto(pool, study.directions), key=lambda t: (t.values[0], t.number))
+
+
+def pareto(trials: list[FrozenTrial], directions: list[StudyDirection]) -> list[FrozenTrial]:
+    """The non-dominated trials of ``trials`` under ``directions`` (equal points all stay)."""
+    signs = [1.0 if d == StudyDirection.MINIMIZE else -1.0 for d in directions]
+    points = sorted(((tuple(s * v for s, v in zip(signs, t.values, strict=True)), t) for t in trials),
+                    key=lambda p: (p[0], p[1].number))
+    front: list[tuple[tuple[float, ...], FrozenTrial]] = []
+    for p, t in points:  # lexicographic order: nothing later dominates anything earlier
+        if not any(all(a <= b for a, b in zip(q, p, strict=True)) and q != p for q, _ in front):
+            front.append((p, t))
+    return [t for _, t in front]
 
 
 @dataclass(frozen=True)
@@ -124,6 +161,7 @@ class FrontRow:
     hash: str
     loss_std: float | None = None  # std over the trial's seeds (`--repeats`), in the loss objective's unit
     seeds: int = 1
+    lr_factor: float | None = None  # the located factor x the fair rate; None: the trial located none (x1)
 
 
 def _loss_objective(study: optuna.Study) -> str:
@@ -143,25 +181,35 @@ def front_rows(study: optuna.Study) -> list[FrontRow]:
             summary=ArchConfig.from_dict(alloc).summary() if alloc else "",
             baseline=str(t.user_attrs.get(TrialAttr.BASELINE, "")), hash=str(t.user_attrs.get(TrialAttr.HASH, "")),
             loss_std=seed_std(t, loss), seeds=max(1, len(seed_values(t, loss))),
+            lr_factor=_float_or_none(t.user_attrs.get(TrialAttr.LR_FACTOR)),
         ))
     return rows
 
 
 def front_frame(study: optuna.Study):
     """The front as a pandas DataFrame, one column per objective, then `loss_std`: the std of the
-    loss objective over each trial's seeds (NaN with one seed, `--repeats 1`) and `seeds`."""
+    loss objective over each trial's seeds (NaN with one seed, `--repeats 1`) and `seeds`; then
+    `lr_factor` (the located learning-rate factor, 1.0 where a trial has none) when any front trial
+    has one: a study from before rates were located shows the columns it always did."""
     import pandas as pd
 
     names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
+    rows = front_rows(study)
+    located = any(r.lr_factor is not None for r in rows)
     records = []
-    for r in front_rows(study):
+    for r in rows:
         rec: dict[str, Any] = {"trial": r.trial}
         rec.update({n: v for n, v in zip(names, r.values, strict=False)})
         rec.update({"loss_std": r.loss_std, "seeds": r.seeds, "stored_params": r.stored_params,
                     "flops_per_token": r.flops_per_token, "baseline": r.baseline, "allocation": r.summary,
-                    "hash": r.hash})
+                    "hash": r.hash, "lr_factor": 1.0 if r.lr_factor is None else r.lr_factor})
         records.append(rec)
     # an objective that is also an accounting column (flops_per_token) is listed once
     extra = [c for c in ("stored_params", "flops_per_token") if c not in names]
-    return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", *extra, "baseline",
-                                                       "allocation", "hash"])
+    rate = ["lr_factor"] if located else []
+    return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", *rate, *extra,
+                                                       "baseline", "allocation", "hash"])
+
+
+def _float_or_none(x: object) -> float | None:
+    return float(x) if _is_number(x) else None

@@ -19,7 +19,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from npas.service.study.record import TrialAttr
-from npas.service.study.studies import counts_toward_target, was_evaluated
+from npas.service.study.studies import counts_toward_target, reached_top, was_evaluated
 
 
 class StudyTally:
@@ -63,7 +63,7 @@ class StudyTally:
             key = t.user_attrs.get(TrialAttr.KEY)
             if key is not None and (key not in self._keys or t.number < self._keys[key]):
                 self._keys[key] = t.number
-            if t.values is not None and all(v <= 0.0 for v in t.constraints.values()):
+            if t.values is not None and all(v <= 0.0 for v in t.constraints.values()) and reached_top(t):
                 self._add_to_front(t.number, t.values)
 
     def _add_to_front(self, number: int, values: Sequence[float]) -> None:
