@@ -58,10 +58,12 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
                         f"tokens, fingerprint {tokenizer.fingerprint}), not with tokenizer {corpus.tokenizer.name} "
                         f"({corpus.tokenizer.vocab_size} tokens, fingerprint {corpus.tokenizer.fingerprint}); drop "
                         "--tokenizer: a study that starts from this model searches with the model's tokenizer")
-    if tokenizer is not None and cfg.chassis.vocab_size != corpus.vocab_size:  # the same tokenizer, checked above
-        raise DataError(f"--init-from {dense_dir} has {cfg.chassis.vocab_size} embedding rows but its tokenizer has "
-                        f"{corpus.vocab_size} tokens ({'padded past its tokenizer' if cfg.chassis.vocab_size > corpus.vocab_size else 'fewer rows than tokens'}); a search's trials need one row per token: "
-                        "convert it with `npas convert` and continue it with `npas train` instead")
+    rows = cfg.chassis.vocab_size
+    if tokenizer is not None and rows != corpus.vocab_size:  # its own tokenizer (checked above), not its rows
+        how = "padded past its tokenizer's ids" if rows > corpus.vocab_size else "fewer rows than tokens"
+        raise DataError(f"--init-from {dense_dir} has {rows} embedding rows but its tokenizer has {corpus.vocab_size} "
+                        f"tokens ({how}); a search's trials need one row per token: convert it with `npas convert` "
+                        "and continue it with `npas train` instead")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
         from npas.conversion.hf_source import is_hf_dir

@@ -176,3 +176,20 @@ def test_a_search_from_a_checkpoint_runs_on_its_chassis_and_resumes(checkpoint: 
     assert record.overrides["chassis"]["n_layers"] == 4 and record.init_from is not None
     plan = plan_resume("hf", record, storage=db, launch=Launch())
     assert plan.space.reference_chassis == want and plan.init["weights"] == record.init_from["weights"]
+
+
+def test_a_padded_checkpoint_is_refused_in_one_line_before_the_database(tmp_path: Path, capsys) -> None:
+    from npas.training.data import bundled_text
+    from npas.training.tokenizers import train_bpe
+    from tests.conversion.test_hf import make_llama
+
+    src = tmp_path / "padded"
+    make_llama(src, train_bpe(bundled_text()[:100_000], V), layers=4, vocab=V + 20)  # 320 rows, 300 tokens
+    db = tmp_path / "never.db"
+    capsys.readouterr()
+    code = main(["search", str(space_file(tmp_path)), "--init-from", str(src), "--recipe", FAST, "--trials", "1",
+                 "--storage", f"sqlite:///{db}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "320 embedding rows but its tokenizer has 300 tokens" in err and "npas convert" in err
+    assert not db.exists()
