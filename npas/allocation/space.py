@@ -109,7 +109,8 @@ class Space:
     # file and not in `hash`: the study supplies it (npas.service.search.learned) and records it itself.
     similarity: Similarity | None = None
     # the chassis a starting checkpoint fixes (`search --init-from HF_DIR`, see `bind`): every candidate
-    # has it, whatever the file's chassis says; its rope_scaling has no knob, so it is carried from here
+    # has it, whatever the file's chassis says, and fits its budget by the MLP widths alone (`_width_fit`);
+    # its rope_scaling has no knob, so it is carried from here
     pinned: Chassis | None = None
 
     @property
@@ -169,9 +170,10 @@ class Space:
         """A copy bound to a corpus vocabulary and/or a budget and its scope given on the command line.
 
         `chassis` replaces the file's chassis with a starting checkpoint's (`--init-from HF_DIR`): its
-        weights fix every dimension, so the file's chassis is only a default. The knobs are checked
-        against it as the file's own chassis would be (`space_parser.pin_chassis`), and it is recorded
-        in `overrides` like the other launch bindings, so a resume and the exporter rebind it."""
+        weights fix every dimension, so the file's chassis is only a default, and candidates fit the
+        budget by their MLP widths (d_model stays the checkpoint's whatever `fit.width` says). The knobs
+        are checked against it as the file's own chassis would be (`space_parser.pin_chassis`), and it
+        is recorded in `overrides` like the other launch bindings, so a resume and the exporter rebind it."""
         space = self if chassis is None else self._pin(chassis)
         return space._bind(vocab_size, budget, budget_scope)
 
@@ -292,7 +294,7 @@ class Space:
             return self._experts_candidate(values, chassis, make, budget)
 
         if not value(values, "pools"):
-            fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
+            fit = fit_width(make, chassis, profile, budget, self._width_fit(values),
                             self.max_width_scale, self.budget_scope)
             return Candidate(values, fit, budget)
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
@@ -308,6 +310,12 @@ class Space:
         if excluded and fit.config is not None:
             fit = replace(fit, stored=fit.stored - excluded)
         return Candidate(values, fit, budget)
+
+    def _width_fit(self, values: dict[str, Any]) -> str:
+        """How a fit may scale widths: the candidate's own (`narrow_untied` narrows d_model), else the
+        space's; only the MLP under a pinned chassis, whose d_model the starting checkpoint fixes (its
+        weights convert to its own residual width: rotary pairs and grouped heads do not narrow)."""
+        return "mlp" if self.pinned is not None else values.get("width_fit", self.width_fit)
 
     def _experts_candidate(self, values: dict[str, Any], chassis: Chassis, make: Any, budget: int) -> Candidate:
         """The MLP as pooled experts; the fit solves the expert width. Shapeshifter banks would pool
@@ -329,7 +337,7 @@ class Space:
                               float(value(values, "expert_balance")))
             return make(ch, (1,) * L, pool)  # experts take no MLP LoRA: make drops it
 
-        fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale,
+        fit = fit_experts(make_experts, chassis, budget, self._width_fit(values), self.max_width_scale,
                           self.budget_scope)
         return Candidate(values, fit, budget)
 

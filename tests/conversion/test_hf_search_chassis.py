@@ -193,3 +193,21 @@ def test_a_padded_checkpoint_is_refused_in_one_line_before_the_database(tmp_path
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "320 embedding rows but its tokenizer has 300 tokens" in err and "npas convert" in err
     assert not db.exists()
+
+
+def test_every_baseline_and_sample_converts_though_the_space_narrows_d_model(checkpoint: Path, tmp_path: Path) -> None:
+    """`fit.width: all` (the default) and the narrow_untied baseline narrow d_model, which a llama
+    checkpoint cannot convert to: under its pinned chassis every candidate keeps its d_model."""
+    path = tmp_path / "all.yaml"
+    path.write_text(SPACE.replace("fit: {width: mlp}\n", "").replace("UNIQUE", "2"))
+    space = npas.load_space(path)
+    assert space.width_fit == "all"
+    plan = plan_search(space, init_from=str(checkpoint), recipe=FAST, trials=1)
+    cands = [plan.space.candidate({**{k: kn.default for k, kn in plan.space.chassis.items()}, **vals})
+             for vals in plan.space.baselines().values()]
+    cands += [plan.space.sample(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=s)).ask())
+              for s in range(3)]
+    assert len(cands) == 6 and all(c.config is not None for c in cands), [c.reason for c in cands]
+    for cand in cands:
+        assert cand.config.chassis == plan.space.reference_chassis and cand.fill <= 1.0
+        npas.build_model(cand.config).load_state_dict(initial_state(dict(plan.init), cand.config, 0))
