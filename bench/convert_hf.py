@@ -30,6 +30,10 @@ from npas import ArchConfig, Chassis, Recipe, count, parse_space, reference_conf
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
+# training FLOP/s of one CPU thread for the plan's estimate: bench/proxy_fidelity.py --plan measured
+# 20.3 GFLOP/s per worker at d_model 128 on this (shared, loaded) machine on 2026-12-02; bench/lr_transfer.py
+# states 50 on a quiet one. The estimate uses the loaded figure and prints the quiet one beside it.
+CPU_FLOPS, QUIET_CPU_FLOPS = 2.0e10, 5.0e10
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,18 @@ def plan_steps(mode: HFMode) -> dict[str, int]:
             "at_most": total + MAX_EXTEND * sum(steps.values())}
 
 
+def plan_cost(mode: HFMode, cfg: ArchConfig) -> dict[str, float]:
+    """Runs and training FLOPs of the plan without extensions ("runs", "flops") and with every arm
+    extended `MAX_EXTEND` times ("runs_at_most", "flops_at_most"): 3x the forward FLOPs per token
+    (`count(...).flops_per_token`, evaluation excluded) x the tokens of each run."""
+    per_run = len(GRID) + len(mode.seeds) - 1  # seed 0's grid point is the located rate's first seed
+    dense = mode.dense.steps * mode.dense.tokens_per_step * 3 * count(reference_config(mode.chassis)).flops_per_token
+    arm = {a: s * mode.uptrain.tokens_per_step * 3 * count(cfg).flops_per_token for a, s in arm_steps(mode).items()}
+    return {"runs": 1 + per_run * len(ARMS), "runs_at_most": 1 + (per_run + MAX_EXTEND) * len(ARMS),
+            "flops": dense + per_run * sum(arm.values()),
+            "flops_at_most": dense + (per_run + MAX_EXTEND) * sum(arm.values())}
+
+
 def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
     d, u = mode.dense, mode.uptrain
     ref = count(reference_config(mode.chassis)).stored_params
@@ -109,6 +125,12 @@ def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
           f"past an edge optimum; then seeds {list(mode.seeds)} at the located rate; paired 95% t-intervals")
     print(f"  optimizer steps: dense {p['dense']:,} + grids {p['grids']:,} + seeds {p['seeds']:,} = "
           f"{p['total']:,} (at most {p['at_most']:,} with extensions)")
+    c = plan_cost(mode, cfg)
+    hours = {k: c[k] / rate / 3600 for k, rate in (("flops", CPU_FLOPS), ("flops_at_most", CPU_FLOPS))}
+    print(f"  runs: {c['runs']} (at most {c['runs_at_most']}); training {c['flops'] / 1e12:,.0f} TFLOP (3x forward, "
+          f"evaluation excluded) -> ~{hours['flops']:.2f} CPU core-hours at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread "
+          f"(at most {hours['flops_at_most']:.2f}; ~{c['flops'] / QUIET_CPU_FLOPS / 3600:.2f} on a quiet machine at "
+          f"{QUIET_CPU_FLOPS / 1e9:.0f}); nothing is cached: every run trains")
 
 
 def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t0: float | None = None

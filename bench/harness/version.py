@@ -26,8 +26,10 @@ def files_version(files: Sequence[str], settings: Any = None) -> str:
 
 # The files whose content decides a proxy run's loss: the training loop and the allocation it builds.
 # Every CPU bench keys its cache on them (the evidence pool adds atoms.py); their order is part of the key.
+# config.py's chassis, llama checks and weight slots moved to modules of their own: they follow it.
 NUMERICS_FILES = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-                  "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py")
+                  "npas/allocation/transformer.py", "npas/allocation/sharing.py", "npas/allocation/config.py",
+                  "npas/allocation/chassis.py", "npas/allocation/llama_chassis.py", "npas/allocation/slots.py")
 
 
 def code_version(experiment: str, files: Sequence[str], settings: Any, probe: Any) -> str:

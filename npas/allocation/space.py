@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -107,6 +108,10 @@ class Space:
     # (L, L) similarity of the reference's trained layers, for the learned tying / bank modes. Not in the
     # file and not in `hash`: the study supplies it (npas.service.search.learned) and records it itself.
     similarity: Similarity | None = None
+    # the chassis a starting checkpoint fixes (`search --init-from HF_DIR`, see `bind`): every candidate
+    # has it, whatever the file's chassis says, and fits its budget by the MLP widths alone (`_width_fit`);
+    # its rope_scaling has no knob, so it is carried from here
+    pinned: Chassis | None = None
 
     @property
     def learns_groups(self) -> bool:
@@ -129,7 +134,12 @@ class Space:
     # ---- reference and budget ----------------------------------------------------------------
     @property
     def reference_chassis(self) -> Chassis:
-        return Chassis(**{k: kn.default for k, kn in self.chassis.items()})
+        return self._chassis({k: kn.default for k, kn in self.chassis.items()})
+
+    def _chassis(self, dims: dict[str, Any]) -> Chassis:
+        """The chassis of these knob values, with the pinned checkpoint's rotary scaling (no knob holds it)."""
+        chassis = Chassis(**dims)
+        return chassis if self.pinned is None else replace(chassis, rope_scaling=self.pinned.rope_scaling)
 
     @cached_property
     def reference_params(self) -> int:
@@ -156,8 +166,30 @@ class Space:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def bind(self, *, vocab_size: int | None = None, budget: str | None = None,
-             budget_scope: str | None = None) -> Space:
-        """A copy bound to a corpus vocabulary and/or a budget and its scope given on the command line."""
+             budget_scope: str | None = None, chassis: Chassis | Mapping[str, Any] | None = None) -> Space:
+        """A copy bound to a corpus vocabulary and/or a budget and its scope given on the command line.
+
+        `chassis` replaces the file's chassis with a starting checkpoint's (`--init-from HF_DIR`): its
+        weights fix every dimension, so the file's chassis is only a default, and candidates fit the
+        budget by their MLP widths (d_model stays the checkpoint's whatever `fit.width` says). The knobs
+        are checked against it as the file's own chassis would be (`space_parser.pin_chassis`), and it
+        is recorded in `overrides` like the other launch bindings, so a resume and the exporter rebind it."""
+        space = self if chassis is None else self._pin(chassis)
+        return space._bind(vocab_size, budget, budget_scope)
+
+    def rebind(self, overrides: Mapping[str, Any], vocab_size: int | None = None) -> Space:
+        """This space bound as a study's recorded `overrides` say (resume, export, certificate)."""
+        return self.bind(vocab_size=vocab_size or overrides.get("vocab_size"), budget=overrides.get("budget"),
+                         budget_scope=overrides.get("budget_scope"), chassis=overrides.get("chassis"))
+
+    def _pin(self, chassis: Chassis | Mapping[str, Any]) -> Space:
+        from npas.allocation.space_parser import pin_chassis
+
+        ch = chassis if isinstance(chassis, Chassis) else Chassis(**chassis)
+        knobs = pin_chassis(self, ch)
+        return replace(self, chassis=knobs, pinned=ch, overrides={**self.overrides, "chassis": ch.to_dict()})
+
+    def _bind(self, vocab_size: int | None, budget: str | None, budget_scope: str | None) -> Space:
         chassis, over, spec = dict(self.chassis), dict(self.overrides), self.budget_spec
         scope = self.budget_scope
         if budget_scope is not None:
@@ -225,7 +257,7 @@ class Space:
         """Pure: knob values -> fitted allocation. Same values, same allocation, on any machine."""
         budget = self.budget_params
         try:
-            chassis = Chassis(**{k: value(values, k) for k in CHASSIS_KEYS})
+            chassis = self._chassis({k: value(values, k) for k in CHASSIS_KEYS})
             problems = chassis.problems()
             if problems:
                 return Candidate(values, Fit(None, "; ".join(problems)), budget)
@@ -262,7 +294,7 @@ class Space:
             return self._experts_candidate(values, chassis, make, budget)
 
         if not value(values, "pools"):
-            fit = fit_width(make, chassis, profile, budget, values.get("width_fit", self.width_fit),
+            fit = fit_width(make, chassis, profile, budget, self._width_fit(values),
                             self.max_width_scale, self.budget_scope)
             return Candidate(values, fit, budget)
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
@@ -278,6 +310,12 @@ class Space:
         if excluded and fit.config is not None:
             fit = replace(fit, stored=fit.stored - excluded)
         return Candidate(values, fit, budget)
+
+    def _width_fit(self, values: dict[str, Any]) -> str:
+        """How a fit may scale widths: the candidate's own (`narrow_untied` narrows d_model), else the
+        space's; only the MLP under a pinned chassis, whose d_model the starting checkpoint fixes (its
+        weights convert to its own residual width: rotary pairs and grouped heads do not narrow)."""
+        return "mlp" if self.pinned is not None else values.get("width_fit", self.width_fit)
 
     def _experts_candidate(self, values: dict[str, Any], chassis: Chassis, make: Any, budget: int) -> Candidate:
         """The MLP as pooled experts; the fit solves the expert width. Shapeshifter banks would pool
@@ -299,7 +337,7 @@ class Space:
                               float(value(values, "expert_balance")))
             return make(ch, (1,) * L, pool)  # experts take no MLP LoRA: make drops it
 
-        fit = fit_experts(make_experts, chassis, budget, values.get("width_fit", self.width_fit), self.max_width_scale,
+        fit = fit_experts(make_experts, chassis, budget, self._width_fit(values), self.max_width_scale,
                           self.budget_scope)
         return Candidate(values, fit, budget)
 

@@ -203,3 +203,25 @@ def _parse_spec(spec: KnobSpec, raw: Any, problems: list[str], bounds: dict[str,
     high = (bounds or {}).get(spec.high) if isinstance(spec.high, str) else spec.high
     return parse_knob(spec.path, raw, problems, kind=spec.kind, allowed=spec.allowed, low=spec.low, high=high,
                       fixed_only=not spec.searchable)
+
+
+def pin_chassis(space: Space, chassis: Chassis) -> dict[str, Knob]:
+    """The space's chassis knobs fixed to `chassis` (a starting checkpoint's, see `Space.bind`), or a
+    one-line `ConfigError` naming each knob of the file that cannot hold it and the fix.
+
+    Why a re-parse: the knobs were checked against the file's chassis (a tying group of 4 blocks, a
+    K/V group, explicit layer groups are bounded by its n_layers; the budget by its embeddings), and
+    the same checks, in the same words, must hold against the chassis the search will really use."""
+    from npas.errors import ConfigError
+
+    data = yaml.safe_load(space.text)
+    data["chassis"] = {k: getattr(chassis, k) for k in CHASSIS_KEYS}  # every key: the family's too
+    try:
+        pinned = parse_space(yaml.safe_dump(data, sort_keys=False), space.source)
+    except SpaceError as err:
+        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "context")
+        shown = ", ".join(f"{k}={chassis.to_dict()[k]}" for k in keys if k in chassis.to_dict())
+        raise ConfigError(f"{space.source}: the starting checkpoint fixes the search's chassis ({shown}), and the "
+                          f"space's knobs do not fit it: {'; '.join(err.problems)}; change those knobs for this "
+                          "chassis, or start from another checkpoint") from None
+    return pinned.chassis

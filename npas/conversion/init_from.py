@@ -58,6 +58,12 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
                         f"tokens, fingerprint {tokenizer.fingerprint}), not with tokenizer {corpus.tokenizer.name} "
                         f"({corpus.tokenizer.vocab_size} tokens, fingerprint {corpus.tokenizer.fingerprint}); drop "
                         "--tokenizer: a study that starts from this model searches with the model's tokenizer")
+    rows = cfg.chassis.vocab_size
+    if tokenizer is not None and rows != corpus.vocab_size:  # its own tokenizer (checked above), not its rows
+        how = "padded past its tokenizer's ids" if rows > corpus.vocab_size else "fewer rows than tokens"
+        raise DataError(f"--init-from {dense_dir} has {rows} embedding rows but its tokenizer has {corpus.vocab_size} "
+                        f"tokens ({how}); a search's trials need one row per token: convert it with `npas convert` "
+                        "and continue it with `npas train` instead")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
         from npas.conversion.hf_source import is_hf_dir
@@ -69,6 +75,18 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
             problems.append(f"give the space the checkpoint's chassis: {chassis}")
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
     return {"dir": str(d), "weights": weights, "config_hash": cfg.hash}
+
+
+def source_chassis(dense_dir: str | Path) -> Chassis | None:
+    """The chassis a search starting from `dense_dir` has: a Hugging Face checkpoint's own (its weights
+    fix every dimension, and its config.json is all a user has; `Space.bind(chassis=...)` pins it),
+    or None for an npas model directory, whose weights convert into the space's chassis, narrowed
+    where it is narrower. An unreadable checkpoint is refused here, in the reader's words."""
+    from npas.conversion.hf_source import is_hf_dir
+
+    if not is_hf_dir(dense_dir):
+        return None
+    return read_source(dense_dir)[2].chassis
 
 
 def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:

@@ -138,7 +138,7 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
     try:
         over = ua.get("overrides") or {}
         space = parse_space(ua[StudyAttr.SPACE_TEXT], str(ua.get(StudyAttr.SPACE_SOURCE, study.study_name)))
-        space = space.bind(vocab_size=ua.get(StudyAttr.VOCAB) or over.get("vocab_size"), budget=over.get("budget"))
+        space = space.rebind(over, vocab_size=ua.get(StudyAttr.VOCAB))
         rec = ua.get(StudyAttr.RECIPE) or {}
         acc = count(reference_config(space.reference_chassis, space.dtype),
                     batch_size=int(rec.get("batch_size", 1)), seq_len=rec.get("seq_len"))

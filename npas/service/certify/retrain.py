@@ -143,9 +143,7 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
     if retrain is None:
         record = studies.read_record(source)
         searched = Recipe.from_dict(dict(record.recipe))
-        space = parse_space(record.space_text, record.space_source).bind(
-            vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
-            budget_scope=record.overrides.get("budget_scope"))
+        space = parse_space(record.space_text, record.space_source).rebind(record.overrides)
         retrain = functools.partial(train_and_test, spec=WorkerSpec.of_record(record, space.reference_chassis),
                                     searched=searched, score_recipe=recipe.to_dict())
     log.info("validate %s: %d retrainings planned, %d already done", name, total, total - len(jobs))

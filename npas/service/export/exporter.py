@@ -31,8 +31,7 @@ def reference_chassis(study: optuna.Study) -> dict | None:
         return None
     over = attrs.get(StudyAttr.OVERRIDES) or {}
     try:
-        space = parse_space(text, attrs.get(StudyAttr.SPACE_SOURCE) or study.study_name).bind(
-            vocab_size=over.get("vocab_size"), budget=over.get("budget"), budget_scope=over.get("budget_scope"))
+        space = parse_space(text, attrs.get(StudyAttr.SPACE_SOURCE) or study.study_name).rebind(over)
     except NpasError as err:  # a space an older npas wrote and this one no longer reads
         log.warning("study %s: its space no longer parses (%s); the export records no reference chassis",
                     study.study_name, str(err).splitlines()[0])

@@ -118,9 +118,11 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     if corpus is None and not is_bundled(source):
         check_source(source, glob, text)  # the cheap checks first: path, glob, field
     if init_from is not None:  # the study reads text as the starting model does: with its tokenizer.json
-        from npas.conversion.init_from import source_tokenizer
+        from npas.conversion.init_from import source_chassis, source_tokenizer
 
         tokenizer = source_tokenizer(init_from, tokenizer)
+        if (pinned := source_chassis(init_from)) is not None:  # a Hugging Face checkpoint: its chassis is the search's
+            space = space.bind(chassis=pinned)
     if corpus is None:
         corpus = load_corpus(source, val_fraction=rec.val_fraction, test_fraction=rec.test_fraction,
                              tokenizer=tokenizer, glob=glob, text_field=text)
@@ -187,8 +189,7 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
 
     space = check_space_change(name, record, space_text, allow_space_change) or \
         parse_space(record.space_text, record.space_source or name)
-    space = space.bind(vocab_size=record.overrides.get("vocab_size"), budget=record.overrides.get("budget"),
-                       budget_scope=record.overrides.get("budget_scope"))
+    space = space.rebind(record.overrides)  # vocabulary, budget and a starting checkpoint's chassis
     space = attach(space, record.learned, name)  # the recorded similarity: the same groups as at creation
     if launch.early_stop is not None and launch.early_stop != record.early_stop:
         flag = "--no-early-stop" if record.early_stop is False else "early stopping (ASHA)"
