@@ -62,7 +62,9 @@ def main() -> None:
         acc[name].update(expert_params=a.expert_params, activated_params=a.activated_params)
         rows.append([name, f"{a.expert_params:,}", share, f"{a.activated_params:,}", f"{acc[name]['flops_ratio']:.3f}"])
     print(report.format_table(["config", "expert params", f"x {REF}", "activated params", "FLOPs xdense"], rows))
-    results = runs.run_jobs(runs.make_jobs(configs, setup), setup.workers)
+    # cached, and --plan trains nothing (it used to call the pool without either: --plan trained every run);
+    # no learning-rate check: every arm shares the dense MLP's activated width
+    results = runs.run_arms(configs, setup, lr_check=False)
     summary = stats.summarize(results, list(configs), REF)
     print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
           f"Δ is the paired same-seed difference to {REF} (negative = better)")
