@@ -56,6 +56,19 @@ def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], 
 
 
 
+def print_results(setup: Setup, results: list[dict[str, Any]], names: Sequence[str], ref: str,
+                  acc: dict[str, dict[str, Any]], extra: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    """An experiment's main table under its legend: ``stats.summarize`` of ``results`` over ``names``, each
+    paired to ``ref`` (``result_table``'s columns, with ``extra``'s); returns the summary."""
+    import stats  # stats formats its intervals with this module: imported here, not at the top
+
+    summary = stats.summarize(results, names, ref)
+    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
+          f"Δ is the paired same-seed difference to {ref} (negative = better)")
+    print(result_table(summary, acc, ref, extra))
+    return summary
+
+
 def save_json(setup: Setup, payload: dict[str, Any]) -> Path:
     path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
     payload = {"experiment": setup.name, "quick": setup.quick, "chassis": setup.chassis.to_dict(),

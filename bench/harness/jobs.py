@@ -156,12 +156,13 @@ class Runs:
         return Cost(len(jobs), sum(have), sum(tokens(j) for j in jobs), sum(secs),
                     sum(s for s, h in zip(secs, have, strict=True) if not h))
 
-    def device_specs(self, test: bool) -> list[dict]:
-        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order."""
+    def device_specs(self, test: bool, est_s: Callable[[Any], float] | None = None) -> list[dict]:
+        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order;
+        ``est_s(job)``: its GPU-seconds for the deadline (default: ``make_spec``'s per-step estimate)."""
         from bench.device import make_spec
 
-        return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j))
-                for i, j in enumerate(self.jobs)]
+        return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j),
+                          est_s=None if est_s is None else est_s(j)) for i, j in enumerate(self.jobs)]
 
 
 def run_missing(runs: Runs, workers: int, where: str | None,
