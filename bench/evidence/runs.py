@@ -87,6 +87,12 @@ def runs_of(jobs: list[dict[str, Any]], cache: Path | None, kind: str, version: 
                 lambda i: {"code_version": version}, work=train_job, work_args=lambda i: (jobs[i],), label_last=True)
 
 
+def cached(jobs: list[dict[str, Any]], cache: Path | None, version: str) -> dict[int, dict[str, Any]]:
+    """The cached records of ``jobs`` (by index, in job order; none without a cache): a read of the
+    cache only, for a report that must not train."""
+    return dict(runs_of(jobs, cache, device_kind(), version).cached())
+
+
 def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
              plan_only: bool = False, version: str | None = None) -> list[dict[str, Any]]:
     """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
