@@ -55,7 +55,6 @@ def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], 
     return format_table(headers, rows)
 
 
-
 def print_results(setup: Setup, results: list[dict[str, Any]], names: Sequence[str], ref: str,
                   acc: dict[str, dict[str, Any]], extra: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """An experiment's main table under its legend: ``stats.summarize`` of ``results`` over ``names``, each
