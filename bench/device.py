@@ -46,10 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import store  # noqa: E402
-from bench.harness.cli import bench_parser, version_to_read  # noqa: E402,F401  (re-exported)
-from bench.harness.jobs import run_spec  # noqa: E402  (the one training function, re-exported)
-from bench.harness.pool import run_pool  # noqa: E402,F401  (re-exported: the evidence pool's)
-from bench.harness.version import files_version  # noqa: E402,F401  (the benches' code version, re-exported)
+from bench.harness.jobs import run_spec  # noqa: E402  (the one training function)
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",

@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import npas  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.report import Columns, cost_table  # noqa: E402
 from bench.harness.version import NUMERICS_FILES  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402
@@ -153,24 +154,23 @@ def progress(i: int, n: int, j: Job, _rec: dict, elapsed: float) -> None:
               flush=True)
 
 
+PLAN_COLUMNS = Columns((("arm", "<14"), ("runs", ">6"), ("tokens/run", ">12,"), ("fwd FLOPs/tok", ">15,"),
+                        ("est CPU-h", ">11.2f")))
+
+
 def plan(setup: Setup, configs: dict[str, ArchConfig], version: str) -> None:
     """Runs x tokens -> CPU-hours, from `npas.count`'s FLOPs and a measured CPU rate; trains nothing."""
     tokens = setup.recipe.steps * setup.recipe.tokens_per_step
-    total = cached = 0.0
-    print(f"{'arm':<14}{'runs':>6}{'tokens/run':>12}{'fwd FLOPs/tok':>15}{'est CPU-h':>11}")
     runs = runs_of(setup, configs, version)
-    for name, cfg in configs.items():
-        flops = npas.count(cfg).flops_per_token
-        cost = runs.cost([j for j in runs.jobs if j.arm == name], lambda j: tokens,
-                         lambda j: flops, CPU_FLOPS)  # noqa: B023
-        cached += cost.secs - cost.left
-        total += cost.secs
-        print(f"{name:<14}{cost.runs:>6}{tokens:>12,}{flops:>15,}{cost.secs / 3600:>11.2f}")
+    flops = {name: npas.count(cfg).flops_per_token for name, cfg in configs.items()}
+    total, left = cost_table(runs, [(name, [j for j in runs.jobs if j.arm == name]) for name in configs],
+                             PLAN_COLUMNS, lambda name, cost: (name, cost.runs, tokens, flops[name], cost.secs / 3600),
+                             lambda j: tokens, lambda j: flops[j.arm], CPU_FLOPS)
     n = len(runs.jobs)
     print(f"plan: {n} runs x {tokens:,} tokens = {n * tokens / 1e6:.0f}M tokens -> ~{total / 3600:.2f} CPU-hours "
           f"at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread (3x forward FLOPs, evaluation excluded); "
-          f"~{(total - cached) / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
-          f"({cached / max(total, 1e-9):.0%} cached)")
+          f"~{left / 3600 / setup.workers:.2f} h wall left on {setup.workers} workers "
+          f"({1 - left / max(total, 1e-9):.0%} cached)")
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -388,7 +388,8 @@ def evidence_runs(jobs: Sequence[dict[str, Any]]) -> list[Run]:
 def _cli_runs(experiment: str) -> tuple[str, list[Run]]:
     """(legacy version, runs) of a bench experiment at this checkout's code, as its code_version sees them."""
     sys.path.insert(0, str(ROOT / "bench" / "evidence"))
-    from bench.device import files_version, load_module
+    from bench.device import load_module
+    from bench.harness.version import files_version
 
     if experiment == "proxy_fidelity":
         mod = load_module("bench/proxy_fidelity.py")

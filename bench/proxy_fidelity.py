@@ -62,6 +62,7 @@ from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
 from bench.harness.recipes import bench_recipe  # noqa: E402
+from bench.harness.report import Columns, cost_table  # noqa: E402
 from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
@@ -285,24 +286,25 @@ def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float
     return res.tokens_per_s * 3 * c.flops
 
 
+PLAN_COLUMNS = Columns((("candidate", "<14"), ("hash", "<18"), ("fwd FLOPs/tok", ">14,"), ("runs", ">6"),
+                        ("tokens", ">14,"), ("est CPU-h", ">11.2f")))
+
+
 def plan(setup: Setup, cands: list[Candidate], version: str) -> None:
     rate, runs = measure_rate(setup, cands), runs_of(setup, cands, version)
     jobs = runs.jobs
-    total = left = 0.0
     print(f"measured: {rate / 1e9:.1f} GFLOP/s training per worker (20 proxy-shaped steps, this machine, now)")
-    print(f"{'candidate':<14}{'hash':<18}{'fwd FLOPs/tok':>14}{'runs':>6}{'tokens':>14}{'est CPU-h':>11}")
-    for c in cands:
-        cost = runs.cost([j for j in jobs if j.cand is c], lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
-        total, left = total + cost.secs, left + cost.left
-        print(f"{c.name:<14}{c.config.hash:<18}{c.flops:>14,}{cost.runs:>6}{cost.tokens:>14,}{cost.secs / 3600:>11.2f}")
+    tokens, flops = (lambda j: j.tokens(setup)), (lambda j: j.cand.flops)
+    total, left = cost_table(runs, [(c, [j for j in jobs if j.cand is c]) for c in cands], PLAN_COLUMNS,
+                             lambda c, cost: (c.name, c.config.hash, c.flops, cost.runs, cost.tokens, cost.secs / 3600),
+                             tokens, flops, rate)
     for kind in ("proxy", "long", "mid", "wsd"):
         js = [j for j in jobs if j.kind == kind]
-        cost = runs.cost(js, lambda j: j.tokens(setup), lambda j: j.cand.flops, rate)
+        cost = runs.cost(js, tokens, flops, rate)
         print(f"  {kind:<6}{cost.runs:>4} runs, {cost.cached:>4} cached, {cost.tokens / 1e6:>8.1f}M tokens"
               f" ({', '.join(sorted({j.parameterization for j in js}))}; seeds {sorted({j.seed for j in js})})")
-    tokens = sum(j.tokens(setup) for j in jobs)
-    print(f"plan: {len(jobs)} runs, {tokens / 1e6:.0f}M training tokens -> ~{total / 3600:.1f} CPU-hours "
-          f"(3x forward FLOPs, evaluation excluded); ~{left / 3600 / setup.workers:.1f} h wall left on "
+    print(f"plan: {len(jobs)} runs, {sum(map(tokens, jobs)) / 1e6:.0f}M training tokens -> ~{total / 3600:.1f} "
+          f"CPU-hours (3x forward FLOPs, evaluation excluded); ~{left / 3600 / setup.workers:.1f} h wall left on "
           f"{setup.workers} workers ({1 - left / max(total, 1e-9):.0%} cached)")
 
 

@@ -133,11 +133,8 @@ def main() -> None:
     results = runs.run_arms(configs, setup)  # --plan: prints the cache-aware plan and trains nothing
     if args.plan:
         return
-    summary = stats.summarize(results, list(ARMS), REF)
-    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
-          f"Δ is the paired same-seed difference to {REF} (negative = better)")
     extra = {n: {"attn params": f"{a['attention_params']:,}"} for n, a in acc.items()}
-    print(report.result_table(summary, acc, REF, extra))
+    summary = report.print_results(setup, results, list(ARMS), REF, acc, extra)
     stale = stale_reason(results)
     print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds, validation "
           "split (the test split beside it; a verdict needs both: `stats.split_verdict`)")

@@ -22,7 +22,6 @@ experiments; ``python bench/device.py export --groups evidence`` does this for a
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,13 +33,10 @@ import yaml
 from report import format_table
 
 import npas
+from bench.harness.version import NUMERICS_FILES  # report (above) put the checkout on sys.path
 from npas import ArchConfig, Chassis, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the bench harness, when a script runs from bench/evidence
-    sys.path.insert(0, str(ROOT))
-
-from bench.harness.version import NUMERICS_FILES  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "evidence" / "results"
 FIG_DIR = ROOT / "docs" / "figures"

@@ -162,11 +162,8 @@ def best_factors(check: dict[str, dict[float, float | None]]) -> dict[str, float
 
 
 def _cached_loss(setup: common.Setup, job: dict[str, Any]) -> float | None:
-    path = runs.cache_path(job, setup.cache, runs.device_kind(), version()) if setup.cache else None
-    if path is None or not store.exists(path):
-        return None
-    rec = store.load(path)
-    return rec.get("val_loss") if rec.get("status") == "ok" else None
+    rec = runs.cached([job], setup.cache, version()).get(0)
+    return rec.get("val_loss") if rec is not None and rec.get("status") == "ok" else None
 
 
 def dense_at_its_best(setup: common.Setup, dense_cfg: ArchConfig) -> tuple[float | None, dict[float, float | None],
@@ -183,12 +180,9 @@ def dense_at_its_best(setup: common.Setup, dense_cfg: ArchConfig) -> tuple[float
     if any(v is None for v in check.values()):
         return None, check, []
     best = min(check, key=lambda f: check[f])
-    recs = []
-    for j in runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(best)):
-        path = runs.cache_path(j, setup.cache, runs.device_kind(), version())
-        if store.exists(path) and (rec := store.load(path)).get("status") == "ok":
-            recs.append({**rec, "name": f"{DENSE} x{best:g}"})
-    return best, check, recs
+    jobs = runs.make_jobs({DENSE_TWIN: dense_cfg}, setup, setup.recipe.with_lr_factor(best))
+    return best, check, [{**rec, "name": f"{DENSE} x{best:g}"} for rec in runs.cached(jobs, setup.cache, version()).values()
+                         if rec.get("status") == "ok"]
 
 
 def main() -> None:

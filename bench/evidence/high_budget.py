@@ -24,7 +24,6 @@ from __future__ import annotations
 import common
 import report
 import runs
-import stats
 
 REF = "reference"
 BUDGETS = ("1x", "1.5x", "2x")
@@ -52,11 +51,8 @@ def main() -> None:
               f"{a['generation_flops_per_step']:,} (= {a['generation_flops_per_step'] / (a['flops_per_token'] * setup.recipe.tokens_per_step):.2%}"
               f" of one step's forward FLOPs at {setup.recipe.tokens_per_step} tokens)")
     results = runs.run_arms(configs, setup)
-    summary = stats.summarize(results, list(configs), REF)
-    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
-          f"Δ is the paired same-seed difference to {REF} (negative = better)")
     extra = {n: {"T": str(a.get("templates", "-"))} for n, a in acc.items()}
-    print(report.result_table(summary, acc, REF, extra))
+    summary = report.print_results(setup, results, list(configs), REF, acc, extra)
     means = {r["name"]: r["mean"] for r in summary}
     more = [means[f"pools_tmix {b}"] for b in BUDGETS]
     claim = means["pools_tmix 2x"] < means[REF] and more[2] < more[0]

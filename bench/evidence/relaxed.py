@@ -89,10 +89,7 @@ def main() -> None:
                   f"forward FLOPs")
     results = runs.run_arms(configs, setup)
     names = list(configs)
-    summary = stats.summarize(results, names, REF)
-    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
-          f"Δ is the paired same-seed difference to {REF} (negative = better)")
-    print(report.result_table(summary, acc, REF))
+    summary = report.print_results(setup, results, names, REF, acc)
     means = {r["name"]: r["mean"] for r in summary}
     checks = {}
     for U in uniques:

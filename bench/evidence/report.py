@@ -1,14 +1,21 @@
-"""What the evidence scripts print and write: fixed-width tables, the JSON of a report (non-finite
-floats as null) and its matplotlib figure."""
+"""What the evidence scripts print and write: fixed-width tables (``format_table``, the harness's), the
+JSON of a report (non-finite floats as null) and its matplotlib figure."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the bench harness, when a script runs from bench/evidence
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness.report import format_table  # noqa: E402  (the harness's, used by every evidence table)
 
 if TYPE_CHECKING:
     from common import Setup
@@ -29,14 +36,6 @@ def fmt_pm(m: float, s: float, digits: int = 4) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" if not math.isnan(s) else f"{m:.{digits}f} ± -"
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], ref: str | None,
                  extra: dict[str, dict[str, str]] | None = None) -> str:
     """The main table: config, stored params, FLOPs ratio, val loss mean +- std, paired delta to ref."""
@@ -55,6 +54,18 @@ def result_table(summary: list[dict[str, Any]], acc: dict[str, dict[str, Any]], 
                      fmt_pm(r["mean"], r["std"]), delta, wins, r["n"], f"{r['wall_s']:.0f}"])
     return format_table(headers, rows)
 
+
+def print_results(setup: Setup, results: list[dict[str, Any]], names: Sequence[str], ref: str,
+                  acc: dict[str, dict[str, Any]], extra: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    """An experiment's main table under its legend: ``stats.summarize`` of ``results`` over ``names``, each
+    paired to ``ref`` (``result_table``'s columns, with ``extra``'s); returns the summary."""
+    import stats  # stats formats its intervals with this module: imported here, not at the top
+
+    summary = stats.summarize(results, names, ref)
+    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
+          f"Δ is the paired same-seed difference to {ref} (negative = better)")
+    print(result_table(summary, acc, ref, extra))
+    return summary
 
 
 def save_json(setup: Setup, payload: dict[str, Any]) -> Path:

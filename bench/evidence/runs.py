@@ -13,25 +13,18 @@ import hashlib
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
+from common import CPU_FLOPS, LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
+from report import format_table
+from stats import optimum_words, paired_interval, summarize
 
-if str(ROOT) not in sys.path:  # bench.harness, when a script runs from bench/evidence
-    sys.path.insert(0, str(ROOT))
-
-from report import format_table  # noqa: E402
-from stats import optimum_words, paired_interval, summarize  # noqa: E402
-
-import npas  # noqa: E402
-from bench.harness import store  # noqa: E402
-from bench.harness.jobs import run_spec  # noqa: E402
-from bench.harness.pool import run_pool  # noqa: E402
-from bench.harness.version import code_version as code_version_of  # noqa: E402
-from npas import ArchConfig, Recipe  # noqa: E402
+import npas
+from bench.harness.jobs import Runs, run_missing, run_spec
+from bench.harness.version import code_version as code_version_of
+from npas import ArchConfig, Chassis, Recipe
 
 
 def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
@@ -84,6 +77,22 @@ def device_kind() -> str:
     return os.environ.get("NPAS_EVIDENCE_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def runs_of(jobs: list[dict[str, Any]], cache: Path | None, kind: str, version: str) -> Runs:
+    """The pool's jobs (by index) as the harness trains, plans and reads them (``bench/harness/jobs.py``):
+    each cached at ``cache_path`` (not at all without a ``cache``: quick runs train afresh), trained by
+    ``train_job``, its record keeping the code version last."""
+    return Runs(list(range(len(jobs))), lambda i: cache_path(jobs[i], cache, kind, version) if cache else None,
+                lambda i: (ArchConfig.from_dict(jobs[i]["config"]), Recipe.from_dict(jobs[i]["recipe"]),
+                           Chassis(**jobs[i]["reference"]) if jobs[i].get("reference") else None),
+                lambda i: {"code_version": version}, work=train_job, work_args=lambda i: (jobs[i],), label_last=True)
+
+
+def cached(jobs: list[dict[str, Any]], cache: Path | None, version: str) -> dict[int, dict[str, Any]]:
+    """The cached records of ``jobs`` (by index, in job order; none without a cache): a read of the
+    cache only, for a report that must not train."""
+    return dict(runs_of(jobs, cache, device_kind(), version).cached())
+
+
 def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
              plan_only: bool = False, version: str | None = None) -> list[dict[str, Any]]:
     """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
@@ -92,17 +101,16 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
     it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
     nothing and returns what is cached. ``version``: the experiment's code version when it runs its
     jobs in several calls (conversion.py: dense, then converted) and keys them all alike."""
-    t0 = time.perf_counter()
     version, kind = version or code_version(jobs), device_kind()  # an experiment in phases passes its one version
-    paths = [cache_path(j, cache, kind, version) if cache else None for j in jobs]
-    out: list[dict[str, Any] | None] = [store.load(p) if p and store.exists(p) else None for p in paths]
-    todo = [i for i, r in enumerate(out) if r is None]
-    tokens = sum(Recipe.from_dict(jobs[i]["recipe"]).steps * Recipe.from_dict(jobs[i]["recipe"]).tokens_per_step
-                 for i in todo)
-    cpu_s = sum(spec_of(jobs[i])["est_s"] for i in todo)
-    print(f"plan: {len(jobs)} runs, {len(jobs) - len(todo)} cached ({kind}, code {version}); {len(todo)} to train, "
-          f"{tokens / 1e6:.1f}M tokens -> ~{cpu_s / 3600:.2f} CPU-hours (~{cpu_s / 3600 / max(1, workers):.2f} h wall "
-          f"on {workers} workers)", flush=True)
+    runs = runs_of(jobs, cache, kind, version)
+    out = dict(runs.cached())
+    todo = [i for i in runs.jobs if i not in out]
+    recipe = lambda i: Recipe.from_dict(jobs[i]["recipe"])  # noqa: E731
+    cost = runs.cost(todo, lambda i: recipe(i).steps * recipe(i).tokens_per_step,
+                     lambda i: npas.count(ArchConfig.from_dict(jobs[i]["config"])).flops_per_token, CPU_FLOPS)
+    print(f"plan: {len(jobs)} runs, {len(out)} cached ({kind}, code {version}); {len(todo)} to train, "
+          f"{cost.tokens / 1e6:.1f}M tokens -> ~{cost.secs / 3600:.2f} CPU-hours (~{cost.secs / 3600 / max(1, workers):.2f} h "
+          f"wall on {workers} workers)", flush=True)
     export = os.environ.get("NPAS_EVIDENCE_EXPORT")
     if export and cache:
         with open(export, "a") as f:
@@ -110,25 +118,22 @@ def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None
                 f.write(json.dumps({**spec_of(jobs[i], str(cache_path(jobs[i], cache, "cuda", version).relative_to(ROOT))),
                                     "group": "evidence"}) + "\n")
         print(f"exported {len(todo)} specs to {export}")
-    if plan_only or export:
-        return [r for r in out if r is not None]
+    if not (plan_only or export):
+        def done(n: int, total: int, i: int, rec: dict[str, Any], elapsed: float) -> None:
+            out[i] = rec
+            loss = "failed" if rec["val_loss"] is None else f"{rec['val_loss']:.4f}"
+            print(f"  [{n}/{total}] {rec['name']} seed {rec['seed']}: val_loss {loss}  ({rec['wall_s']:.0f} s, "
+                  f"elapsed {elapsed:.0f} s)", file=sys.stderr, flush=True)
 
-    finished = [0]
-
-    def done(i: int, rec: dict[str, Any]) -> None:
-        out[i] = rec
-        if paths[i] is not None:
-            store.save(paths[i], {**rec, "code_version": version})
-        finished[0] += 1
-        _progress(finished[0], len(todo), rec, t0)
-
-    run_pool(todo, train_job, lambda i: (jobs[i],), done, workers)
-    return [r for r in out if r is not None]
+        run_missing(runs, workers, None, done)
+    return [out[i] for i in runs.jobs if i in out]
 
 
-def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None) -> list[dict[str, Any]]:
-    """The experiment's runs (every arm x every seed) and, in full mode, each arm's learning-rate check
-    (x0.5, x1, x2 of the base rate on seed 99, never a reported seed), whose table is printed here.
+def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
+             lr_check: bool = True) -> list[dict[str, Any]]:
+    """The experiment's runs (every arm x every seed) and, in full mode (unless ``lr_check`` is off),
+    each arm's learning-rate check (x0.5, x1, x2 of the base rate on seed 99, never a reported seed),
+    whose table is printed here. ``--plan`` (or an export) prints the plan and exits: nothing trains.
 
     With ``--arms`` only those arms train; their table is printed and the script exits without a report
     (one with missing arms would be wrong), so a long report can be built up a few arms per session."""
@@ -137,7 +142,7 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         if unknown:
             raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
         configs = {a: configs[a] for a in setup.only}
-    jobs, checks = arm_jobs(configs, setup, recipe)
+    jobs, checks = arm_jobs(configs, setup, recipe, lr_check)
     base = recipe or setup.recipe
     results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
@@ -152,11 +157,11 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
     return main
 
 
-def arm_jobs(configs: dict[str, ArchConfig], setup: Setup,
-             recipe: Recipe | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def arm_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
+             lr_check: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(every arm x every seed, and in full mode the learning-rate check's runs on seed 99)."""
     checks = []
-    if not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
+    if lr_check and not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
         for f in LR_CHECK_FACTORS:
             checks += make_jobs(configs, setup, (recipe or setup.recipe).with_lr_factor(f), seeds=(LR_CHECK_SEED,))
     return make_jobs(configs, setup, recipe), checks
@@ -186,11 +191,3 @@ def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: fl
         table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells), optimum_words(best, LR_CHECK_FACTORS)])
     return f"learning-rate check (seed {LR_CHECK_SEED}, val loss):\n" + format_table(
         ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
-
-
-def _progress(n: int, total: int, r: dict[str, Any], t0: float) -> None:
-    loss = "failed" if r["val_loss"] is None else f"{r['val_loss']:.4f}"
-    print(f"  [{n}/{total}] {r['name']} seed {r['seed']}: val_loss {loss}  ({r['wall_s']:.0f} s, "
-          f"elapsed {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-
-

@@ -64,19 +64,16 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=None,
                    help="where the study's SQLite file lives (default results/search_vs_hand, or a temp dir quick)")
     p.add_argument("--report", action="store_true",
-                   help="print the certificate and the comparisons from the saved report (NAME.json in --out); "
-                        "trains nothing, writes nothing")
+                   help="print the certificate and the comparisons from the saved report (NAME.json in --out; a "
+                        "first-edition report, without a certificate, prints what it saved); trains nothing, writes "
+                        "nothing")
     args = p.parse_args()
     setup = common.setup_from(args, "search_vs_hand")
     if args.report:
         path = setup.out_dir / f"{setup.name}{'_quick' if setup.quick else ''}.json"
         if not path.exists():
             raise SystemExit(f"--report: no saved report at {path}; run without --report first, or point --out at it")
-        from npas import certificate_table
-
-        cert = json.loads(path.read_text())["certificate"]
-        print(f"report from {path} (nothing trains)\n\n" + certificate_table(cert), flush=True)
-        compare(cert)
+        print_saved(json.loads(path.read_text()), path)
         return
     trials = args.trials or (5 if setup.quick else 12)
     top = args.top or (2 if setup.quick else 3)
@@ -108,6 +105,34 @@ def main() -> None:
                              "comparisons": verdicts, "wall_s": {"search": wall_search, "validate": wall_val}})
     plot(setup, cert)
     report.finish(setup)
+
+
+def print_saved(doc: dict[str, Any], path: Path) -> None:
+    """``--report``: the saved report's certificate and comparisons; a report of the first edition (no
+    certificate: before ``npas validate``) prints what it saved instead, its search's trials, the
+    finalists' retrained losses against the best baseline and the proxy-to-long Kendall tau."""
+    print(f"report from {path} (nothing trains)", flush=True)
+    if "certificate" in doc:
+        from npas import certificate_table
+
+        print("\n" + certificate_table(doc["certificate"]), flush=True)
+        compare(doc["certificate"])
+        return
+    print("\nno certificate: a first-edition report (before the search was certified by `npas validate`); "
+          "what it saved:")
+    if doc.get("trials"):
+        print(f"\nsearch: {len(doc['trials'])} proxy runs (study {doc.get('search', {}).get('study', '?')})")
+        print_trials(doc["trials"])
+    if doc.get("summary"):
+        ref = doc.get("best_baseline")
+        long = doc.get("long_recipe") or {}
+        print(f"\nfinalists retrained ({long.get('name', '?')}, {long.get('steps', '?')} steps), val loss over "
+              f"seeds {doc.get('seeds', '?')}; Δ is the paired same-seed difference to {ref or '-'}:")
+        print(report.result_table(doc["summary"], doc.get("accounting", {}), ref))
+    if doc.get("kendall_tau_b") is not None:
+        left = doc.get("tau_left_out") or []
+        print(f"\nKendall tau-b, proxy vs retrained ranking: {doc['kendall_tau_b']:.3f}"
+              + (f" (left out: {', '.join(map(str, left))})" if left else ""))
 
 
 def recipes(setup: common.Setup) -> tuple[Recipe, Recipe]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import common
 import report
 import runs
-import stats
 
 ARMS = {  # name -> knob values (ratio 3 = 1.5x -> 0.5x of d_ff, mean 1x)
     "uniform": {"taper": "uniform"},
@@ -43,10 +42,7 @@ def main() -> None:
     for name, row in acc.items():
         print(f"  {name:10s} MLP widths {row['mlp_widths']}")
     results = runs.run_arms(configs, setup)
-    summary = stats.summarize(results, list(ARMS), REF)
-    print(f"\nresults: val loss after {setup.recipe.steps} steps, mean ± std over {len(setup.seeds)} seed(s); "
-          f"Δ is the paired same-seed difference to {REF} (negative = better)")
-    print(report.result_table(summary, acc, REF))
+    summary = report.print_results(setup, results, list(ARMS), REF, acc)
     means = {r["name"]: r["mean"] for r in summary}
     order = " < ".join(sorted(means, key=means.get))
     claim = means["cosine"] < means["uniform"] < means["reverse"]

@@ -26,6 +26,7 @@ it excludes 0 the other way, otherwise "unresolved at this scale". The CPU-scale
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -36,8 +37,7 @@ import common  # noqa: E402  (bench/evidence is on sys.path when run as a script
 import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
 
-from bench.device import make_spec  # noqa: E402  (runs put the checkout on sys.path)
-from bench.harness import store  # noqa: E402
+from bench.harness.jobs import Runs  # noqa: E402  (common put the checkout on sys.path)
 from bench.harness.version import files_version  # noqa: E402
 from npas import ArchConfig, Chassis, Recipe
 
@@ -57,6 +57,7 @@ VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npa
              "npas/allocation/transformer.py", "npas/allocation/config.py")
 
 
+@functools.cache
 def configs() -> dict[str, ArchConfig]:
     return {name: common.fit(CHASSIS, "1x", width_fit="mlp", **knobs).config for name, knobs in ARMS.items()}
 
@@ -78,16 +79,20 @@ def key(r: dict[str, Any], v: str) -> str:
     return f"{r['arm']}-s{r['seed']}-lr{r['lr']:.4g}-{r['dtype']}-{v}"
 
 
+def recipe_of(r: dict[str, Any]) -> Recipe:
+    return Recipe.from_dict({**RECIPE.to_dict(), "seed": r["seed"], "lr": r["lr"], "min_lr": r["lr"] / 10,
+                             "dtype": r["dtype"]})
+
+
+def runs_of(v: str) -> Runs:
+    """The experiment's runs as the harness reads and exports them (``bench/harness/jobs.py``)."""
+    return Runs(runs(), lambda r: RUNS / f"{key(r, v)}.json", lambda r: (configs()[r["arm"]], recipe_of(r), CHASSIS),
+                lambda r: {**r, "code_version": v})
+
+
 def device_specs() -> list[dict]:
-    cfgs, v = configs(), version()
-    specs = []
-    for i, r in enumerate(runs()):
-        recipe = Recipe.from_dict({**RECIPE.to_dict(), "seed": r["seed"], "lr": r["lr"], "min_lr": r["lr"] / 10,
-                                   "dtype": r["dtype"]})
-        specs.append(make_spec(
-            RUNS / f"{key(r, v)}.json", cfgs[r["arm"]], recipe, CHASSIS, test=True, priority=i,
-            meta={**r, "code_version": v}, est_s=recipe.steps * (0.012 if r["dtype"] == "float32" else 0.006)))
-    return specs
+    return runs_of(version()).device_specs(
+        test=True, est_s=lambda r: RECIPE.steps * (0.012 if r["dtype"] == "float32" else 0.006))
 
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
@@ -128,14 +133,8 @@ def survives(cpu: tuple, d256: tuple[float, float, float], direction: int, margi
 
 
 def load(v: str) -> dict[tuple, dict]:
-    out = {}
-    for r in runs():
-        p = RUNS / f"{key(r, v)}.json"
-        if store.exists(p):
-            rec = store.load(p)
-            if rec.get("status") == "ok":
-                out[r["arm"], r["seed"], round(r["lr"], 10), r["dtype"]] = rec
-    return out
+    return {(r["arm"], r["seed"], round(r["lr"], 10), r["dtype"]): rec for r, rec in runs_of(v).cached()
+            if rec.get("status") == "ok"}
 
 
 def cpu_scale() -> dict[str, tuple]:
@@ -217,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     v = a.code_version or version()
     if a.plan:
-        tok = sum(Recipe.from_dict(s["recipe"]).steps * RECIPE.tokens_per_step for s in device_specs())
+        tok = sum(recipe_of(r).steps * RECIPE.tokens_per_step for r in runs())
         print(f"{len(runs())} runs, {tok / 1e6:.0f}M tokens in all; code {v}")
         return 0
     summary = report(v)

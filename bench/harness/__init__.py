@@ -11,6 +11,7 @@ and its report.
 - ``pool``: the CPU training pool (``run_pool``: spawned 1-thread workers, each record saved the moment
   it arrives, an optional time box);
 - ``cli``: the shared command line of the cached benches (``bench_parser``, ``version_to_read``);
+- ``report``: what the benches print alike (``format_table``, ``Columns``, a plan's ``cost_table``);
 - ``bench/device.py``: the device runner: ``export`` every GPU-ready job (each bench registers them with
   a ``device_specs()`` hook, listed in its ``GROUPS``), ``run`` them on a lent GPU, ``collect`` (which
   compacts what it unpacked).

@@ -118,59 +118,78 @@ class Runs:
     them: a GPU spec's ``meta`` is the same)."""
 
     jobs: Sequence[Any]
-    path: Callable[[Any], Path]
+    path: Callable[[Any], Path | None]  # None: a run that is never cached (a quick smoke run trains afresh)
     train: Callable[[Any], tuple[Any, Any, Any]]
     label: Callable[[Any], dict]
+    # The worker a job trains with and its arguments (default ``train_and_score`` on ``args``); the
+    # evidence pool's passes its own (its records carry its jobs' names, and a conversion's weights).
+    work: Callable[..., dict] | None = None
+    work_args: Callable[[Any], tuple] | None = None
+    label_last: bool = False  # the cached record: label's fields after the worker's (the evidence pool's order)
 
-    def args(self, job: Any) -> tuple[str, str, str]:
-        """``train_and_score``'s arguments for ``job`` (JSON: they cross to a spawned worker)."""
+    def args(self, job: Any) -> tuple:
+        """The worker's arguments for ``job`` (``train_and_score``'s: JSON, they cross to a spawned worker)."""
+        if self.work_args is not None:
+            return self.work_args(job)
         cfg, recipe, ref = self.train(job)
         return cfg.to_json(), json.dumps(recipe.to_dict()), json.dumps(ref.__dict__)
+
+    def has(self, job: Any) -> bool:
+        """Whether ``job``'s run is cached."""
+        return (p := self.path(job)) is not None and store.exists(p)
+
+    def record(self, job: Any, rec: dict) -> dict:
+        """What the cache keeps of ``job``'s finished run: its record with ``label``'s fields."""
+        return {**rec, **self.label(job)} if self.label_last else {**self.label(job), **rec}
 
     def cached(self, jobs: Sequence[Any] | None = None) -> list[tuple[Any, Any]]:
         """(job, record) of every job (of ``jobs``, default all) whose run is cached, in job order:
         what a report reads."""
-        return [(j, store.load(p)) for j in (self.jobs if jobs is None else jobs) if store.exists(p := self.path(j))]
+        return [(j, store.load(self.path(j))) for j in (self.jobs if jobs is None else jobs) if self.has(j)]
 
     def cost(self, jobs: Sequence[Any], tokens: Callable[[Any], int], flops: Callable[[Any], int],
              rate: float) -> Cost:
         """A plan's arithmetic over ``jobs``: runs x tokens -> CPU-seconds at ``rate`` training FLOP/s
         (3x the forward FLOPs per token, evaluation excluded), and what the cache holds."""
-        have = [store.exists(self.path(j)) for j in jobs]
+        have = [self.has(j) for j in jobs]
         secs = [tokens(j) * 3 * flops(j) / rate for j in jobs]
         return Cost(len(jobs), sum(have), sum(tokens(j) for j in jobs), sum(secs),
                     sum(s for s, h in zip(secs, have, strict=True) if not h))
 
-    def device_specs(self, test: bool) -> list[dict]:
-        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order."""
+    def device_specs(self, test: bool, est_s: Callable[[Any], float] | None = None) -> list[dict]:
+        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order;
+        ``est_s(job)``: its GPU-seconds for the deadline (default: ``make_spec``'s per-step estimate)."""
         from bench.device import make_spec
 
-        return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j))
-                for i, j in enumerate(self.jobs)]
+        return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j),
+                          est_s=None if est_s is None else est_s(j)) for i, j in enumerate(self.jobs)]
 
 
-def run_missing(runs: Runs, workers: int, where: str,
+def run_missing(runs: Runs, workers: int, where: str | None,
                 progress: Callable[[int, int, Any, dict, float], None] | None = None,
                 fits: Callable[[Any, float], bool] | None = None) -> tuple[int, int, int]:
-    """Train every job whose run is not cached, in order, with ``train_and_score`` on ``workers``
-    processes; each record is saved (``label``'s fields first) the moment it arrives, so a killed
-    bench keeps every finished run, and ``progress(done, to_train, job, record, elapsed_s)`` reports
-    it. ``fits(job, elapsed_s)``: a time box (a job starts only while it fits). Returns (ran, cached,
-    to train)."""
-    todo = [j for j in runs.jobs if not store.exists(runs.path(j))]
+    """Train every job whose run is not cached, in order, with the runs' worker (``train_and_score``
+    unless they name theirs) on ``workers`` processes; each record is saved (``Runs.record``) the
+    moment it arrives, so a killed bench keeps every finished run, and ``progress(done, to_train, job,
+    record, elapsed_s)`` reports it (the worker's record, as it came). ``fits(job, elapsed_s)``: a time
+    box (a job starts only while it fits). ``where``: the "runs: n to train" line's tail (None: no
+    line). Returns (ran, cached, to train)."""
+    todo = [j for j in runs.jobs if not runs.has(j)]
     cached = len(runs.jobs) - len(todo)
-    print(f"runs: {len(todo)} to train, {cached} cached{where}", flush=True)
+    if where is not None:
+        print(f"runs: {len(todo)} to train, {cached} cached{where}", flush=True)
     t0 = time.perf_counter()
     done = [0]
 
     def save(j: Any, rec: dict) -> None:
-        store.save(runs.path(j), {**runs.label(j), **rec})
+        if (path := runs.path(j)) is not None:
+            store.save(path, runs.record(j, rec))
         done[0] += 1
         if progress is not None:
             progress(done[0], len(todo), j, rec, time.perf_counter() - t0)
 
     gate = None if fits is None else (lambda j: fits(j, time.perf_counter() - t0))
-    return run_pool(todo, train_and_score, runs.args, save, workers, gate), cached, len(todo)
+    return run_pool(todo, runs.work or train_and_score, runs.args, save, workers, gate), cached, len(todo)
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,8 @@ def test_run_pool_starts_only_what_fits_in_order_and_saves_each_record_in_this_p
     """The CPU benches' one training loop: a job that does not fit the box gives way to the ones behind
     it, every finished job is saved here (a closure over this process's list works), in one process and
     on spawned ones; write_record leaves only the whole record, never its temporary file."""
-    from bench.device import run_pool, write_record
+    from bench.device import write_record
+    from bench.harness.pool import run_pool
 
     for workers in (1, 2):
         saved: list[tuple[int, int]] = []
