@@ -58,7 +58,6 @@ from npas import (  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "located_rate"
 N_HOLD = 8  # candidates of the hold-at-T check (the first ones: the 3 baselines, then samples)
 HOLD_SEED = 2000  # a fresh seed: never a proxy seed (0, 2) nor a long seed (1000, 1001)
-VERSIONED = (*pf.VERSIONED, *pf.WSD_VERSIONED, "npas/training/located_rate.py")
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,6 @@ class Job:
         return f"{self.cand.config.hash}-{self.kind}-{r.steps}-s{r.seed}-x{self.factor:g}-{version}"
 
 
-def code_version(wsd: Recipe) -> str:
-    return files_version(VERSIONED, wsd.to_dict())
 
 
 def located(cand: pf.Candidate, grid: dict[float, float]) -> tuple[float | None, float | None]:
@@ -93,8 +90,11 @@ class Bench:
     def __init__(self, setup: pf.Setup, cands: list[pf.Candidate], out: Path) -> None:
         assert setup.wsd is not None
         self.setup, self.cands, self.out, self.wsd = setup, cands, out, setup.wsd
-        self.version = code_version(self.wsd)
         self.fair_version = pf.code_version(setup)
+        # the proxy-fidelity bench's WSD code version: these are WSD runs of the same numerics (its probe
+        # keeps the version while they are unchanged) and fork/schedule code; the rule that picks factors
+        # is not in it: it decides which runs are due, not what a run computes
+        self.version = f"{self.fair_version}-{files_version(pf.WSD_VERSIONED)}"
 
     def path(self, j: Job) -> Path:
         return self.out / f"{j.key(self.wsd, self.version)}.json"
