@@ -168,6 +168,18 @@ def _print_front(study, fmt: str = "table") -> None:
               "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
 
 
+def _print_ladder(study) -> None:
+    """A study searched under the promotion ladder: each rung's trials and the rung-to-rung tau."""
+    from npas.service.search.ladder_run import rebuild, rung_summary
+    from npas.service.study.studies import read_record
+    from npas.training.recipe import Recipe
+
+    record = read_record(study)
+    recipe = Recipe.from_dict(dict(record.recipe))
+    if record.early_stop and recipe.schedule == "wsd":
+        print(rung_summary(rebuild(study, recipe.fork_rungs(), record.objectives)))
+
+
 def _mean_pm_std(df):
     """The table's loss column as `mean ± std` over each trial's seeds, `mean ± —` with one seed
     (csv and json keep the mean and `loss_std` as separate numbers)."""
@@ -223,6 +235,12 @@ def run_search(args: argparse.Namespace) -> int:
                        tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
                        budget_scope=args.budget_scope)
     _sampler_note(plan.space, plan.sampler)
+    if plan.fidelity == "ladder":
+        from npas.service.search.ladder import DEFAULT_ETA
+
+        print(f"npas search: promotion ladder at rungs {', '.join(map(str, plan.rungs))} steps (eta {DEFAULT_ETA}): "
+              f"every trial climbs to the first, the best 1/{DEFAULT_ETA} of each rung resume to the next",
+              file=sys.stderr)
     _start_ray(plan.launch.ray_address)
     from npas.service.search.driver import search
     from npas.service.study.urls import redact, resolve_url
@@ -230,6 +248,7 @@ def run_search(args: argparse.Namespace) -> int:
     study = search(plan)
     print(file=sys.stderr)
     _print_front(study)
+    _print_ladder(study)
     _final_report(study, args)
     print(f"study {study.study_name} in {redact(resolve_url(args.storage))}; "
           f"export with: npas export {study.study_name} --out best.yaml")
@@ -260,6 +279,7 @@ def run_resume(args: argparse.Namespace) -> int:
                            repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
     print(file=sys.stderr)
     _print_front(study)
+    _print_ladder(study)
     _final_report(study, args)
     return 0
 

@@ -212,11 +212,18 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
     searcher = NpasSearcher(study, plan.space, dict(record.recipe), corpus.fingerprint, target,
                             on_progress=launch.on_progress, on_trial_done=launch.on_trial_done,
                             tokens_per_byte=eval_tokens_per_byte(corpus, recipe))
+    ladder = None
+    if plan.fidelity == "ladder":  # a wsd recipe: trials climb the rungs, paused and resumed (ladder_run)
+        from npas.service.search.ladder_run import SearchLadder, rebuild
+
+        ladder = SearchLadder(plan.rungs, plan.space.objectives, launch.workers)
+        ladder.ladder = rebuild(study, plan.rungs, plan.space.objectives, ladder.ladder.eta)  # earlier drivers' rungs
+        searcher.ladder_objectives = list(plan.space.objectives)
     with faults.Heartbeat(study, searcher.live_trial_ids):
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=recipe.steps,
                               eval_every=recipe.eval_every, worker=worker, workers=launch.workers,
                               cpus_per_trial=cpus, gpus_per_trial=launch.gpus_per_trial,
-                              early_stop=plan.early_stop, max_retries=launch.max_retries)
+                              early_stop=plan.early_stop, max_retries=launch.max_retries, ladder=ladder)
     if not finished:
         numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
         raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "

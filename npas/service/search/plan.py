@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_TRIALS = 20  # a new study's target when `trials` is not given
 DEFAULT_SAMPLER, DEFAULT_SEED, DEFAULT_REPEATS = "tpe", 0, 1
 DEFAULT_TOKENIZER = "char"
+Fidelity = Literal["ladder", "asha", "none"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,22 @@ class SearchPlan:
     @property
     def early_stop(self) -> bool:
         return True if self.launch.early_stop is None else self.launch.early_stop
+
+    @property
+    def fidelity(self) -> Fidelity:
+        """The search's multi-fidelity mechanism, the one field the runner reads: ``"ladder"`` (a
+        ``wsd`` recipe: trials pause at the recipe's rungs and the promoted resume from their
+        checkpoint, ``npas.service.search.ladder_scheduler``), ``"asha"`` (a ``cosine`` recipe cannot
+        fork, so it keeps ASHA on its evaluations, as before the ladder) or ``"none"``
+        (``--no-early-stop``: every trial trains to the recipe's steps)."""
+        if not self.early_stop:
+            return "none"
+        return "ladder" if self.recipe.schedule == "wsd" else "asha"
+
+    @property
+    def rungs(self) -> tuple[int, ...]:
+        """The ladder's rungs (``Recipe.fork_rungs``); empty unless ``fidelity == "ladder"``."""
+        return self.recipe.fork_rungs() if self.fidelity == "ladder" else ()
 
     @property
     def target(self) -> int:

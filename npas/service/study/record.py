@@ -94,6 +94,11 @@ class TrialAttr(StrEnum):
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
+    TRAINED_STEPS = "trained_steps"  # wsd: optimizer steps actually run, all seeds (top rung + forks, each)
+    TOP_RUNG = "top_rung"  # the ladder: the highest rung the trial reached (== fidelity)
+    LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
+    LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
+    LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rung-1 grid runs not kept (apart from trained_steps)
 
 
 class Constraint(StrEnum):
