@@ -163,3 +163,73 @@ def test_the_front_of_a_ladder_search_holds_only_trials_that_reached_the_top_and
     # a stopped trial below T with a loss better than every full one still stays off the front
     assert not below & {t.number for t in study.best_trials}
     assert not list((tmp / "runs").rglob("checkpoint_*")), "a stopped trial's checkpoint was left behind"
+
+
+@pytest.mark.slow
+def test_repeats_climb_together_and_rank_on_the_seed_mean(ray_local, tmp_path):
+    import statistics
+
+    from npas.allocation.config import ArchConfig
+    from npas.training import climb
+    from npas.training.recipe import Recipe
+
+    saved = runner.RUNS_DIR
+    runner.RUNS_DIR = tmp_path / "runs"
+    try:
+        plan = plan_search(npas.load_space(TINY), trials=5, study="r2", storage=f"sqlite:///{tmp_path}/r.db",
+                           recipe=wsd_recipe(tmp_path), sampler="random", seed=2, repeats=2, launch=Launch(workers=2))
+        assert plan.fidelity == "ladder"
+        study = search(plan)
+    finally:
+        runner.RUNS_DIR = saved
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(told) == 5
+    ds = plan.recipe.decay_start(10)
+    for t in told:
+        top = t.user_attrs[TrialAttr.FIDELITY]
+        assert t.user_attrs[TrialAttr.SEEDS] == [0, 2] and len(t.user_attrs[TrialAttr.SEED_LOSSES]) == 2
+        assert t.user_attrs[TrialAttr.TRAINED_STEPS] == 2 * {10: 10, 40: 40 + (10 - ds)}[top]  # both seeds
+    t = next(t for t in told if not t.user_attrs.get(TrialAttr.BASELINE))
+    cfg = ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
+    seeds = [climb.start(cfg, Recipe.from_dict({**plan.recipe.to_dict(), "seed": s}), plan.corpus, device="cpu",
+                         reference=plan.space.reference_chassis) for s in (0, 2)]
+    for c in seeds:
+        c.climb(until=10)
+    assert t.user_attrs[TrialAttr.RUNG_LOSSES]["10"] == statistics.fmean(c.rung_losses[10] for c in seeds)
+    assert not list((tmp_path / "runs").rglob("checkpoint_*"))
+
+
+@pytest.mark.slow
+def test_init_from_climbs_start_from_the_converted_model(ray_local, tmp_path):
+    from npas.allocation.config import ArchConfig, reference_config
+    from npas.conversion.init_from import initial_state
+    from npas.training import climb
+    from npas.training.data import load_corpus
+    from npas.training.train import train_allocation
+
+    space = npas.load_space(TINY)
+    smoke = load_recipe("smoke").with_steps(200)
+    corpus = load_corpus(None, smoke.val_fraction, smoke.test_fraction)
+    train_allocation(reference_config(space.reference_chassis), smoke, corpus, tmp_path / "dense")
+    saved = runner.RUNS_DIR
+    runner.RUNS_DIR = tmp_path / "runs"
+    try:
+        plan = plan_search(space, trials=4, study="warm", storage=f"sqlite:///{tmp_path}/w.db",
+                           recipe=wsd_recipe(tmp_path), sampler="random", init_from=str(tmp_path / "dense"),
+                           launch=Launch(workers=2))
+        assert plan.fidelity == "ladder"
+        study = search(plan)
+    finally:
+        runner.RUNS_DIR = saved
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(told) == 4 and all("10" in t.user_attrs[TrialAttr.RUNG_LOSSES] for t in told)
+    t = told[-1]
+    cfg = ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
+    warm = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=space.reference_chassis,
+                       init_state=initial_state(dict(plan.init), cfg, plan.recipe.seed, plan.corpus,
+                                                plan.recipe.seq_len))
+    cold = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=space.reference_chassis)
+    warm.climb(until=10)
+    cold.climb(until=10)
+    assert t.user_attrs[TrialAttr.RUNG_LOSSES]["10"] == warm.rung_losses[10]  # bitwise: the converted start
+    assert warm.rung_losses[10] < cold.rung_losses[10] - 0.1
