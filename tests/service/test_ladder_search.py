@@ -107,13 +107,20 @@ def ladder_search(ray_local, tmp_path_factory):
     """Twelve trials (the three baselines among them) of a wsd recipe under the ladder on one worker: one
     at a time, so the order of reports, and with it which trials pause and which are promoted later, is
     the same on every run (CPU training is bitwise); paused trials must not hold the one worker."""
+    from npas.service.search import ladder
+
     tmp = tmp_path_factory.mktemp("ladder")
     saved = runner.RUNS_DIR
     runner.RUNS_DIR = tmp / "runs"
     try:
-        plan = plan_search(npas.load_space(TINY), trials=12, study="ladder", storage=f"sqlite:///{tmp}/l.db",
-                           recipe=wsd_recipe(tmp), sampler="random", seed=1, launch=Launch(workers=1))
-        study = search(plan)
+        with pytest.MonkeyPatch.context() as mp:
+            # a tiny model's rung losses lie within the default seed noise (0.010 nats) of each other, so
+            # the tie rule promotes most trials at once; at 0.003 the fifth trial pauses at rung 10 and is
+            # promoted from its checkpoint when the sixteenth raises the rung's quota (order is fixed)
+            mp.setattr(ladder, "DEFAULT_SEED_STD", 0.003)
+            plan = plan_search(npas.load_space(TINY), trials=12, study="ladder", storage=f"sqlite:///{tmp}/l.db",
+                               recipe=wsd_recipe(tmp), sampler="random", seed=1, launch=Launch(workers=1))
+            study = search(plan)
     finally:
         runner.RUNS_DIR = saved
     return study, plan, tmp
@@ -233,3 +240,15 @@ def test_init_from_climbs_start_from_the_converted_model(ray_local, tmp_path):
     cold.climb(until=10)
     assert t.user_attrs[TrialAttr.RUNG_LOSSES]["10"] == warm.rung_losses[10]  # bitwise: the converted start
     assert warm.rung_losses[10] < cold.rung_losses[10] - 0.1
+
+
+def test_the_ladder_caps_running_trials_not_paused_ones_and_lets_promotions_go_first():
+    from npas.service.search.ladder_run import SearchLadder
+
+    sched = SearchLadder((10, 40), ["val_loss", "train_memory_bytes"], max_running=2)
+    assert sched.objectives == (("ladder_obj_train_memory_bytes", "min"),)  # the loss is the rung loss itself
+    assert sched.admits({"a"}) and not sched.admits({"a", "b"})
+    sched.paused.update({"a", "b"})
+    assert sched.admits({"a", "b", "c"}) and not sched.admits({"a", "b", "c", "d"})  # paused hold no worker
+    sched.to_resume.append("a")  # promoted while paused: it takes the next free worker, not a new trial
+    assert not sched.admits({"a", "b"})

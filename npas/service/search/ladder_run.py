@@ -7,8 +7,10 @@
   enqueued baselines are never paused (they run to the top, as under ASHA, so every front shows what
   hand-made sharing gives; their results still fill the rungs). And at most ``workers`` trials *run*:
   Tune counts paused trials against ``max_concurrent_trials``, so a search that capped live trials
-  there would let paused trials starve the upper rungs; the cap is applied here, to running trials
-  only, and the runner sets no ``max_concurrent_trials``.
+  there would let paused trials starve the upper rungs. The runner sets no ``max_concurrent_trials``;
+  the cap is applied to running trials only, where new trials are created (the searcher asks
+  ``admits``: Tune starts every pending trial its resources allow) and where paused ones resume
+  (``choose_trial_to_run``), promoted trials first.
 - ``Checkpoints``: a Tune callback that records each trial's last climb checkpoint on its Optuna trial
   (``TrialAttr.LADDER_CHECKPOINT``: a driver stopped while the trial is paused re-enqueues it with that
   path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
@@ -23,6 +25,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -68,19 +71,50 @@ class SearchLadder(LadderScheduler):
         super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", std_attr="loss_std",
                          objectives=[(OBJECTIVE_PREFIX + o, "min") for o in ranked_objectives(objectives)])
         self.max_running = max_running
+        self.paused: set[str] = set()  # trials paused at a rung, waiting for a promotion or a stop
+
+    def admits(self, live: set[str]) -> bool:
+        """Whether the searcher may start a new trial now: fewer than ``max_running`` of its live trials
+        run (paused ones hold no worker), and no promoted trial waits for a worker (promotions first).
+        Tune starts every pending trial its resources allow, whatever the scheduler says, so the
+        cap on running trials is applied where trials are created."""
+        if any(t in self.paused for t in self.to_resume):
+            return False
+        return len(live - self.paused) < self.max_running
 
     def _result(self, trial_id: str, result: dict):
         # an objective its accounting could not give ranks the trial last on it, never a KeyError mid-search
         return super()._result(trial_id, {k: math.inf for k, _ in self.objectives} | result)
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        if result.get(self.time_attr) in self.ladder.rungs:  # the noise of a boundary, from every pair so far
+            self.ladder.update_noise()
         action = super().on_trial_result(tune_controller, trial, result)
-        return TrialScheduler.CONTINUE if trial.config.get("baseline") else action
+        if trial.config.get("baseline"):
+            return TrialScheduler.CONTINUE
+        if action == TrialScheduler.PAUSE:
+            self.paused.add(trial.trial_id)
+        return action
 
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
-        if sum(t.status == Trial.RUNNING for t in tune_controller.get_trials()) >= self.max_running:
-            return None
-        return super().choose_trial_to_run(tune_controller)
+        if sum(t.status in (Trial.RUNNING, Trial.PENDING) for t in tune_controller.get_trials()) >= self.max_running:
+            return None  # every worker is taken: a promoted trial resumes when one is free
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is not None:
+            self.paused.discard(trial.trial_id)
+        return trial
+
+    def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller: Any, trial: Trial) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_remove(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_error(tune_controller, trial)
 
     def agreement(self) -> list[RungAgreement]:
         """The rung-to-rung certificate of every rung below the top (``ladder.agreement``)."""
@@ -153,3 +187,15 @@ def remove_checkpoints(trial: Trial) -> None:
                 fs.delete_dir(info.path)
     except Exception as e:  # scratch space: a failed clean-up must not fail the search
         log.warning("could not remove the checkpoints of trial %s: %s", trial.trial_id, e)
+
+
+def sweep(experiment: Path, keep: set[str]) -> None:
+    """Remove the checkpoints an interrupted run left in its (local) experiment directory, except those
+    recorded on re-enqueued trials (``keep``): a trial that reported a rung just as the driver stopped
+    has a checkpoint no study record points to, and nothing would ever resume from it."""
+    import shutil
+
+    kept = {str(Path(p).resolve()) for p in keep}
+    for d in experiment.glob("*/checkpoint_*"):
+        if d.is_dir() and str(d.resolve()) not in kept:
+            shutil.rmtree(d, ignore_errors=True)

@@ -363,17 +363,19 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     if ladder is not None:
         # paused trials count against max_concurrent_trials: the ladder caps *running* trials itself
         ladder.max_running = workers
+        searcher.admits = ladder.admits
         callbacks.append(Checkpoints(searcher))
         checkpoints = tune.CheckpointConfig(num_to_keep=1)  # a trial resumes from its last rung only
         # a checkpoint at every rung is the point: Tune's warning about frequent syncs does not apply
         os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    name = f"{study_name}-{int(time.time())}"
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(climber.trainable if ladder is not None else trainable,
                                                  spec=worker), resources),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
                                     max_concurrent_trials=None if ladder is not None else workers,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name=f"{study_name}-{int(time.time())}", storage_path=str(runs), verbose=0,
+        run_config=tune.RunConfig(name=name, storage_path=str(runs), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=max_retries),
                                   callbacks=callbacks, checkpoint_config=checkpoints),
     )
@@ -388,6 +390,10 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
             tuner.fit()
     except KeyboardInterrupt:
         interrupted = True
+    if ladder is not None:  # keep only the checkpoints a re-enqueued trial will resume from
+        from npas.service.search.ladder_run import sweep
+
+        sweep(runs / name, searcher.recorded_checkpoints())
     return not interrupted and searcher.finished and not searcher.has_live
 
 

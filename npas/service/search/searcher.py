@@ -65,8 +65,9 @@ class NpasSearcher(Searcher):
         # each live trial's last rung result -- a trial stopped while paused is told with it (Tune hands
         # the searcher no result for a trial it stops in PAUSED)
         self.ladder_objectives: list[str] | None = None
+        self.admits: Callable[[set[str]], bool] | None = None  # the ladder's cap on running trials
         self._last: dict[str, dict] = {}
-        self._checkpointed: set[str] = set()
+        self._checkpointed: dict[str, str] = {}  # live trial -> the checkpoint path recorded on it
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
     def record_error(self, trial_id: str, message: str) -> None:
@@ -84,7 +85,11 @@ class NpasSearcher(Searcher):
             trial = self._live.get(trial_id)
         if trial is not None:
             trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, path)
-            self._checkpointed.add(trial_id)
+            self._checkpointed[trial_id] = path
+
+    def recorded_checkpoints(self) -> set[str]:
+        """The checkpoint paths recorded on live trials (those a re-enqueued trial resumes from)."""
+        return set(self._checkpointed.values())
 
     def live_trial_ids(self) -> list[int]:
         """Storage ids of the trials running for this driver (what the heartbeat beats for)."""
@@ -119,6 +124,11 @@ class NpasSearcher(Searcher):
 
     # ---- Searcher protocol ---------------------------------------------------------------------
     def suggest(self, trial_id: str) -> dict | None:
+        if self.admits is not None and not self.finished:
+            with self._lock:
+                live = set(self._live)
+            if not self.admits(live):
+                return None  # every worker is taken (paused trials hold none): Tune asks again later
         config = self._suggest(trial_id)
         if config is Searcher.FINISHED:
             self.finished = True
@@ -196,7 +206,7 @@ class NpasSearcher(Searcher):
         if not error and not result:  # stopped while paused at a rung: its result is that rung's report
             result = last
         if trial_id in self._checkpointed:  # removed as the trial stops: nothing left to resume from
-            self._checkpointed.discard(trial_id)
+            del self._checkpointed[trial_id]
             trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, None)
         self.progress.running -= 1
         self.recorder.curve(trial, self._curves.pop(trial_id, []), self._retries.pop(trial_id, None))
