@@ -252,3 +252,29 @@ def test_the_ladder_caps_running_trials_not_paused_ones_and_lets_promotions_go_f
     assert sched.admits({"a", "b", "c"}) and not sched.admits({"a", "b", "c", "d"})  # paused hold no worker
     sched.to_resume.append("a")  # promoted while paused: it takes the next free worker, not a new trial
     assert not sched.admits({"a", "b"})
+
+
+@pytest.mark.slow
+def test_a_cosine_search_keeps_asha_unchanged(ray_local, tmp_path, monkeypatch):
+    from npas.service.search import driver
+
+    seen = []
+    real = driver.run_trials
+
+    def spy(searcher, **kw):  # the real runner; only what the driver handed it is noted
+        seen.append((kw["early_stop"], kw["ladder"], searcher.admits, searcher.ladder_objectives))
+        return real(searcher, **kw)
+
+    monkeypatch.setattr(driver, "run_trials", spy)
+    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
+    study = search(npas.load_space(TINY), trials=8, study="cos", storage=f"sqlite:///{tmp_path}/c.db",
+                   recipe=str(FAST), sampler="random", seed=1, launch=Launch(workers=2))
+    assert seen == [(True, None, None, None)]  # ASHA, as before the ladder: no ladder, no running cap
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(told) == 8
+    for t in told:
+        assert t.user_attrs[TrialAttr.FIDELITY] in (20, 40)  # ended at ASHA's rung or at the recipe's steps
+        assert not {TrialAttr.RUNG_LOSSES, TrialAttr.TRAINED_STEPS, TrialAttr.TOP_RUNG,
+                    TrialAttr.LADDER_CHECKPOINT} & set(t.user_attrs)
+    assert any(t.user_attrs[TrialAttr.FIDELITY] == 20 for t in told)  # ASHA stopped some
+    assert not list((tmp_path / "runs").rglob("checkpoint_*"))  # ASHA's trials never checkpoint
