@@ -99,7 +99,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=WORKERS, default=2, help="concurrent trials")
     p.add_argument("--gpus-per-trial", type=fraction_of_devices, default=0.0,
                    help="0, a fraction below 1, or a whole number")
-    p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no ASHA)")
+    p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no promotion "
+                   "ladder for a wsd recipe, no ASHA for a cosine one)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 
