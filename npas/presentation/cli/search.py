@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
     p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
                    "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
+    p.add_argument("--locate-lr", action="store_true", default=None,
+                   help="wsd recipes: choose each trial's learning rate at the ladder's first rung from a x2 grid "
+                        "around its fair rate (x0.5..x4, extended at an edge), and climb on at the best "
+                        "(default: off, every trial at its fair rate)")
     p.add_argument("--init-from", metavar="DENSE_DIR", help="start every trial from this `npas train` model, "
                    "converted into the candidate (npas convert), instead of a fresh init; the study reads text "
                    "with the model's tokenizer.json (another --tokenizer is refused)")
@@ -234,7 +238,7 @@ def run_search(args: argparse.Namespace) -> int:
                        data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed,
                        launch=_launch(args), repeats=args.repeats, init_from=args.init_from,
                        tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
-                       budget_scope=args.budget_scope)
+                       budget_scope=args.budget_scope, locate_lr=args.locate_lr)
     _sampler_note(plan.space, plan.sampler)
     if plan.fidelity == "ladder":
         from npas.service.search.ladder import DEFAULT_ETA

@@ -130,9 +130,17 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
 
                 init_state = initial_state(spec.init_from, cfg, recipe.seed, corpus, recipe.seq_len)
             climbs, meta = [], {"wall_s": 0.0, "train_s": 0.0}
-            for seed in seeds:
+            factor = 1.0
+            if spec.locate_lr:  # the first seed's grid at rung 1; its best run is the trial's own climb
+                from npas.training.located_rate import locate
+
+                first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state)
+                climbs.append(first)
+                factor, meta["located"] = located.factor, located.to_dict()
+            for seed in seeds[len(climbs):]:  # the other seeds climb at the factor the first located
                 r = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
-                climbs.append(climbing.start(cfg, r, corpus, reference=spec.reference, init_state=init_state))
+                climbs.append(climbing.start(cfg, r, corpus, reference=spec.reference, init_state=init_state,
+                                             lr_factor=factor))
     except Exception as e:  # raised by the set-up itself: it would raise again on every retry
         return fail(f"starting the climb raised {type(e).__name__}: {' '.join(str(e).split())}")
     meta["wall_s"] += time.perf_counter() - started
@@ -145,6 +153,8 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
                 for c in climbs]
         proxy = combine_repeats(runs, seeds)
         proxy["resumed_at"] = meta.get("resumed_at", [])  # rungs it was paused at and resumed from
+        if "located" in meta:  # --locate-lr: the factor, the grid's losses and the steps of its discarded runs
+            proxy.update(meta["located"])
         losses = [c.rung_losses[t] for c in climbs]
         row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
                "trained_steps": sum(c.trained_steps for c in climbs), **objectives, "proxy": json.dumps(proxy)}
@@ -160,6 +170,16 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     if old is not None and climbs[0].top:  # re-enqueued: decide the rung reached again, train nothing
         report(with_checkpoint=climbs[0].next_rung is not None)
         shutil.rmtree(old, ignore_errors=True)  # Tune holds the trial's state now
+    elif "located" in meta and ckpt is None and old is None:  # the grid left the first seed at rung 1
+        t0 = time.perf_counter()
+        for c in climbs[1:]:
+            c.step_up()
+        failed = next((i for i, c in enumerate(climbs) if c.failed is not None), None)
+        if failed is not None:
+            return fail(f"at the located rate x{climbs[0].lr_factor:g}: {climbs[failed].failed}", climbs[0].top)
+        meta["wall_s"] += time.perf_counter() - t0
+        meta["train_s"] += time.perf_counter() - t0
+        report(with_checkpoint=climbs[0].next_rung is not None)
     while climbs[0].next_rung is not None:
         t0 = time.perf_counter()
         try:

@@ -47,6 +47,7 @@ class StudyAttr(StrEnum):
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
     # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
+    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's first rung (issue #35)
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -144,6 +145,7 @@ class StudyRecord:
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
     init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
     learned: dict | None = None  # learned groups' source and layer similarity; None: the space learns no groups
+    locate_lr: bool = False  # each trial's rate located at the first rung; studies before it ran at the fair rate
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -156,7 +158,8 @@ class StudyRecord:
              "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS,
              "tokenizer": StudyAttr.TOKENIZER, "tokenizer_json": StudyAttr.TOKENIZER_JSON,
              "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
-             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED}
+             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED,
+             "locate_lr": StudyAttr.LOCATE_LR}
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
