@@ -278,3 +278,30 @@ def test_a_cosine_search_keeps_asha_unchanged(ray_local, tmp_path, monkeypatch):
                     TrialAttr.LADDER_CHECKPOINT} & set(t.user_attrs)
     assert any(t.user_attrs[TrialAttr.FIDELITY] == 20 for t in told)  # ASHA stopped some
     assert not list((tmp_path / "runs").rglob("checkpoint_*"))  # ASHA's trials never checkpoint
+
+
+def test_orphan_recovery_leaves_a_paused_trial_of_a_live_driver_alone(tmp_path):
+    """A paused trial stays RUNNING for hours; its driver's heartbeat must keep beating for it, or another
+    driver's recovery (or a resume) would fail and re-enqueue it while it waits for a promotion."""
+    import time
+
+    from optuna.storages import RDBStorage
+
+    from npas.service.search import faults
+
+    space = npas.load_space(TINY)
+    storage = RDBStorage(f"sqlite:///{tmp_path}/h.db", heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(storage=storage, directions=["minimize"] * len(space.objectives),
+                                sampler=make_sampler("random", 0, len(space.objectives)))
+    searcher = NpasSearcher(study, space, WSD, "fp", 4)
+    searcher.ladder_objectives = list(space.objectives)
+    number = searcher.suggest("t0")["number"]
+    searcher.on_trial_result("t0", _rung_report(3.1, 10, 10))  # paused at rung 10 from here on
+    tid = next(t for t in study.trials if t.number == number)._trial_id
+    storage.set_trial_user_attr(tid, TrialAttr.DRIVER, {"host": "another-host", "pid": 4242})  # seen from elsewhere
+    with faults.Heartbeat(study, searcher.live_trial_ids, interval_s=0.3, recover_every_s=3600):
+        time.sleep(3.5)  # past the grace period
+        assert faults.recover_once(study) == []
+    assert storage.get_trial(tid).state == TrialState.RUNNING
+    time.sleep(3.5)  # the control: once nobody beats for it, it is an orphan
+    assert faults.recover_once(study) == [number]
