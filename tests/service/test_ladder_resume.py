@@ -37,13 +37,12 @@ def paused_or_between_rungs(url: str, name: str) -> list[optuna.trial.FrozenTria
 
 
 def test_a_ladder_driver_interrupted_between_rungs_resumes_from_the_checkpoints(tmp_path):
+    import npas
     from npas.allocation.config import ArchConfig
     from npas.service.study.studies import read_record
     from npas.training import climb
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe, load_recipe
-
-    import npas
 
     recipe = {**load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict(), "name": "slow-ladder",
               "schedule": "wsd", "steps": 160, "horizon": 160, "rungs": [40, 160], "eval_every": 40}
