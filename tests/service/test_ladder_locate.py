@@ -74,3 +74,13 @@ def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_loca
     assert c.trained_steps == t.user_attrs[TrialAttr.TRAINED_STEPS]
     edge = t.user_attrs[TrialAttr.PROXY]["lr_at_edge"]  # an optimum still at the grid's edge is flagged
     assert edge == (factor in (min(grid), max(grid)))
+
+
+def test_a_study_without_locate_lr_reads_back_at_the_fair_rate():
+    from npas.service.study.record import StudyRecord
+    from tests.service.test_record import OLD_ATTRS, RECORD
+
+    assert StudyRecord.from_attrs(OLD_ATTRS).locate_lr is False  # an old study resumes as it ran
+    assert StudyRecord.from_attrs(RECORD.to_attrs()).locate_lr is False
+    on = StudyRecord.from_attrs({**RECORD.to_attrs(), "locate_lr": True})
+    assert on.locate_lr is True and on.to_attrs()["locate_lr"] is True

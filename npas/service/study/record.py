@@ -160,6 +160,7 @@ class StudyRecord:
              "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
              "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED,
              "locate_lr": StudyAttr.LOCATE_LR}
+    _OMITTED_AT_DEFAULT = frozenset({"locate_lr"})
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
@@ -167,6 +168,8 @@ class StudyRecord:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in self._OMITTED_AT_DEFAULT and value == f.default:
+                continue  # a study that does not use it is stored as before it existed
             if isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
