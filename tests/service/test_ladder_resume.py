@@ -1,4 +1,4 @@
-"""A ladder search's driver stopped between rungs, then `npas resume`: nothing completed runs again, and
+"""A ladder search's driver stopped between rungs (Ctrl-C, or killed), then `npas resume`: nothing completed runs again, and
 a trial that had reported a rung continues from its checkpoint there, not from step 0 (real processes,
 as a user runs them; the study is read back with plain Optuna)."""
 
@@ -36,7 +36,8 @@ def paused_or_between_rungs(url: str, name: str) -> list[optuna.trial.FrozenTria
             and t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT) and Path(t.user_attrs[TrialAttr.LADDER_CHECKPOINT]).is_dir()]
 
 
-def test_a_ladder_driver_interrupted_between_rungs_resumes_from_the_checkpoints(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_a_ladder_driver_stopped_between_rungs_resumes_from_the_checkpoints(tmp_path, sig):
     import npas
     from npas.allocation.config import ArchConfig
     from npas.service.study.studies import read_record
@@ -54,13 +55,18 @@ def test_a_ladder_driver_interrupted_between_rungs_resumes_from_the_checkpoints(
     try:
         wait_until(lambda: paused_or_between_rungs(url, name), 240, "a trial holding a rung checkpoint")
     finally:
-        proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130, (tmp_path / "s.log").read_text()
+        if sig == signal.SIGINT:
+            proc.send_signal(sig)
+        else:  # the driver and everything it started, like a lost machine
+            os.killpg(proc.pid, sig)
+    assert proc.wait(timeout=120) == (130 if sig == signal.SIGINT else -sig), (tmp_path / "s.log").read_text()
     log = (tmp_path / "s.log").read_text()
     assert "promotion ladder at rungs 40, 160" in log
     before = {t.number: (t.values, t.user_attrs) for t in trials(url, name) if t.state == TrialState.COMPLETE}
+    # SIGINT: the driver re-enqueued them itself; SIGKILL: they are left RUNNING, orphans for the resume
     held = {t.number: t.user_attrs[TrialAttr.LADDER_CHECKPOINT] for t in trials(url, name)
-            if status(t) == "interrupted" and t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT)}
+            if (status(t) == "interrupted" or t.state == TrialState.RUNNING)
+            and t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT)}
     assert held, "the interrupt found no trial between rungs: the resume below would prove nothing"
     assert all(Path(p).is_dir() for p in held.values())  # kept for the resume
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,13 +189,22 @@ def remove_checkpoints(trial: Trial) -> None:
         log.warning("could not remove the checkpoints of trial %s: %s", trial.trial_id, e)
 
 
-def sweep(experiment: Path, keep: set[str]) -> None:
-    """Remove the checkpoints an interrupted run left in its (local) experiment directory, except those
-    recorded on re-enqueued trials (``keep``): a trial that reported a rung just as the driver stopped
-    has a checkpoint no study record points to, and nothing would ever resume from it."""
+def pending_checkpoints(study: optuna.Study) -> set[str]:
+    """The checkpoints the study's live or re-enqueued trials (RUNNING, WAITING) may still resume from,
+    whichever driver recorded them."""
+    states = (TrialState.RUNNING, TrialState.WAITING)
+    return {p for t in study.get_trials(deepcopy=False, states=states)
+            if (p := t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT))}
+
+
+def sweep(experiments: Iterable[Path], keep: set[str]) -> None:
+    """Remove the checkpoints this study's runs left in their (local) experiment directories, except
+    those a trial may still resume from (``keep``): a trial that reported a rung just as its driver was
+    stopped or killed has a checkpoint no study record points to, and nothing would resume from it."""
     import shutil
 
     kept = {str(Path(p).resolve()) for p in keep}
-    for d in experiment.glob("*/checkpoint_*"):
-        if d.is_dir() and str(d.resolve()) not in kept:
-            shutil.rmtree(d, ignore_errors=True)
+    for experiment in experiments:
+        for d in experiment.glob("*/checkpoint_*"):
+            if d.is_dir() and str(d.resolve()) not in kept:
+                shutil.rmtree(d, ignore_errors=True)

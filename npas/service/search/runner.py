@@ -391,9 +391,10 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     except KeyboardInterrupt:
         interrupted = True
     if ladder is not None:  # keep only the checkpoints a re-enqueued trial will resume from
-        from npas.service.search.ladder_run import sweep
+        from npas.service.search.ladder_run import pending_checkpoints, sweep
 
-        sweep(runs / name, searcher.recorded_checkpoints())
+        mine = [d for d in runs.glob(f"{study_name}-*") if d.name[len(study_name) + 1:].isdigit()]  # this study's runs
+        sweep(mine, searcher.recorded_checkpoints() | pending_checkpoints(searcher.study))
     return not interrupted and searcher.finished and not searcher.has_live
 
 
