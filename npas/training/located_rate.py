@@ -94,13 +94,14 @@ def search(try_factor: Callable[[float], tuple[float, int]], grid: Sequence[floa
 
 def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, reference: Any = None,
            grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
-           max_extensions: int = MAX_EXTENSIONS) -> tuple[_climb.Climb, Located]:
+           max_extensions: int = MAX_EXTENSIONS, init_state: Any = None) -> tuple[_climb.Climb, Located]:
     """Train one WSD run per factor to the first rung (its cooldown fork) and keep the best run: the
-    returned climb is the trial's own run, paused at rung 1 at the located factor, ready to go on."""
+    returned climb is the trial's own run, paused at rung 1 at the located factor, ready to go on.
+    ``init_state``: every run starts from it (``npas search --init-from``)."""
     kept: dict[str, Any] = {}  # the best run so far and its loss: one model in memory beside the current
 
     def try_factor(f: float) -> tuple[float, int]:
-        c = _climb.start(cfg, recipe, corpus, device, reference, lr_factor=f)
+        c = _climb.start(cfg, recipe, corpus, device, reference, lr_factor=f, init_state=init_state)
         _, loss = c.step_up()
         if not kept or best_factor({f: loss, kept["run"].lr_factor: kept["loss"]}) == f:
             kept.update(run=c, loss=loss)  # best_factor's order is total: the pairwise best is the best

@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=SEED, help=f"sampler seed, 0 to {SEED_MAX} (default: 0; joining: the study's)")
     p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
                    "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
+    p.add_argument("--locate-lr", action="store_true", default=None,
+                   help="wsd recipes: choose each trial's learning rate at the ladder's first rung from a x2 grid "
+                        "around its fair rate (x0.5..x4, extended at an edge), and climb on at the best "
+                        "(default: off, every trial at its fair rate)")
     p.add_argument("--init-from", metavar="DENSE_DIR", help="start every trial from this `npas train` model, "
                    "converted into the candidate (npas convert), instead of a fresh init; the study reads text "
                    "with the model's tokenizer.json (another --tokenizer is refused)")
@@ -99,7 +103,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=WORKERS, default=2, help="concurrent trials")
     p.add_argument("--gpus-per-trial", type=fraction_of_devices, default=0.0,
                    help="0, a fraction below 1, or a whole number")
-    p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no ASHA)")
+    p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no promotion "
+                   "ladder for a wsd recipe, no ASHA for a cosine one)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 
@@ -195,6 +200,18 @@ def _print_rungs(study) -> None:
         print(line)
 
 
+def _print_ladder(study) -> None:
+    """A study searched under the promotion ladder: each rung's trials and the rung-to-rung tau."""
+    from npas.service.search.ladder_run import rebuild, rung_summary
+    from npas.service.study.studies import read_record
+    from npas.training.recipe import Recipe
+
+    record = read_record(study)
+    recipe = Recipe.from_dict(dict(record.recipe))
+    if record.early_stop and recipe.schedule == "wsd":
+        print(rung_summary(rebuild(study, recipe.fork_rungs(), record.objectives)))
+
+
 def _mean_pm_std(df):
     """The table's loss column as `mean ± std` over each trial's seeds, `mean ± —` with one seed
     (csv and json keep the mean and `loss_std` as separate numbers)."""
@@ -248,8 +265,14 @@ def run_search(args: argparse.Namespace) -> int:
                        data=args.data, budget=args.budget, sampler=args.sampler, seed=args.seed,
                        launch=_launch(args), repeats=args.repeats, init_from=args.init_from,
                        tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
-                       budget_scope=args.budget_scope)
+                       budget_scope=args.budget_scope, locate_lr=args.locate_lr)
     _sampler_note(plan.space, plan.sampler)
+    if plan.fidelity == "ladder":
+        from npas.service.search.ladder import DEFAULT_ETA
+
+        print(f"npas search: promotion ladder at rungs {', '.join(map(str, plan.rungs))} steps (eta {DEFAULT_ETA}): "
+              f"every trial climbs to the first, the best 1/{DEFAULT_ETA} of each rung resume to the next",
+              file=sys.stderr)
     _start_ray(plan.launch.ray_address)
     from npas.service.search.driver import search
     from npas.service.study.urls import redact, resolve_url
@@ -257,6 +280,7 @@ def run_search(args: argparse.Namespace) -> int:
     study = search(plan)
     print(file=sys.stderr)
     _print_front(study)
+    _print_ladder(study)
     _final_report(study, args)
     print(f"study {study.study_name} in {redact(resolve_url(args.storage))}; "
           f"export with: npas export {study.study_name} --out best.yaml")
@@ -287,6 +311,7 @@ def run_resume(args: argparse.Namespace) -> int:
                            repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
     print(file=sys.stderr)
     _print_front(study)
+    _print_ladder(study)
     _final_report(study, args)
     return 0
 

@@ -66,8 +66,10 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
     twin = twin_of(key, trial.number) if twin_of is not None else same_key(trial.study, key, trial.number)
     if twin is not None:
         return Skip("duplicate", f"same allocation, recipe and data as trial {twin}", same_as=twin)
-    return Runnable({"allocation": cfg.to_dict(), "recipe": recipe, "number": trial.number, "baseline": baseline},
-                    acc.to_dict())
+    config = {"allocation": cfg.to_dict(), "recipe": recipe, "number": trial.number, "baseline": baseline}
+    if resume_from := trial.user_attrs.get(TrialAttr.LADDER_CHECKPOINT):  # re-enqueued while paused at a rung
+        config["resume_from"] = resume_from
+    return Runnable(config, acc.to_dict())
 
 
 def cannot_run(cfg: ArchConfig, recipe: dict) -> str | None:

@@ -83,7 +83,7 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
         overrides=dict(space.overrides), data_split=corpus.describe()["split"], repeats=plan.repeats,
         tokenizer=plan.tokenizer, tokenizer_json=corpus.tokenizer.to_json(),
         tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=corpus.glob, text_field=corpus.text_field,
-        init_from=plan.init, learned=learned)
+        init_from=plan.init, learned=learned, locate_lr=plan.locate_lr)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
@@ -109,7 +109,7 @@ def _join(plan: SearchPlan, handle: StorageHandle) -> optuna.Study:
         raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
                          f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
     stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
-              "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint}
+              "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint, "locate_lr": record.locate_lr}
     mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in plan.given.items()
                 if v is not None and _plain(v) != stored[k]]
     if mismatch:
@@ -209,14 +209,23 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
     # embedded Ray: ship the tensors through the object store
     worker = WorkerSpec.of(corpus, plan.space.reference_chassis, plan.repeats, plan.init,
                            embed=launch.ray_address is None and not bundled_chars)
+    if plan.locate_lr:
+        worker = dataclasses.replace(worker, locate_lr=True)
     searcher = NpasSearcher(study, plan.space, dict(record.recipe), corpus.fingerprint, target,
                             on_progress=launch.on_progress, on_trial_done=launch.on_trial_done,
                             tokens_per_byte=eval_tokens_per_byte(corpus, recipe))
+    ladder = None
+    if plan.fidelity == "ladder":  # a wsd recipe: trials climb the rungs, paused and resumed (ladder_run)
+        from npas.service.search.ladder_run import SearchLadder, rebuild
+
+        ladder = SearchLadder(plan.rungs, plan.space.objectives, launch.workers)
+        ladder.ladder = rebuild(study, plan.rungs, plan.space.objectives, ladder.ladder.eta)  # earlier drivers' rungs
+        searcher.ladder_objectives = list(plan.space.objectives)
     with faults.Heartbeat(study, searcher.live_trial_ids):
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=recipe.steps,
                               eval_every=recipe.eval_every, worker=worker, workers=launch.workers,
                               cpus_per_trial=cpus, gpus_per_trial=launch.gpus_per_trial,
-                              early_stop=plan.early_stop, max_retries=launch.max_retries)
+                              early_stop=plan.early_stop, max_retries=launch.max_retries, ladder=ladder)
     if not finished:
         numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
         raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "

@@ -169,9 +169,10 @@ def recover_once(study: optuna.Study) -> list[int]:
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it."""
+    """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it; a
+    ladder trial paused at a rung keeps the path of its checkpoint, so the re-run resumes from there."""
     attrs: dict[str, Any] = {TrialAttr.RETRY_OF: trial.number}
-    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED):
+    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT):
         if key in trial.user_attrs:
             attrs[key] = trial.user_attrs[key]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_TRIALS = 20  # a new study's target when `trials` is not given
 DEFAULT_SAMPLER, DEFAULT_SEED, DEFAULT_REPEATS = "tpe", 0, 1
 DEFAULT_TOKENIZER = "char"
+Fidelity = Literal["ladder", "asha", "none"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class SearchPlan:
     tokenizer: str = DEFAULT_TOKENIZER
     init: Mapping[str, str] | None = None
     data: str | None = None  # the --data given (a join or resume reads the study's corpus from it)
+    locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's first rung (located_rate)
     given: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -64,6 +66,22 @@ class SearchPlan:
     @property
     def early_stop(self) -> bool:
         return True if self.launch.early_stop is None else self.launch.early_stop
+
+    @property
+    def fidelity(self) -> Fidelity:
+        """The search's multi-fidelity mechanism, the one field the runner reads: ``"ladder"`` (a
+        ``wsd`` recipe: trials pause at the recipe's rungs and the promoted resume from their
+        checkpoint, ``npas.service.search.ladder_scheduler``), ``"asha"`` (a ``cosine`` recipe cannot
+        fork, so it keeps ASHA on its evaluations, as before the ladder) or ``"none"``
+        (``--no-early-stop``: every trial trains to the recipe's steps)."""
+        if not self.early_stop:
+            return "none"
+        return "ladder" if self.recipe.schedule == "wsd" else "asha"
+
+    @property
+    def rungs(self) -> tuple[int, ...]:
+        """The ladder's rungs (``Recipe.fork_rungs``); empty unless ``fidelity == "ladder"``."""
+        return self.recipe.fork_rungs() if self.fidelity == "ladder" else ()
 
     @property
     def target(self) -> int:
@@ -98,7 +116,7 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
                 sampler: str | None = None, seed: int | None = None, launch: Launch | None = None,
                 repeats: int | None = None, init_from: str | None = None, tokenizer: str | None = None,
                 data_glob: str | None = None, text_field: str | None = None, budget_scope: str | None = None,
-                corpus: Corpus | None = None) -> SearchPlan:
+                corpus: Corpus | None = None, locate_lr: bool | None = None) -> SearchPlan:
     """The checked plan of a new (or joined) study on `space`; each check runs here, once.
 
     Options left as None take the study's stored value when joining, and the defaults above when
@@ -113,6 +131,11 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
         raise StudyError(f"{problem}; pass another study name")
     launch = check_launch(trials, launch or Launch(), storage, repeats)
     rec = load_recipe(recipe or space.recipe)
+    if locate_lr and not (rec.schedule == "wsd" and launch.early_stop is not False):
+        why = "--no-early-stop trains every trial to T" if rec.schedule == "wsd" else \
+            f"recipe {rec.name!r} has schedule {rec.schedule!r}"
+        raise StudyError(f"--locate-lr chooses each trial's rate at the promotion ladder's first rung, but {why}; "
+                         "use a recipe with schedule: wsd and early stopping, or drop --locate-lr")
     glob, text = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
     source = data or rec.data
     if corpus is None and not is_bundled(source):
@@ -138,13 +161,13 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
 
         init = describe_source(init_from, space.reference_chassis, corpus)
     given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
-             "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None}
+             "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None, "locate_lr": locate_lr}
     return SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
                       launch=launch, storage=storage, trials=trials, sampler=sampler or DEFAULT_SAMPLER,
                       seed=DEFAULT_SEED if seed is None else seed,
                       repeats=DEFAULT_REPEATS if repeats is None else repeats,
                       tokenizer=str(tokenizer or DEFAULT_TOKENIZER), init=init, data=data,
-                      given=MappingProxyType(given))
+                      given=MappingProxyType(given), locate_lr=bool(locate_lr))
 
 
 def check_space_change(name: str, record: StudyRecord, space_text: str | None,
@@ -230,7 +253,7 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     return SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=name, launch=launch, storage=storage,
                       trials=trials, sampler=record.sampler, seed=record.seed, repeats=record.repeats,
                       tokenizer=str(record.tokenizer), init=init,
-                      data=data)
+                      data=data, locate_lr=record.locate_lr)
 
 
 def _with_early_stop(launch: Launch, early_stop: bool) -> Launch:

@@ -94,6 +94,13 @@ class TrialRecorder:
             proxy, rungs = rung_attrs(proxy)  # and a wsd run's finished loss at every rung
             for attr, value in {**per_seed, **rungs}.items():
                 trial.set_user_attr(attr, value)
+            if proxy.get("steps_trained") is not None:  # wsd: top rung + forks, every seed's
+                trial.set_user_attr(TrialAttr.TRAINED_STEPS, int(proxy["steps_trained"]))
+            for attr in (TrialAttr.LR_FACTOR, TrialAttr.LR_GRID_STEPS):  # --locate-lr: the factor and its cost
+                if proxy.get(attr) is not None:
+                    trial.set_user_attr(attr, proxy[attr])
+            if rungs.get(TrialAttr.RUNG_LOSSES):
+                trial.set_user_attr(TrialAttr.TOP_RUNG, max(int(t) for t in rungs[TrialAttr.RUNG_LOSSES]))
             trial.set_user_attr(TrialAttr.PROXY, proxy)
             trial.set_user_attr(TrialAttr.NODE, result.get("node"))
             if proxy.get("curve"):  # the worker's own record includes the last evaluation

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from npas.errors import RayError
 
 if TYPE_CHECKING:
+    from npas.service.search.ladder_run import SearchLadder
     from npas.service.search.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -309,13 +310,16 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 
 def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, worker: WorkerSpec,
                workers: int, cpus_per_trial: float, gpus_per_trial: float, early_stop: bool,
-               max_retries: int = 2) -> bool:
+               max_retries: int = 2, ladder: SearchLadder | None = None) -> bool:
     """Run Tune until the searcher finishes. Returns False if the run was interrupted: Tune ended
     before the searcher said FINISHED (a SIGINT between trials makes Tune return normally), or with
-    trials still live."""
+    trials still live. With ``ladder`` (``SearchPlan.fidelity == "ladder"``) the trials climb their
+    WSD rungs under it (``npas.service.search.climber``) instead of ASHA's stops on proxy runs."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+    from npas.service.search import climber
+    from npas.service.search.ladder_run import Checkpoints
     from npas.service.search.worker import trainable
 
     class _Errors(tune.Callback):
@@ -342,7 +346,8 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
 
     # max_t one past the last step: the last evaluation (at `steps`) must not end the trial before it
     # sends its final report with the proxy metrics
-    scheduler = (_ASHA(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps + 1,
+    scheduler = (ladder if ladder is not None else
+                 _ASHA(time_attr="step", metric="val_loss", mode="min", max_t=recipe_steps + 1,
                        grace_period=max(1, min(eval_every, recipe_steps)), reduction_factor=3)
                  if early_stop else FIFOScheduler())
     resources = {"cpu": cpus_per_trial, "gpu": gpus_per_trial}
@@ -353,13 +358,26 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     runs = (RUNS_DIR / "ray").resolve()
     runs.mkdir(parents=True, exist_ok=True)
+    callbacks: list = [_Errors()]
+    checkpoints = None
+    if ladder is not None:
+        # paused trials count against max_concurrent_trials: the ladder caps *running* trials itself
+        ladder.max_running = workers
+        searcher.admits = ladder.admits
+        callbacks.append(Checkpoints(searcher))
+        checkpoints = tune.CheckpointConfig(num_to_keep=1)  # a trial resumes from its last rung only
+        # a checkpoint at every rung is the point: Tune's warning about frequent syncs does not apply
+        os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    name = f"{study_name}-{int(time.time())}"
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(trainable, spec=worker), resources),
+        tune.with_resources(tune.with_parameters(climber.trainable if ladder is not None else trainable,
+                                                 spec=worker), resources),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
-                                    max_concurrent_trials=workers, reuse_actors=True),
-        run_config=tune.RunConfig(name=f"{study_name}-{int(time.time())}", storage_path=str(runs), verbose=0,
+                                    max_concurrent_trials=None if ladder is not None else workers,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(name=name, storage_path=str(runs), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=max_retries),
-                                  callbacks=[_Errors()]),
+                                  callbacks=callbacks, checkpoint_config=checkpoints),
     )
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     # Tune's own "resume with Tuner.restore(...)" advice does not apply: `npas resume` restores from the study
@@ -372,6 +390,11 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
             tuner.fit()
     except KeyboardInterrupt:
         interrupted = True
+    if ladder is not None:  # keep only the checkpoints a re-enqueued trial will resume from
+        from npas.service.search.ladder_run import pending_checkpoints, sweep
+
+        mine = [d for d in runs.glob(f"{study_name}-*") if d.name[len(study_name) + 1:].isdigit()]  # this study's runs
+        sweep(mine, searcher.recorded_checkpoints() | pending_checkpoints(searcher.study))
     return not interrupted and searcher.finished and not searcher.has_live
 
 

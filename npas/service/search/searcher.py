@@ -28,6 +28,7 @@ from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
 from npas.service.study import optuna_adapter as adapter  # noqa: E402
+from npas.service.study.record import TrialAttr  # noqa: E402
 from npas.service.study.tally import StudyTally  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ class NpasSearcher(Searcher):
         self._retries: dict[str, int] = {}
         self._skipped = 0
         self._lock = threading.Lock()
+        # the ladder (SearchPlan.fidelity == "ladder"): the objectives its trials report at every rung, and
+        # each live trial's last rung result -- a trial stopped while paused is told with it (Tune hands
+        # the searcher no result for a trial it stops in PAUSED)
+        self.ladder_objectives: list[str] | None = None
+        self.admits: Callable[[set[str]], bool] | None = None  # the ladder's cap on running trials
+        self._last: dict[str, dict] = {}
+        self._checkpointed: dict[str, str] = {}  # live trial -> the checkpoint path recorded on it
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
     def record_error(self, trial_id: str, message: str) -> None:
@@ -69,6 +77,19 @@ class NpasSearcher(Searcher):
     def record_retry(self, trial_id: str) -> None:
         """Tune restarted the trial after its worker or node died (FailureConfig)."""
         self._retries[trial_id] = self._retries.get(trial_id, 0) + 1
+
+    def record_checkpoint(self, trial_id: str, path: str) -> None:
+        """A live trial's last climb checkpoint, kept on its Optuna trial: a driver stopped while the trial
+        is paused re-enqueues it with this path, and the next driver resumes it from there."""
+        with self._lock:
+            trial = self._live.get(trial_id)
+        if trial is not None:
+            trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, path)
+            self._checkpointed[trial_id] = path
+
+    def recorded_checkpoints(self) -> set[str]:
+        """The checkpoint paths recorded on live trials (those a re-enqueued trial resumes from)."""
+        return set(self._checkpointed.values())
 
     def live_trial_ids(self) -> list[int]:
         """Storage ids of the trials running for this driver (what the heartbeat beats for)."""
@@ -103,6 +124,11 @@ class NpasSearcher(Searcher):
 
     # ---- Searcher protocol ---------------------------------------------------------------------
     def suggest(self, trial_id: str) -> dict | None:
+        if self.admits is not None and not self.finished:
+            with self._lock:
+                live = set(self._live)
+            if not self.admits(live):
+                return None  # every worker is taken (paused trials hold none): Tune asks again later
         config = self._suggest(trial_id)
         if config is Searcher.FINISHED:
             self.finished = True
@@ -153,6 +179,10 @@ class NpasSearcher(Searcher):
             return None
         self._skipped = 0
         self.recorder.accounting[trial.number] = prepared.accounting
+        if self.ladder_objectives is not None:  # what the ladder ranks on beside the rung loss
+            from npas.service.search.ladder_run import objective_config
+
+            prepared.config["ladder_objectives"] = objective_config(self.ladder_objectives, prepared.accounting)
         return prepared.config
 
     def _twin(self, key: str, number: int) -> int | None:
@@ -164,12 +194,20 @@ class NpasSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if not result.get("final") and math.isfinite(result.get("val_loss", math.inf)):
             self._curves.setdefault(trial_id, []).append([int(result["step"]), float(result["val_loss"])])
+        if "rung" in result and "proxy" in result:  # a ladder trial's record at the rung it reached
+            self._last[trial_id] = result
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         with self._lock:
             trial = self._live.pop(trial_id, None)
+        last = self._last.pop(trial_id, None)
         if trial is None:
             return
+        if not error and not result:  # stopped while paused at a rung: its result is that rung's report
+            result = last
+        if trial_id in self._checkpointed:  # removed as the trial stops: nothing left to resume from
+            del self._checkpointed[trial_id]
+            trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, None)
         self.progress.running -= 1
         self.recorder.curve(trial, self._curves.pop(trial_id, []), self._retries.pop(trial_id, None))
         if error or not result:

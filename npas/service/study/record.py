@@ -47,6 +47,7 @@ class StudyAttr(StrEnum):
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
     # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
+    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's first rung (issue #35)
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -95,8 +96,11 @@ class TrialAttr(StrEnum):
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
-    LR_FACTOR = "lr_factor"  # the located factor x the recipe's fair rate (issue #35); absent on old studies = 1.0
-    LR_GRID_STEPS = "lr_grid_steps"  # steps of the rate grid's runs that were not kept (apart from trained steps)
+    TRAINED_STEPS = "trained_steps"  # wsd: optimizer steps actually run, all seeds (top rung + forks, each)
+    TOP_RUNG = "top_rung"  # the ladder: the highest rung the trial reached (== fidelity)
+    LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
+    LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
+    LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rung-1 grid runs not kept (apart from trained_steps)
 
 
 class Constraint(StrEnum):
@@ -142,6 +146,7 @@ class StudyRecord:
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
     init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
     learned: dict | None = None  # learned groups' source and layer similarity; None: the space learns no groups
+    locate_lr: bool = False  # each trial's rate located at the first rung; studies before it ran at the fair rate
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
@@ -154,7 +159,9 @@ class StudyRecord:
              "overrides": StudyAttr.OVERRIDES, "data_split": StudyAttr.SPLIT, "repeats": StudyAttr.REPEATS,
              "tokenizer": StudyAttr.TOKENIZER, "tokenizer_json": StudyAttr.TOKENIZER_JSON,
              "tokenizer_fingerprint": StudyAttr.TOKENIZER_FP, "data_glob": StudyAttr.DATA_GLOB,
-             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED}
+             "text_field": StudyAttr.TEXT_FIELD, "init_from": StudyAttr.INIT_FROM, "learned": StudyAttr.LEARNED,
+             "locate_lr": StudyAttr.LOCATE_LR}
+    _OMITTED_AT_DEFAULT = frozenset({"locate_lr"})
 
     def to_attrs(self) -> dict[str, Any]:
         """Plain JSON-able values keyed by their stored names (the ready marker is separate: it is
@@ -162,6 +169,8 @@ class StudyRecord:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in self._OMITTED_AT_DEFAULT and value == f.default:
+                continue  # a study that does not use it is stored as before it existed
             if isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):

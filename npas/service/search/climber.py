@@ -1,0 +1,197 @@
+"""The trainable of a search under the promotion ladder: a trial climbs its WSD run rung by rung.
+
+A ``wsd`` recipe's search (``SearchPlan.fidelity == "ladder"``) runs this instead of
+``npas.service.search.worker.trainable``. A trial starts a ``Climb`` per seed (``--repeats R``: the
+seeds climb together), or restores them from ``tune.get_checkpoint()`` when the ladder resumes it
+after a pause. At each rung it steps every seed's climb up, and reports the seed mean with a
+checkpoint of all the climbs (Tune's checkpoint mechanism: storage under the run's storage path).
+``LadderScheduler`` then lets it go on, pauses it (Tune keeps that checkpoint and frees the worker)
+or, once nothing can promote it any more, stops it.
+
+Every rung's report carries a whole proxy record (``"proxy"``, the JSON the searcher decodes): a trial
+stopped while paused is told with its last rung's record, as one that reached the top is with its
+final one. Its ``rung_losses`` are the seed means at each rung passed, its ``steps_trained`` the
+optimizer steps of all seeds' climbs (top rung + forks, each: no step twice), ``steps_done`` the
+rung (the trial's fidelity).
+
+A trial re-enqueued after its driver stopped (``npas resume``) carries the path of its last
+checkpoint (``TrialAttr.LADDER_CHECKPOINT``, copied by ``faults.requeue``) in ``config["resume_from"]``:
+it restores the climbs from there, reports the rung it had reached without training (the new driver's
+ladder decides it again) and removes the old checkpoint once Tune holds the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from npas.service.search.worker import WorkerSpec
+    from npas.training.climb import Climb
+
+META = "ladder.json"  # beside the seeds' checkpoints: what the trial spent so far (wall time)
+OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
+
+
+def seed_dir(root: str | Path, i: int) -> Path:
+    return Path(root) / f"seed-{i}"
+
+
+def is_checkpoint(root: str | Path, repeats: int) -> bool:
+    """Whether ``root`` holds a whole climb checkpoint of ``repeats`` seeds (every save finished)."""
+    from npas.training.checkpoint import STATE
+
+    return (Path(root) / META).is_file() and all((seed_dir(root, i) / STATE).is_file() for i in range(repeats))
+
+
+def save_climbs(climbs: list[Climb], root: str | Path, meta: dict[str, Any]) -> None:
+    from npas.training import checkpoint
+
+    for i, c in enumerate(climbs):
+        checkpoint.save(c, seed_dir(root, i))
+    (Path(root) / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")  # last: marks a whole save
+
+
+def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict]:
+    from npas.training import checkpoint
+
+    climbs = [checkpoint.load(seed_dir(root, i), cfg, corpus, reference=spec.reference) for i in range(repeats)]
+    return climbs, json.loads((Path(root) / META).read_text(encoding="utf-8"))
+
+
+def seed_record(c: Climb, cfg: Any, corpus: Any, wall_s: float, train_s: float) -> dict[str, Any]:
+    """One seed's proxy record at the rung its climb reached: what ``forks.train_model`` returns for a
+    WSD run stopped there (``ForkResult.to_dict``), from the climb's state."""
+    import torch
+
+    from npas.allocation.budget import count
+    from npas.training.proxy import _finite, eval_tokens_per_byte, to_bpb
+
+    recipe, tr = c.recipe, c.trainer
+    acc = count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
+    loss = c.rung_losses[c.top]
+    cuda = tr.device.type == "cuda"
+    return {
+        "status": "ok", "val_loss": _finite(loss), "val_bpc": _finite(loss / math.log(2)), "train_loss": None,
+        "steps_done": c.top, "stored_params": sum(p.numel() for p in tr.model.parameters()),
+        "param_bytes": acc.param_bytes,
+        "peak_memory_bytes": int(torch.cuda.max_memory_allocated(tr.device) if cuda else acc.train_memory_bytes),
+        "memory_source": "cuda_max_allocated" if cuda else "analytic", "rss_delta_bytes": 0,
+        "flops_per_token": acc.flops_per_token,
+        "tokens_per_s": c.trained_steps * recipe.tokens_per_step / max(1e-9, train_s),
+        "wall_s": wall_s, "curve": [[t, _finite(v)] for t, v in sorted(c.rung_losses.items())],
+        "failure_reason": None, "device": str(tr.device), "config_hash": getattr(cfg, "hash", ""),
+        "val_bpb": to_bpb(loss, eval_tokens_per_byte(corpus, recipe)), "train_bpb": None,
+        "rung_losses": {int(t): _finite(v) for t, v in c.rung_losses.items()},
+        "steps_trained": c.trained_steps,
+    }
+
+
+def trainable(config: dict, spec: WorkerSpec) -> None:
+    """One trial under the ladder: its seeds' climbs, one rung at a time; see the module docstring."""
+    import ray
+    from ray import tune
+
+    from npas.allocation.config import ArchConfig
+    from npas.service.search.outcome import combine_repeats, repeat_seeds
+    from npas.training import climb as climbing
+    from npas.training.recipe import Recipe
+
+    cfg = ArchConfig.from_dict(config["allocation"])
+    recipe = Recipe.from_dict(config["recipe"])
+    corpus = spec.load_corpus(recipe)
+    seeds = repeat_seeds(recipe.seed, spec.repeats)
+    node = ray.get_runtime_context().get_node_id()
+    objectives = {OBJECTIVE_PREFIX + k: float(v) for k, v in (config.get("ladder_objectives") or {}).items()}
+
+    def fail(reason: str, rung: int = 0) -> None:
+        tune.report({"val_loss": math.inf, "rung": rung, "step": rung, "final": True, "node": node, **objectives,
+                     "proxy": json.dumps({"status": "failed", "failure_reason": reason[:1500]})})
+
+    started = time.perf_counter()
+    ckpt, old = tune.get_checkpoint(), None
+    try:
+        if ckpt is not None:
+            with ckpt.as_directory() as d:
+                climbs, meta = load_climbs(d, cfg, corpus, spec, len(seeds))
+        elif config.get("resume_from") and is_checkpoint(config["resume_from"], len(seeds)):
+            old = Path(config["resume_from"])
+            climbs, meta = load_climbs(old, cfg, corpus, spec, len(seeds))
+        else:
+            init_state = None
+            if spec.init_from:  # every seed starts from the trained model, converted
+                from npas.conversion.init_from import initial_state
+
+                init_state = initial_state(spec.init_from, cfg, recipe.seed, corpus, recipe.seq_len)
+            climbs, meta = [], {"wall_s": 0.0, "train_s": 0.0}
+            factor = 1.0
+            if spec.locate_lr:  # the first seed's grid at rung 1; its best run is the trial's own climb
+                from npas.training.located_rate import locate
+
+                first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state)
+                climbs.append(first)
+                factor, meta["located"] = located.factor, located.to_dict()
+            for seed in seeds[len(climbs):]:  # the other seeds climb at the factor the first located
+                r = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
+                climbs.append(climbing.start(cfg, r, corpus, reference=spec.reference, init_state=init_state,
+                                             lr_factor=factor))
+    except Exception as e:  # raised by the set-up itself: it would raise again on every retry
+        return fail(f"starting the climb raised {type(e).__name__}: {' '.join(str(e).split())}")
+    meta["wall_s"] += time.perf_counter() - started
+    if climbs[0].top:  # restored at a rung: kept in the record, the proof that it resumed there
+        meta["resumed_at"] = [*meta.get("resumed_at", []), climbs[0].top]
+
+    def report(with_checkpoint: bool) -> None:
+        t = climbs[0].top
+        runs = [seed_record(c, cfg, corpus, meta["wall_s"] / len(climbs), meta["train_s"] / len(climbs))
+                for c in climbs]
+        proxy = combine_repeats(runs, seeds)
+        proxy["resumed_at"] = meta.get("resumed_at", [])  # rungs it was paused at and resumed from
+        if "located" in meta:  # --locate-lr: the factor, the grid's losses and the steps of its discarded runs
+            proxy.update(meta["located"])
+        losses = [c.rung_losses[t] for c in climbs]
+        row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
+               "trained_steps": sum(c.trained_steps for c in climbs), **objectives, "proxy": json.dumps(proxy)}
+        if len(losses) > 1:  # the seed mean's standard error: the ladder's noise at this trial's boundary
+            row["loss_std"] = statistics.stdev(losses) / math.sqrt(len(losses))
+        if not with_checkpoint:
+            tune.report(row)
+            return
+        with tempfile.TemporaryDirectory(prefix="npas-climb-") as d:
+            save_climbs(climbs, d, meta)
+            tune.report(row, checkpoint=tune.Checkpoint.from_directory(d))
+
+    if old is not None and climbs[0].top:  # re-enqueued: decide the rung reached again, train nothing
+        report(with_checkpoint=climbs[0].next_rung is not None)
+        shutil.rmtree(old, ignore_errors=True)  # Tune holds the trial's state now
+    elif "located" in meta and ckpt is None and old is None:  # the grid left the first seed at rung 1
+        t0 = time.perf_counter()
+        for c in climbs[1:]:
+            c.step_up()
+        failed = next((i for i, c in enumerate(climbs) if c.failed is not None), None)
+        if failed is not None:
+            return fail(f"at the located rate x{climbs[0].lr_factor:g}: {climbs[failed].failed}", climbs[0].top)
+        meta["wall_s"] += time.perf_counter() - t0
+        meta["train_s"] += time.perf_counter() - t0
+        report(with_checkpoint=climbs[0].next_rung is not None)
+    while climbs[0].next_rung is not None:
+        t0 = time.perf_counter()
+        try:
+            for i, c in enumerate(climbs):
+                c.step_up()
+                if c.failed is not None:
+                    which = f"seed {seeds[i]} (repeat {i + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
+                    return fail(which + c.failed, c.top)
+        except Exception as e:
+            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top)
+        spent = time.perf_counter() - t0
+        meta["wall_s"] += spent
+        meta["train_s"] += spent
+        report(with_checkpoint=climbs[0].next_rung is not None)  # the top rung ends the trial: nothing to keep
+    return None

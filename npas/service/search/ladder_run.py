@@ -1,0 +1,210 @@
+"""The promotion ladder inside `npas search`: its scheduler, its checkpoints and what a study tells it.
+
+``SearchPlan.fidelity == "ladder"`` (a ``wsd`` recipe, early stopping on) makes the runner use these:
+
+- ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.search.climber``),
+  ranking on the rung loss and the study's other objectives, with two search rules on top. The
+  enqueued baselines are never paused (they run to the top, as under ASHA, so every front shows what
+  hand-made sharing gives; their results still fill the rungs). And at most ``workers`` trials *run*:
+  Tune counts paused trials against ``max_concurrent_trials``, so a search that capped live trials
+  there would let paused trials starve the upper rungs. The runner sets no ``max_concurrent_trials``;
+  the cap is applied to running trials only, where new trials are created (the searcher asks
+  ``admits``: Tune starts every pending trial its resources allow) and where paused ones resume
+  (``choose_trial_to_run``), promoted trials first.
+- ``Checkpoints``: a Tune callback that records each trial's last climb checkpoint on its Optuna trial
+  (``TrialAttr.LADDER_CHECKPOINT``: a driver stopped while the trial is paused re-enqueues it with that
+  path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
+  finished or stopped below the top rung.
+- ``rebuild``: the ladder of the study's trials already told (a resumed driver's rungs start where the
+  stopped driver's were, so a resumed paused trial is ranked against every earlier result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
+
+from npas.allocation.space import LOSS_OBJECTIVES
+from npas.service.search.climber import OBJECTIVE_PREFIX
+from npas.service.search.ladder import DEFAULT_ETA, MIN_TAU_PAIRS, Ladder, RungAgreement, agreement
+from npas.service.search.ladder_scheduler import LadderScheduler
+from npas.service.search.outcome import objective_values
+from npas.service.study.record import TrialAttr
+
+if TYPE_CHECKING:
+    from npas.service.search.searcher import NpasSearcher
+
+log = logging.getLogger(__name__)
+
+
+def ranked_objectives(objectives: Sequence[str]) -> list[str]:
+    """The study's objectives the ladder ranks on beside the rung loss: all but the losses (every loss
+    objective is the rung loss in another unit)."""
+    return [o for o in objectives if o not in LOSS_OBJECTIVES]
+
+
+def objective_config(objectives: Sequence[str], accounting: dict[str, Any]) -> dict[str, float]:
+    """The other objectives' values a trial reports at every rung, from its accounting (known before it
+    trains: sizes, and memory's analytic stand-in); those with no value there are left out."""
+    out = {}
+    for o in ranked_objectives(objectives):
+        with contextlib.suppress(KeyError):
+            out[o] = objective_values([o], accounting, None, 0.0)[0]
+    return out
+
+
+class SearchLadder(LadderScheduler):
+    """``LadderScheduler`` with the search's two rules (see the module docstring)."""
+
+    def __init__(self, rungs: Sequence[int], objectives: Sequence[str], max_running: int,
+                 eta: int = DEFAULT_ETA) -> None:
+        super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", std_attr="loss_std",
+                         objectives=[(OBJECTIVE_PREFIX + o, "min") for o in ranked_objectives(objectives)])
+        self.max_running = max_running
+        self.paused: set[str] = set()  # trials paused at a rung, waiting for a promotion or a stop
+
+    def admits(self, live: set[str]) -> bool:
+        """Whether the searcher may start a new trial now: fewer than ``max_running`` of its live trials
+        run (paused ones hold no worker), and no promoted trial waits for a worker (promotions first).
+        Tune starts every pending trial its resources allow, whatever the scheduler says, so the
+        cap on running trials is applied where trials are created."""
+        if any(t in self.paused for t in self.to_resume):
+            return False
+        return len(live - self.paused) < self.max_running
+
+    def _result(self, trial_id: str, result: dict):
+        # an objective its accounting could not give ranks the trial last on it, never a KeyError mid-search
+        return super()._result(trial_id, {k: math.inf for k, _ in self.objectives} | result)
+
+    def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        if result.get(self.time_attr) in self.ladder.rungs:  # the noise of a boundary, from every pair so far
+            self.ladder.update_noise()
+        action = super().on_trial_result(tune_controller, trial, result)
+        if trial.config.get("baseline"):
+            return TrialScheduler.CONTINUE
+        if action == TrialScheduler.PAUSE:
+            self.paused.add(trial.trial_id)
+        return action
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        if sum(t.status in (Trial.RUNNING, Trial.PENDING) for t in tune_controller.get_trials()) >= self.max_running:
+            return None  # every worker is taken: a promoted trial resumes when one is free
+        trial = super().choose_trial_to_run(tune_controller)
+        if trial is not None:
+            self.paused.discard(trial.trial_id)
+        return trial
+
+    def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller: Any, trial: Trial) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_remove(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
+        self.paused.discard(trial.trial_id)
+        super().on_trial_error(tune_controller, trial)
+
+    def agreement(self) -> list[RungAgreement]:
+        """The rung-to-rung certificate of every rung below the top (``ladder.agreement``)."""
+        return [a for r in self.ladder.rungs if (a := agreement(self.ladder, r)) is not None]
+
+
+def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA) -> Ladder:
+    """The ladder of the study's told trials (COMPLETE, with rung losses), keyed ``"study:<number>"``:
+    what a resumed or joining driver's scheduler starts from."""
+    names = list(objectives)
+    others = [names.index(o) for o in ranked_objectives(names)]
+    losses, objs = {}, {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        rung = t.user_attrs.get(TrialAttr.RUNG_LOSSES)
+        if not rung or t.values is None:
+            continue
+        key = f"study:{t.number}"
+        losses[key] = {int(k): float("nan") if v is None else float(v) for k, v in rung.items()}
+        objs[key] = tuple(float(t.values[i]) for i in others)
+    return Ladder.rebuild(rungs, losses, eta, objectives=objs)
+
+
+def rung_summary(ladder: Ladder) -> str:
+    """One line for the end of a search: each rung's trials and promotions, and the rung-to-rung
+    Kendall tau among the promoted (``ladder.agreement``; shown from ``MIN_TAU_PAIRS`` pairs on)."""
+    parts = []
+    for r in ladder.rungs:
+        a = agreement(ladder, r)
+        n = len(ladder.results.get(r, []))
+        if a is None:
+            parts.append(f"{r}: {n} trials")
+            continue
+        if a.tau is None or a.tau.value is None:
+            tau = f"tau shown from {MIN_TAU_PAIRS} pairs"
+        elif a.tau.low is None or a.tau.high is None:
+            tau = f"tau {a.tau.value:+.2f}"
+        else:
+            tau = f"tau {a.tau.value:+.2f} [{a.tau.low:+.2f}, {a.tau.high:+.2f}]"
+        parts.append(f"{r}: {n} trials, {a.n} promoted ({tau} to {a.next_rung}, {a.flips}/{a.pairs} pairs flipped)")
+    return "ladder rungs " + "; ".join(parts)
+
+
+class Checkpoints(tune.Callback):
+    """Records each trial's last checkpoint on its Optuna trial; removes a trial's checkpoints when it stops."""
+
+    def __init__(self, searcher: NpasSearcher) -> None:
+        self.searcher = searcher
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Trial, checkpoint: Any, **info: Any) -> None:
+        from pyarrow.fs import LocalFileSystem
+
+        if isinstance(checkpoint.filesystem, LocalFileSystem):  # a path every later driver here can read
+            self.searcher.record_checkpoint(trial.trial_id, checkpoint.path)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        remove_checkpoints(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        remove_checkpoints(trial)
+
+
+def remove_checkpoints(trial: Trial) -> None:
+    """Delete every checkpoint a trial left in the run's storage (local path or Ray's storage URI)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    try:
+        fs, root = trial.storage.storage_filesystem, trial.storage.trial_fs_path
+        for info in fs.get_file_info(FileSelector(root, allow_not_found=True)):
+            if info.type == FileType.Directory and info.base_name.startswith("checkpoint_"):
+                fs.delete_dir(info.path)
+    except Exception as e:  # scratch space: a failed clean-up must not fail the search
+        log.warning("could not remove the checkpoints of trial %s: %s", trial.trial_id, e)
+
+
+def pending_checkpoints(study: optuna.Study) -> set[str]:
+    """The checkpoints the study's live or re-enqueued trials (RUNNING, WAITING) may still resume from,
+    whichever driver recorded them."""
+    states = (TrialState.RUNNING, TrialState.WAITING)
+    return {p for t in study.get_trials(deepcopy=False, states=states)
+            if (p := t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT))}
+
+
+def sweep(experiments: Iterable[Path], keep: set[str]) -> None:
+    """Remove the checkpoints this study's runs left in their (local) experiment directories, except
+    those a trial may still resume from (``keep``): a trial that reported a rung just as its driver was
+    stopped or killed has a checkpoint no study record points to, and nothing would resume from it."""
+    import shutil
+
+    kept = {str(Path(p).resolve()) for p in keep}
+    for experiment in experiments:
+        for d in experiment.glob("*/checkpoint_*"):
+            if d.is_dir() and str(d.resolve()) not in kept:
+                shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""`npas search --locate-lr` (issue #35 item 1) under the promotion ladder: each trial's rate is chosen at
+the first rung from a x2 grid around its fair rate, and the winning run climbs on."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.trial import TrialState
+
+import npas
+from npas.errors import StudyError
+from npas.service.search import runner
+from npas.service.search.driver import search
+from npas.service.search.launch import Launch
+from npas.service.search.plan import plan_search
+from npas.service.study.record import TrialAttr
+from npas.service.study.studies import read_record
+from tests.service.test_ladder_search import FAST, TINY, wsd_recipe
+
+
+def test_locate_lr_needs_the_ladder_and_says_so_in_one_line(tmp_path):
+    space = npas.load_space(TINY)
+    with pytest.raises(StudyError, match="--locate-lr .*schedule 'cosine'") as err:
+        plan_search(space, study="c", recipe=str(FAST), locate_lr=True)
+    assert "\n" not in str(err.value)
+    with pytest.raises(StudyError, match="--no-early-stop"):
+        plan_search(space, study="n", recipe=wsd_recipe(tmp_path), locate_lr=True, launch=Launch(early_stop=False))
+    assert plan_search(space, study="w", recipe=wsd_recipe(tmp_path), locate_lr=True).locate_lr
+    assert not plan_search(space, study="w", recipe=wsd_recipe(tmp_path)).locate_lr  # off by default
+
+
+def test_the_cli_refuses_locate_lr_on_a_cosine_recipe_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    from npas.presentation.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["search", str(TINY), "--recipe", str(FAST), "--locate-lr", "--storage", f"sqlite:///{tmp_path}/x.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--locate-lr" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.slow
+def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_local, tmp_path):
+    from npas.allocation.config import ArchConfig
+    from npas.training import climb
+    from npas.training.located_rate import DEFAULT_GRID
+
+    saved = runner.RUNS_DIR
+    runner.RUNS_DIR = tmp_path / "runs"
+    try:
+        plan = plan_search(npas.load_space(TINY), trials=4, study="loc", storage=f"sqlite:///{tmp_path}/l.db",
+                           recipe=wsd_recipe(tmp_path), sampler="random", seed=3, launch=Launch(workers=2),
+                           locate_lr=True)
+        study = search(plan)
+    finally:
+        runner.RUNS_DIR = saved
+    assert read_record(study).locate_lr is True  # a resume continues it located
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(told) == 4
+    for t in told:
+        proxy = t.user_attrs[TrialAttr.PROXY]
+        grid = {float(f): v for f, v in proxy["lr_grid"].items()}
+        assert set(DEFAULT_GRID) <= set(grid)
+        factor = t.user_attrs[TrialAttr.LR_FACTOR]
+        assert grid[factor] == min(v for v in grid.values() if v is not None)  # the best rung-10 loss wins
+        # every grid run trains to rung 10; all but the winner's are the grid's cost, apart from trained_steps
+        assert t.user_attrs[TrialAttr.LR_GRID_STEPS] == 10 * (len(grid) - 1)
+        assert t.user_attrs[TrialAttr.RUNG_LOSSES]["10"] == grid[factor]
+    t = told[-1]
+    factor = t.user_attrs[TrialAttr.LR_FACTOR]
+    c = climb.start(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), plan.recipe, plan.corpus, device="cpu",
+                    reference=plan.space.reference_chassis, lr_factor=factor)
+    c.climb(until=t.user_attrs[TrialAttr.FIDELITY])
+    assert {str(k): v for k, v in c.rung_losses.items()} == t.user_attrs[TrialAttr.RUNG_LOSSES]  # bitwise, climbed on
+    assert c.trained_steps == t.user_attrs[TrialAttr.TRAINED_STEPS]
+    edge = t.user_attrs[TrialAttr.PROXY]["lr_at_edge"]  # an optimum still at the grid's edge is flagged
+    assert edge == (factor in (min(grid), max(grid)))
+
+
+def test_a_study_without_locate_lr_reads_back_at_the_fair_rate():
+    from npas.service.study.record import StudyRecord
+    from tests.service.test_record import OLD_ATTRS, RECORD
+
+    assert StudyRecord.from_attrs(OLD_ATTRS).locate_lr is False  # an old study resumes as it ran
+    assert StudyRecord.from_attrs(RECORD.to_attrs()).locate_lr is False
+    on = StudyRecord.from_attrs({**RECORD.to_attrs(), "locate_lr": True})
+    assert on.locate_lr is True and on.to_attrs()["locate_lr"] is True
