@@ -25,6 +25,17 @@ from torch import Tensor, nn
 
 from npas.allocation.config import ExpertPool
 
+
+class PerForward(list):
+    """State of the last forward pass (routing statistics, the balance loss), still attached to its
+    autograd graph. A copy of the model -- a cooldown fork (``npas.training.forks``) deep-copies the
+    model between steps -- starts without it: the next forward rebuilds it, and a graph-attached
+    tensor cannot be deep-copied at all (torch refuses non-leaf tensors), which made every WSD run of
+    an allocation with expert pools fail at its first fork."""
+
+    def __deepcopy__(self, memo: dict) -> PerForward:
+        return type(self)()
+
 # device type -> whether F.grouped_mm ran there; set on first use, a failure falls back to the loop
 GROUPED_MM: dict[str, bool] = {}
 
@@ -88,14 +99,14 @@ class ExpertPools(nn.Module):
         # a router per layer, or one per pool that every layer of the pool reads
         self.routers = nn.ParameterList(nn.Parameter(torch.empty(rows, d_model).normal_(0.0, std))
                                         for rows in spec.router_rows())
-        self._stats: list[list[Tensor]] = []
+        self._stats: list[list[Tensor]] = PerForward()
 
     def router_of(self, layer: int) -> Tensor:
         return self.routers[self.pool_of_layer[layer] if self.spec.router == "shared" else layer]
 
     def reset(self) -> None:
         """Start a forward pass: clear each pool's routing statistics."""
-        self._stats = [[] for _ in self.pools]
+        self._stats = PerForward([] for _ in self.pools)
 
     def forward(self, x: Tensor, layer: int) -> Tensor:
         """The mixture's output for x (B, T, d), already normed, at depth `layer`."""

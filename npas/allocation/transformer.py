@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from npas.allocation.atoms import AtomDictionary
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, Chassis, block_slots
-from npas.allocation.experts import ExpertPools
+from npas.allocation.experts import ExpertPools, PerForward
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
 
@@ -295,7 +295,7 @@ class TransformerLM(nn.Module):
         self.kv_source = list(cfg.kv_source)
         self.experts = None if cfg.experts is None else ExpertPools(
             cfg.experts, c.d_model, c.activation == "swiglu", INIT_STD, resid_std)
-        self.aux_loss: Tensor = torch.zeros(())  # weighted expert balance loss of the last forward
+        self._last = PerForward([torch.zeros(())])  # the weighted expert balance loss of the last forward
         self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
         self.ln_f = _norm(c)
         self._init_direct(resid_std)
@@ -374,13 +374,19 @@ class TransformerLM(nn.Module):
                 kv[i] = kv_i
         if self.experts is not None:
             # the training loop adds this to the LM loss (proxy._loop); evaluation reads the LM loss only
-            self.aux_loss = self.cfg.experts.balance_weight * self.experts.balance_loss()
+            self._last = PerForward([self.cfg.experts.balance_weight * self.experts.balance_loss()])
         head = self.wte.weight if getattr(self, "lm_head", None) is None else self.lm_head.weight
         logits = F.linear(self.ln_f(x), head)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @property
+    def aux_loss(self) -> Tensor:
+        """The weighted expert balance loss of the last forward (0 without experts, and in a copy made
+        since: ``experts.PerForward``); the training loop adds it to the LM loss."""
+        return self._last[0] if self._last else torch.zeros(())
 
     def num_params(self) -> int:
         """Stored parameters. Shared tensors count once because `.parameters()` de-duplicates them."""
