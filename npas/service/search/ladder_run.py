@@ -36,7 +36,7 @@ from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service.search.climber import OBJECTIVE_PREFIX
-from npas.service.search.ladder import DEFAULT_ETA, MIN_TAU_PAIRS, Ladder, RungAgreement, agreement
+from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.outcome import objective_values
 from npas.service.study.record import TrialAttr
@@ -138,22 +138,15 @@ def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str]
 
 
 def rung_summary(ladder: Ladder) -> str:
-    """One line for the end of a search: each rung's trials and promotions, and the rung-to-rung
-    Kendall tau among the promoted (``ladder.agreement``; shown from ``MIN_TAU_PAIRS`` pairs on)."""
+    """One line for the end of a search: each rung's trials and how many of them moved on. The
+    rung-to-rung agreement of the promoted (Kendall tau, flips) is printed beside it from the study
+    itself (``npas.service.study.rungs``), the same lines `npas front` shows."""
     parts = []
     for r in ladder.rungs:
-        a = agreement(ladder, r)
         n = len(ladder.results.get(r, []))
-        if a is None:
-            parts.append(f"{r}: {n} trials")
-            continue
-        if a.tau is None or a.tau.value is None:
-            tau = f"tau shown from {MIN_TAU_PAIRS} pairs"
-        elif a.tau.low is None or a.tau.high is None:
-            tau = f"tau {a.tau.value:+.2f}"
-        else:
-            tau = f"tau {a.tau.value:+.2f} [{a.tau.low:+.2f}, {a.tau.high:+.2f}]"
-        parts.append(f"{r}: {n} trials, {a.n} promoted ({tau} to {a.next_rung}, {a.flips}/{a.pairs} pairs flipped)")
+        up = ladder.next_rung(r)
+        moved = None if up is None else len(ladder.rung_pairs(r))  # those with a loss at the next rung too
+        parts.append(f"{r}: {n} trials" + ("" if moved is None else f", {moved} moved on"))
     return "ladder rungs " + "; ".join(parts)
 
 
