@@ -180,7 +180,7 @@ def plan(b: Bench) -> None:
 
 
 def report(b: Bench) -> dict[str, Any]:
-    from bench.proxy_fidelity_ladder import replay
+    from bench.proxy_fidelity_ladder import replay, rung_losses_of
     from bench.proxy_fidelity_report import _delta_target, _horizon_row
 
     T = b.wsd.steps
@@ -189,8 +189,9 @@ def report(b: Bench) -> dict[str, Any]:
     print(f"{'candidate':<14}{'grid (factor: rung-1 val loss)':<58}{'f':>6}{'hold f/2':>10}{'f':>9}{'2f':>9}  best")
     holds = {"best": 0, "near": 0, "n": 0, "edge": 0}
     fac: dict[str, float] = {}
+    grids = {c.name: b.grid(c) for c in b.cands}  # read from the cache once
     for i, c in enumerate(b.cands):
-        g = b.grid(c)
+        g = grids[c.name]
         nxt, f = located(c, g)
         cells = " ".join(f"{k:g}:{v:.3f}" for k, v in sorted(g.items()))
         if f is None:
@@ -230,11 +231,10 @@ def report(b: Bench) -> dict[str, Any]:
         rec = b.record(Job(c, "wsd", fac[c.name]))
         if rec is None or rec.get("status") != "ok":
             continue
-        got = {int(t): float(v) for t, v in (rec.get("rung_losses") or {}).items() if v is not None}
-        got.setdefault(T, float(rec["val_loss"]))
-        got[b.wsd.fork_rungs()[0]] = min(b.grid(c).values())  # rung 1 is the grid's best
+        got = rung_losses_of(rec, T)
+        got[b.wsd.fork_rungs()[0]] = min(grids[c.name].values())  # rung 1 is the grid's best
         losses[c.name] = got
-        grid_steps += (len(b.grid(c)) - 1) * b.wsd.fork_rungs()[0]
+        grid_steps += (len(grids[c.name]) - 1) * b.wsd.fork_rungs()[0]
     if len(losses) < 3:
         print("ladder with located rates: fewer than 3 candidates complete; nothing to replay")
         return {"hold": holds}
@@ -251,8 +251,7 @@ def report(b: Bench) -> dict[str, Any]:
         if c.name in losses:
             r0 = b.record(Job(c, "wsd", 1.0))
             if r0 is not None and r0.get("status") == "ok":
-                fair[c.name] = {int(t): float(v) for t, v in (r0.get("rung_losses") or {}).items() if v is not None}
-                fair[c.name].setdefault(T, float(r0["val_loss"]))
+                fair[c.name] = rung_losses_of(r0, T)
     delta = None
     if len(fair) == len(losses):
         frep = replay(order, fair, b.wsd, {c.name: c.flops for c in b.cands})

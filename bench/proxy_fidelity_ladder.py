@@ -56,6 +56,15 @@ class Replay:
         return sum(self.steps.values())
 
 
+def rung_losses_of(rec: dict | None, top: int) -> dict[int, float]:
+    """A cached WSD run's finished-at-t losses by rung: its recorded forks' losses, and its own end as the
+    top rung when the run finished (a run record may carry ``rung_losses`` without the top)."""
+    got = {int(t): float(v) for t, v in ((rec or {}).get("rung_losses") or {}).items() if v is not None}
+    if rec is not None and rec.get("status") == "ok" and top not in got and rec.get("val_loss") is not None:
+        got[top] = float(rec["val_loss"])
+    return got
+
+
 def segment_steps(recipe: Any, rungs: tuple[int, ...], i: int) -> int:
     """Optimizer steps from rung ``i - 1``'s pause point to rung ``i``'s score: the stable segment, plus
     the fork's decay below the top rung (the top rung decays the stable run itself)."""

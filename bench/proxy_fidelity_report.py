@@ -279,16 +279,13 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
     """The ladder row (issue #34 item 7), replayed from the WSD runs' rung losses over the candidates that
     have one (``bench/proxy_fidelity_ladder.py``), with its three targets: Delta tau (ladder - proxy)
     above 0, top-3 recall >= 2/3, compute <= 0.5 x N x T steps, forks counted."""
-    from bench.proxy_fidelity_ladder import WORKERS, replay
+    from bench.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of
 
     assert setup.wsd is not None
     rungs, T = setup.wsd.fork_rungs(), setup.wsd.steps
     losses: dict[str, dict[int, float]] = {}
     for c in cands:
-        r = res.get((c.config.hash, "wsd", setup.proxy.seed, DEFAULT_PAR))
-        got = {int(t): float(v) for t, v in ((r or {}).get("rung_losses") or {}).items() if v is not None}
-        if r is not None and r.get("status") == "ok" and T not in got and r.get("val_loss") is not None:
-            got[T] = float(r["val_loss"])  # the run's own end is the top rung
+        got = rung_losses_of(res.get((c.config.hash, "wsd", setup.proxy.seed, DEFAULT_PAR)), T)
         if all(t in got for t in rungs):
             losses[c.name] = got
     if len(losses) < 3:
