@@ -39,8 +39,14 @@ Two fingerprints, two tables. The exact probe (a hash of the bytes) is equal onl
 machine: other CPUs' kernels round differently (moving from an Intel to an AMD host on 2026-12-02
 re-keyed every cache). So each training also yields *values* (its losses and three positive moments
 of every tensor, float64), recorded beside the hash in ``<experiment>.values.json``; a probe whose
-hash is unknown still resolves to the version whose values it matches within ``RTOL`` (1e-5: the
-rounding of another thread count moves them by <1e-7, a changed rule by ~1e-3).
+hash is unknown still resolves to the version whose values it matches (``close``). Matching is
+outlier-tolerant, because Adam's first steps amplify rounding where a gradient is near zero (the
+update ``m/sqrt(v)`` flips sign): measured on proxy_fidelity's 4,732 values between an AMD EPYC and
+an Intel Xeon host, the median relative difference is 1.9e-8, the 99th percentile 1.9e-6, but 4 values
+move by 1.0e-5 to 4.1e-5. A changed rule moves most values: the first group's learning-rate
+multiplier times 1.001 puts 41% of them beyond 1e-5 and its largest at 2.2e-3. So values match when
+at most ``OUTLIER_FRACTION`` (1%) of them differ by more than ``RTOL`` (1e-5) and none by more than
+``RTOL_MAX`` (1e-3).
 
 What the probe cannot see (bump ``NUMERICS_EPOCH`` by hand, or do not record the new probe, when an
 edit does one of these):
@@ -89,9 +95,12 @@ K_STEPS = 2  # real training steps per probed allocation
 PROBE_SEED = 0  # init and batch order of every probe run, whatever seeds the experiment uses
 PROBE_BATCH = 4  # training windows per probe step (at most): the same code path as the recipe's batch, cheaper
 # Another machine's kernels round differently: its probe values differ from the recording machine's by
-# ~1e-7 relative after K_STEPS steps, while a numerics change (an init, an update rule, a schedule) moves
-# weights by the learning rate's order (~1e-3 of their scale) or losses by far more than this.
-RTOL = 1e-5
+# ~1e-8 relative (median) after K_STEPS steps, a few by up to ~4e-5 (Adam's sign flips where a gradient
+# is near zero), while a numerics change (an init, an update rule, a schedule) moves most values by far
+# more (module docstring: the measured figures).
+RTOL = 1e-5  # a value within this is equal
+OUTLIER_FRACTION = 0.01  # at most this share of values may lie beyond RTOL ...
+RTOL_MAX = 1e-3  # ... and none beyond this
 ATOL = 1e-9
 TABLES = ROOT / "bench" / "results" / "numerics"
 # Recipe fields when the probe was written: these are hashed as they are; a field added later is
@@ -259,17 +268,30 @@ def probe(runs: Iterable[Run]) -> str:
     return measure(runs)[0]
 
 
-def close(a: Any, b: Any, rtol: float | None = None) -> bool:
-    """Two probe values equal within ``RTOL`` (relative to the larger magnitude, with a floor of
-    ``ATOL``), same structure throughout."""
-    rtol = RTOL if rtol is None else rtol
+def _relative(a: Any, b: Any, out: list[float]) -> bool:
+    """Append the relative difference of every pair of numbers of `a` and `b` to `out` (relative to the
+    larger magnitude, with a floor of ``ATOL``); False when their structures or non-numbers differ."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(close(a[k], b[k], rtol) for k in a)
+        return a.keys() == b.keys() and all(_relative(a[k], b[k], out) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(close(x, y, rtol) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_relative(x, y, out) for x, y in zip(a, b, strict=True))
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(a - b) <= max(ATOL, rtol * max(abs(a), abs(b)))
+        d = abs(a - b)
+        out.append(0.0 if d <= ATOL else d / max(abs(a), abs(b)))
+        return True
     return a == b
+
+
+def close(a: Any, b: Any, rtol: float | None = None) -> bool:
+    """Two probes' values are one machine's rounding of the other's: the same structure, at most
+    ``OUTLIER_FRACTION`` of the numbers (rounded up) beyond ``rtol`` (default ``RTOL``) and none beyond
+    ``RTOL_MAX`` (module docstring: what another CPU and what a changed rule do to them)."""
+    rtol = RTOL if rtol is None else rtol
+    rel: list[float] = []
+    if not _relative(a, b, rel):
+        return False
+    beyond = sum(r > rtol for r in rel)
+    return beyond <= math.ceil(OUTLIER_FRACTION * len(rel)) and max(rel, default=0.0) <= RTOL_MAX
 
 
 # ------------------------------------------------------------------------------------------ table
