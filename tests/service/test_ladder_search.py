@@ -159,6 +159,26 @@ def test_a_ladder_search_promotes_resumes_bitwise_and_trains_no_step_twice(ladde
 
 
 @pytest.mark.slow
+def test_a_ladder_search_through_the_api_records_its_rung_agreement_on_the_study(ladder_search):
+    """`npas.search()` has no CLI hook: the searcher itself refreshes the certificate after every trial."""
+    from npas.service.study.rungs import RUNG_AGREEMENT_ATTR
+    from npas.service.study.studies import is_full_fidelity
+
+    study, plan, _ = ladder_search
+    stored = study.user_attrs[RUNG_AGREEMENT_ATTR]
+    assert stored["top"] == plan.recipe.steps and stored["trials"] == 12
+    assert stored["reached"] == sum(is_full_fidelity(t) for t in study.trials)
+    (low,) = stored["agreements"]
+    assert (low["rung"], low["next_rung"]) == (10, 40) and low["n"] == stored["reached"]
+    # every rung report was published as it happened, for other drivers (rung_exchange), promotions too
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert all(TrialAttr.LADDER in t.user_attrs for t in told)
+    for t in told:
+        if t.user_attrs[TrialAttr.FIDELITY] == plan.recipe.steps and not t.user_attrs.get(TrialAttr.BASELINE):
+            assert t.user_attrs[TrialAttr.LADDER]["promoted"] == [10]
+
+
+@pytest.mark.slow
 def test_the_front_of_a_ladder_search_holds_only_trials_that_reached_the_top_and_no_checkpoint_is_left(ladder_search):
     from npas.service.study.studies import front_frame, front_trials
 

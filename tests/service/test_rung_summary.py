@@ -73,17 +73,12 @@ def test_a_study_without_rung_losses_has_no_agreement_and_no_rate_column(smoke_s
     assert "6 of 6 trials reached T = 40 steps" in out and "rung " not in out.split("reached T")[1]
 
 
-def test_npas_search_refreshes_the_record_after_every_trial(tmp_path, smoke_study):
-    """`npas search`/`resume` hand the searcher an on-trial-done hook: it stores the rung summary on a
-    study with rungs and leaves a study without any (a cosine recipe) as it was."""
-    from npas.presentation.cli import build_parser
-    from npas.presentation.cli.search import _launch
-
-    args = build_parser().parse_args(["search", "tests/data/tiny.yaml", "--trials", "1"])
-    hook = _launch(args).on_trial_done
+def test_record_stores_the_summary_on_a_study_with_rungs_and_leaves_one_without_alone(tmp_path, smoke_study):
+    """The searcher of a ladder search calls `record` after every told trial (the API's searches too:
+    tests/service/test_ladder_search.py); a study without rungs (a cosine recipe) is left as it was."""
     url = f"sqlite:///{tmp_path}/npas.db"
     R.make(url)
-    hook(optuna.load_study(study_name="ladder", storage=url))
+    rungs.record(optuna.load_study(study_name="ladder", storage=url))
     assert optuna.load_study(study_name="ladder", storage=url).user_attrs[rungs.RUNG_AGREEMENT_ATTR]["reached"] == 4
     smoke = rungs.record(smoke_study[0])  # read-only in effect: nothing to certify, nothing written
     assert smoke.agreements == () and rungs.RUNG_AGREEMENT_ATTR not in smoke_study[0].user_attrs

@@ -122,18 +122,16 @@ def _report_dir(study, where: str) -> Path:
 
 
 def _report_writer(where: str | None):
-    """After every finished trial: the study's rung-to-rung agreement refreshed on its record
-    (`npas.service.study.rungs.record`), and the HTML report rewritten when --dashboard asks for one.
-    Imported when a trial is done, not here: this runs before Ray is started in the background."""
+    """After every finished trial, the HTML report rewritten when --dashboard asks for one (the
+    searcher has refreshed the study's rung-to-rung agreement by then). Imported when a trial is done,
+    not here: this runs before Ray is started in the background."""
+    if where is None:
+        return None
 
     def done(study) -> None:
-        from npas.service.study.rungs import record
+        from npas.presentation.dashboard import write_report
 
-        record(study)
-        if where is not None:
-            from npas.presentation.dashboard import write_report
-
-            write_report(study, _report_dir(study, where))
+        write_report(study, _report_dir(study, where))
 
     return done
 
@@ -152,7 +150,8 @@ def _progress_printer():
     def show(p) -> None:
         eta = p.eta()
         best = f"{p.best_loss:.4f}" if math.isfinite(p.best_loss) else "-"
-        line = (f"[npas] {p.study_counted}/{p.target} trials | done {p.done} running {p.running} "
+        paused = f" paused {p.paused}" if p.paused else ""  # the ladder: waiting at a rung, holding no worker
+        line = (f"[npas] {p.study_counted}/{p.target} trials | done {p.done} running {p.running - p.paused}{paused} "
                 f"stopped {p.stopped} failed {p.failed} infeasible {p.infeasible} | best loss {best} | "
                 f"front {p.front_size} | {p.elapsed:.0f}s" + (f" ETA {eta:.0f}s" if eta is not None else ""))
         if line == last["line"]:

@@ -216,11 +216,16 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
                             tokens_per_byte=eval_tokens_per_byte(corpus, recipe))
     ladder = None
     if plan.fidelity == "ladder":  # a wsd recipe: trials climb the rungs, paused and resumed (ladder_run)
-        from npas.service.search.ladder_run import SearchLadder, rebuild
+        from npas.service.search.ladder_run import SearchLadder, ranked_objectives, rebuild
+        from npas.service.search.rung_exchange import RungExchange
 
-        ladder = SearchLadder(plan.rungs, plan.space.objectives, launch.workers)
-        ladder.ladder = rebuild(study, plan.rungs, plan.space.objectives, ladder.ladder.eta)  # earlier drivers' rungs
-        searcher.ladder_objectives = list(plan.space.objectives)
+        names = list(plan.space.objectives)
+        ladder = SearchLadder(plan.rungs, names, launch.workers)
+        ladder.ladder = rebuild(study, plan.rungs, names, ladder.ladder.eta)  # earlier drivers' rungs
+        ladder.exchange = RungExchange(study, searcher.live_trial, searcher.own_numbers,  # and the others', live
+                                       [names.index(o) for o in ranked_objectives(names)])
+        ladder.on_paused = searcher.set_paused
+        searcher.ladder_objectives = names
     with faults.Heartbeat(study, searcher.live_trial_ids):
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=recipe.steps,
                               eval_every=recipe.eval_every, worker=worker, workers=launch.workers,

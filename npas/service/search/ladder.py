@@ -227,13 +227,31 @@ class Ladder:
         promotions now due (paused trials whose rank qualifies them), never one already made."""
         ladder = cls(tuple(rungs), eta, noise or Noise(DEFAULT_SEED_STD, "default"))
         for trial, losses in rung_losses.items():
-            objs = (objectives or {}).get(trial, ())
-            reached = sorted(int(t) for t in losses if int(t) in ladder.rungs)
-            for t in reached:
-                ladder.results.setdefault(t, []).append(RungResult(trial, float(losses[t]), objs))
-                if t != reached[-1] or t in set((promoted or {}).get(trial, ())):
-                    ladder.promoted.setdefault(t, []).append(trial)
+            ladder.merge(trial, losses, (objectives or {}).get(trial, ()), (promoted or {}).get(trial, ()))
         return ladder
+
+    def merge(self, trial: Hashable, losses: Mapping[int, float], objectives: tuple[float, ...] = (),
+              promoted: Iterable[int] = (), stds: Mapping[int, float] | None = None) -> bool:
+        """Add what another driver's trial recorded (its loss at each rung it reached, its other
+        objectives, the rungs it was promoted from, the standard error of a rung's loss when it knows
+        one) without deciding anything; ``rebuild`` and a
+        live exchange between drivers (``npas.service.search.rung_exchange``) both use it. A trial
+        with a loss above a rung was promoted from it. Returns whether anything changed."""
+        reached = sorted(int(t) for t in losses if int(t) in self.rungs)
+        up = set(reached[:-1]) | {int(t) for t in promoted}
+        changed = False
+        for t in reached:
+            result = RungResult(trial, float(losses[t]), tuple(objectives), (stds or {}).get(t))
+            here = self.results.setdefault(t, [])
+            old = next((r for r in here if r.trial == trial), None)
+            if old is None or (old.key(), old.std) != (result.key(), result.std):
+                self.results[t] = [r for r in here if r.trial != trial] + [result]
+                changed = True
+        for t in sorted(up & set(self.rungs)):
+            if trial not in self.promoted.setdefault(t, []):
+                self.promoted[t].append(trial)
+                changed = True
+        return changed
 
     def update_noise(self, seed_stds: Sequence[tuple[float, int]] = ()) -> Noise:
         """Re-estimate the noise from the study's seed stds and every rung-to-rung pair so far

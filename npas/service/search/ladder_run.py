@@ -16,7 +16,8 @@
   path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
   finished or stopped below the top rung.
 - ``rebuild``: the ladder of the study's trials already told (a resumed driver's rungs start where the
-  stopped driver's were, so a resumed paused trial is ranked against every earlier result).
+  stopped driver's were, so a resumed paused trial is ranked against every earlier result); while it
+  runs, ``rung_exchange`` keeps it level with the other drivers of the same study.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from npas.service.search.climber import OBJECTIVE_PREFIX
 from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.outcome import objective_values
+from npas.service.search.rung_exchange import RungExchange, foreign_key
 from npas.service.study.record import TrialAttr
 
 if TYPE_CHECKING:
@@ -72,6 +74,31 @@ class SearchLadder(LadderScheduler):
                          objectives=[(OBJECTIVE_PREFIX + o, "min") for o in ranked_objectives(objectives)])
         self.max_running = max_running
         self.paused: set[str] = set()  # trials paused at a rung, waiting for a promotion or a stop
+        # the other drivers' rung results on the same study (``rung_exchange``); None: this driver's only
+        self.exchange: RungExchange | None = None
+        self.on_paused: Callable[[int], None] | None = None  # told the number of paused trials when it changes
+
+    def _set_paused(self, change: Callable[[set[str]], None]) -> None:
+        before = len(self.paused)
+        change(self.paused)
+        if self.on_paused is not None and len(self.paused) != before:
+            self.on_paused(len(self.paused))
+
+    def _promote_paused(self) -> int:
+        """Decide every rung below the top again (the union of results grew by another driver's) and
+        queue this driver's paused trials that now rank inside their rung's quota. Returns how many."""
+        queued = 0
+        for r in self.ladder.rungs[:-1]:
+            for tid in self.ladder.decide(r).promote:
+                if tid in self.paused and tid not in self.to_resume:
+                    self.to_resume.append(tid)
+                    queued += 1
+        return queued
+
+    def _pull(self, force: bool) -> None:
+        if self.exchange is not None and self.exchange.pull(self.ladder, force=force):
+            self._promote_paused()
+            self.exchange.publish_promotions(self.ladder)
 
     def admits(self, live: set[str]) -> bool:
         """Whether the searcher may start a new trial now: fewer than ``max_running`` of its live trials
@@ -87,33 +114,57 @@ class SearchLadder(LadderScheduler):
         return super()._result(trial_id, {k: math.inf for k, _ in self.objectives} | result)
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
-        if result.get(self.time_attr) in self.ladder.rungs:  # the noise of a boundary, from every pair so far
-            self.ladder.update_noise()
+        rung = result.get(self.time_attr)
+        if rung in self.ladder.rungs:
+            self._pull(force=True)  # decide on every driver's results at this rung
+            self.ladder.update_noise()  # the noise of a boundary, from every pair so far
         action = super().on_trial_result(tune_controller, trial, result)
+        if self.exchange is not None and rung in self.ladder.rungs:
+            mine = next((r for r in self.ladder.results.get(rung, []) if r.trial == trial.trial_id), None)
+            if mine is not None:
+                self.exchange.publish(trial.trial_id, rung, mine)
+            self.exchange.publish_promotions(self.ladder)
         if trial.config.get("baseline"):
             return TrialScheduler.CONTINUE
         if action == TrialScheduler.PAUSE:
-            self.paused.add(trial.trial_id)
+            self._set_paused(lambda p: p.add(trial.trial_id))
         return action
 
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
         if sum(t.status in (Trial.RUNNING, Trial.PENDING) for t in tune_controller.get_trials()) >= self.max_running:
             return None  # every worker is taken: a promoted trial resumes when one is free
+        if self.paused:
+            self._pull(force=False)  # another driver's results may have promoted a paused trial
         trial = super().choose_trial_to_run(tune_controller)
         if trial is not None:
-            self.paused.discard(trial.trial_id)
+            self._set_paused(lambda p: p.discard(trial.trial_id))
         return trial
 
+    def _stop_stranded(self, tune_controller: Any, paused: list[Trial]) -> None:
+        """Before stopping paused trials nothing here can promote, read the other drivers' results once
+        more: a trial they promote resumes instead (the next ``choose_trial_to_run``). Results another
+        driver reports after this can no longer promote a trial stopped here."""
+        if self.exchange is not None and paused:
+            self._pull(force=True)
+            if any(t.trial_id in self.to_resume for t in paused):
+                return
+        super()._stop_stranded(tune_controller, paused)
+
+    def _stopped(self, trial: Trial) -> None:
+        self._set_paused(lambda p: p.discard(trial.trial_id))
+        if self.exchange is not None:
+            self.exchange.forget(trial.trial_id)
+
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
-        self.paused.discard(trial.trial_id)
+        self._stopped(trial)
         super().on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller: Any, trial: Trial) -> None:
-        self.paused.discard(trial.trial_id)
+        self._stopped(trial)
         super().on_trial_remove(tune_controller, trial)
 
     def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
-        self.paused.discard(trial.trial_id)
+        self._stopped(trial)
         super().on_trial_error(tune_controller, trial)
 
     def agreement(self) -> list[RungAgreement]:
@@ -131,7 +182,7 @@ def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str]
         rung = t.user_attrs.get(TrialAttr.RUNG_LOSSES)
         if not rung or t.values is None:
             continue
-        key = f"study:{t.number}"
+        key = foreign_key(t.number)
         losses[key] = {int(k): float("nan") if v is None else float(v) for k, v in rung.items()}
         objs[key] = tuple(float(t.values[i]) for i in others)
     return Ladder.rebuild(rungs, losses, eta, objectives=objs)

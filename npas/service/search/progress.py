@@ -12,7 +12,8 @@ class Progress:
     """What the progress line shows; counts are this driver's unless named study_*."""
 
     done: int = 0
-    running: int = 0
+    running: int = 0  # handed to a worker and not yet told: training, or paused at a ladder rung
+    paused: int = 0  # of the running, those paused at a rung (the ladder), holding no worker
     failed: int = 0
     infeasible: int = 0
     stopped: int = 0

@@ -28,6 +28,7 @@ from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
 from npas.service.study import optuna_adapter as adapter  # noqa: E402
+from npas.service.study import rungs  # noqa: E402
 from npas.service.study.record import TrialAttr  # noqa: E402
 from npas.service.study.tally import StudyTally  # noqa: E402
 
@@ -68,6 +69,7 @@ class NpasSearcher(Searcher):
         self.admits: Callable[[set[str]], bool] | None = None  # the ladder's cap on running trials
         self._last: dict[str, dict] = {}
         self._checkpointed: dict[str, str] = {}  # live trial -> the checkpoint path recorded on it
+        self._own: set[int] = set()  # numbers of every trial this driver handed to a worker
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
     def record_error(self, trial_id: str, message: str) -> None:
@@ -90,6 +92,21 @@ class NpasSearcher(Searcher):
     def recorded_checkpoints(self) -> set[str]:
         """The checkpoint paths recorded on live trials (those a re-enqueued trial resumes from)."""
         return set(self._checkpointed.values())
+
+    def live_trial(self, trial_id: str) -> optuna.Trial | None:
+        """The Optuna trial of a Tune trial running (or paused) for this driver."""
+        with self._lock:
+            return self._live.get(trial_id)
+
+    def own_numbers(self) -> set[int]:
+        """Numbers of the trials this driver ran or runs: the ladder's exchange reads everyone else's."""
+        with self._lock:
+            return set(self._own)
+
+    def set_paused(self, n: int) -> None:
+        """The ladder paused or resumed a trial: ``n`` of the running ones now wait at a rung."""
+        self.progress.paused = n
+        self.recorder.emit()
 
     def live_trial_ids(self) -> list[int]:
         """Storage ids of the trials running for this driver (what the heartbeat beats for)."""
@@ -155,6 +172,7 @@ class NpasSearcher(Searcher):
             if config is not None:
                 with self._lock:
                     self._live[trial_id] = trial
+                    self._own.add(trial.number)
                 self.progress.running += 1
                 self.recorder.emit()
                 return config
@@ -219,6 +237,11 @@ class NpasSearcher(Searcher):
                 log.warning("recording trial %d failed: %s", trial.number, e)
                 self.recorder.fail(trial, f"its result could not be recorded: {type(e).__name__}: {e}")
         self.recorder.emit(refresh_front=True)
+        if self.ladder_objectives is not None:  # the rung-to-rung certificate on the study, for every caller
+            try:
+                rungs.record(self.study)
+            except Exception as e:  # a certificate that fails to compute must never stop a search
+                log.warning("rung agreement not recorded: %s", e)
         if self.on_trial_done is not None:
             try:
                 self.on_trial_done(self.study)
