@@ -26,6 +26,14 @@ from npas.service.search.progress import Progress
 from npas.service.study.record import Constraint, TrialAttr
 from npas.service.study.tally import StudyTally
 
+# What a trial stopped below the recipe's length (ASHA's stop, or the ladder's stop at a lower rung) is
+# told, as the sampler sees it. "constraint" (the default): COMPLETE with its last loss and a violated
+# `fidelity` constraint, so TPE models it as infeasible: its region is learnt as worse than any trial at
+# T, without its shorter-run loss being compared with losses at T. "fail": FAIL, ignored by every
+# sampler (and not counted toward the target). "plain": COMPLETE with its last loss as if at T (a
+# pessimistic loss: shorter runs end higher). bench/ladder_sampler.py measures all three.
+STOPPED_AS = ("constraint", "fail", "plain")
+
 
 class TrialRecorder:
     """Writes each trial's outcome into the study and counts it for the progress line."""
@@ -40,6 +48,9 @@ class TrialRecorder:
         self.on_progress = on_progress
         self.accounting: dict[int, dict] = {}  # of trials handed to a worker: their memory and size objectives
         self.fresh = False  # the tally was refreshed after the last tell
+        # what the sampler is told of a trial stopped below the recipe's length (`STOPPED_AS`); the search
+        # uses the default, bench/ladder_sampler.py measures the others
+        self.stopped_as = "constraint"
 
     def skip(self, trial: optuna.Trial, status: str, reason: str) -> None:
         trial.set_user_attr(TrialAttr.STATUS, status)
@@ -117,8 +128,12 @@ class TrialRecorder:
         full = steps >= max_steps
         trial.set_user_attr(TrialAttr.FIDELITY, steps)
         trial.set_user_attr(TrialAttr.STATUS, "ok" if full else "stopped")
-        trial.set_constraint(Constraint.FIDELITY, fidelity_constraint(steps, max_steps))
-        self.study.tell(trial, values)
+        if not full and self.stopped_as == "fail":
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            trial.set_constraint(Constraint.FIDELITY, 0.0 if self.stopped_as == "plain"
+                                 else fidelity_constraint(steps, max_steps))
+            self.study.tell(trial, values)
         self.accounting.pop(trial.number, None)
         if full:
             self.progress.done += 1
