@@ -6,7 +6,8 @@ another is best at x1, more than twice the long-run spread of the candidates it 
 search that trains every candidate at one rate ranks rates as much as allocations. So each
 candidate's stable-phase rate is chosen at the first rung, where runs are cheapest: one run per
 factor of a multiplicative grid around the fair rate (default x0.5, x1, x2, x4), each trained to rung
-1 and scored there by its cooldown fork, and the factor with the lowest rung-1 loss wins. An optimum
+1 and scored there by its cooldown fork, and the factor with the lowest rung-1 loss wins. The grid
+is walked upwards, and stops going up once a factor is clearly past the optimum (``next_factor``). An optimum
 at an edge of the grid is not located, so the grid then extends one x2 step past that edge and
 tries again, at most ``MAX_EXTENSIONS`` times (an optimum still at the edge after that is reported
 as such: ``Located.at_edge``).
@@ -34,6 +35,10 @@ from npas.training.recipe import Recipe
 DEFAULT_GRID = (0.5, 1.0, 2.0, 4.0)  # factors of the fair rate tried at rung 1
 STEP = 2.0  # an extension moves one x2 step past the edge
 MAX_EXTENSIONS = 2
+# nats: a factor whose rung-1 loss is this much above the best so far is past the optimum, beyond run
+# noise (twice the noise of a difference of two runs: 2 x sqrt(2) x 0.010, the long-run seed standard
+# error of issue #33); the grid's larger factors are then not trained
+CLEARLY_WORSE = 0.028
 
 
 def best_factor(losses: Mapping[float, float]) -> float:
@@ -48,9 +53,17 @@ def best_factor(losses: Mapping[float, float]) -> float:
 def next_factor(losses: Mapping[float, float], grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
                 max_extensions: int = MAX_EXTENSIONS) -> float | None:
     """The next factor to train to rung 1, or None when the rate is located. First the grid's untried
-    factors in order; then, while the best is at an edge of what was tried and fewer than
+    factors in order, except those above a factor that diverged or ended ``CLEARLY_WORSE`` than the
+    best so far (the loss is unimodal in log-rate: the optimum is below it, and a larger rate only
+    costs a run); then, while the best is at an edge of what was tried and fewer than
     ``max_extensions`` factors beyond the grid were tried, one ``step`` past that edge."""
-    untried = [f for f in grid if f not in losses]
+    if losses:
+        best = losses[best_factor(losses)]
+        past = [f for f, v in losses.items() if not math.isfinite(v) or v > best + CLEARLY_WORSE]
+        ceiling = min((f for f in past if f > best_factor(losses)), default=math.inf)
+    else:
+        ceiling = math.inf
+    untried = [f for f in grid if f not in losses and f < ceiling]
     if untried:
         return untried[0]
     extensions = sum(1 for f in losses if f not in grid)

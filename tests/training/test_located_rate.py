@@ -71,9 +71,9 @@ def test_an_edge_optimum_extends_the_grid_that_way_at_most_twice():
     assert list(up.losses) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0] and up.factor == 8.0 and not up.at_edge
     far = search(quadratic(100.0))  # still at the edge after two steps: bounded, not located
     assert list(far.losses) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0] and far.factor == 16.0 and far.at_edge
-    down = search(quadratic(0.2))
-    assert list(down.losses) == [0.5, 1.0, 2.0, 4.0, 0.25, 0.125] and down.factor == 0.25
-    assert far.lr_grid_steps == down.lr_grid_steps == 5 * 8
+    down = search(quadratic(0.2))  # x1 is clearly past the optimum: x2 and x4 are not trained
+    assert list(down.losses) == [0.5, 1.0, 0.25, 0.125] and down.factor == 0.25
+    assert far.lr_grid_steps == 5 * 8 and down.lr_grid_steps == 3 * 8
 
 
 def test_the_rule_on_its_own():
@@ -83,6 +83,18 @@ def test_the_rule_on_its_own():
     assert next_factor({**grid, 8.0: 0.4, 16.0: 0.3}) is None  # two extensions: stop
     assert best_factor({0.5: math.nan, 1.0: 2.0, 2.0: 2.0}) == 1.0  # a tie stays nearest x1; NaN never wins
     assert next_factor({0.5: math.nan, 1.0: math.nan, 2.0: 1.0, 4.0: 1.5}) is None
+
+
+def test_the_grid_stops_going_up_past_a_clearly_worse_factor_but_not_within_the_noise():
+    from npas.training.located_rate import CLEARLY_WORSE
+
+    # narrow_untied at rung 1 (bench/located_rate.py's cache): x2 is 0.22 nats worse: x4 is skipped and
+    # the edge optimum at x0.5 extends downwards
+    assert next_factor({0.5: 2.484, 1.0: 2.489, 2.0: 2.701}) == 0.25
+    assert next_factor({0.5: 2.484, 1.0: 2.489, 2.0: math.nan}) == 0.25  # a diverged run, the same
+    near = {0.5: 2.459, 1.0: 2.457, 2.0: 2.457 + CLEARLY_WORSE / 2}  # within the noise: x4 is still tried
+    assert next_factor(near) == 4.0
+    assert next_factor({0.5: 2.0, 1.0: 1.9, 2.0: 1.9 + 2 * CLEARLY_WORSE}) is None  # x1 interior: located
 
 
 def test_locate_trains_the_grid_to_rung_one_and_keeps_the_winning_run(corpus):
