@@ -60,11 +60,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.search_efficiency import SPACE, SharedHV, surrogate_loss  # noqa: E402
-from npas import ArchConfig, TrialAttr, enqueue_baselines, make_sampler, open_storage  # noqa: E402
-from npas.service.search.ladder import Ladder, RungResult  # noqa: E402
-from npas.service.search.ladder_run import objective_config  # noqa: E402
-from npas.service.search.recorder import STOPPED_AS  # noqa: E402
-from npas.service.search.searcher import NpasSearcher  # noqa: E402
+from npas import (  # noqa: E402
+    STOPPED_AS,
+    ArchConfig,
+    Ladder,
+    NpasSearcher,
+    RungResult,
+    TrialAttr,
+    enqueue_baselines,
+    ladder_objective_config,
+    make_sampler,
+    mean_interval,
+    open_storage,
+)
 
 T = 1600  # the top rung (steps); rungs at T/16 and T/4 below it
 RUNGS = (T // 16, T // 4, T)
@@ -159,7 +167,7 @@ def drive(study: optuna.Study, space, arm: str, started_target: int, batch: int,
         started += 1
         cfg = ArchConfig.from_dict(config["allocation"])
         trial = searcher._live[tid]
-        objs = tuple(objective_config(OBJECTIVES, searcher.accounting_of(trial.number)).values())
+        objs = tuple(ladder_objective_config(OBJECTIVES, searcher.accounting_of(trial.number)).values())
         trial.set_user_attr("bench_objectives", list(objs))
         climbing[tid] = (cfg, objs, bool(config.get("baseline")))
         climb(tid, None)
@@ -189,14 +197,9 @@ def search(space, arm: str, seed: int, n: int, batch: int, seq: int) -> dict:
 
 
 def paired(xs: list[float]) -> str:
-    """Mean with a 95% t interval over seeds."""
-    from scipy import stats
-
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return f"{m:+.4f}"
-    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return f"{m:+.4f} [{m - h:+.4f}, {m + h:+.4f}]"
+    """Mean with its 95% t interval over seeds (``npas.mean_interval``)."""
+    iv = mean_interval(xs)
+    return f"{iv.value:+.4f}" if iv.low is None else f"{iv.value:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,8 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
     **{n: ("npas.service.search.ladder", n) for n in ("Ladder", "RungResult")},
     "ladder_agreement": ("npas.service.search.ladder", "agreement"),
+    "ladder_objective_config": ("npas.service.search.ladder_run", "objective_config"),
+    "STOPPED_AS": ("npas.service.search.recorder", "STOPPED_AS"),  # what a trial stopped below T may be told
     # the rung-1 learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
     "LR_GRID": ("npas.training.located_rate", "DEFAULT_GRID"),
     "LR_MAX_EXTENSIONS": ("npas.training.located_rate", "MAX_EXTENSIONS"),
