@@ -3,6 +3,8 @@ the first rung from a x2 grid around its fair rate, and the winning run climbs o
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from optuna.trial import TrialState
 
@@ -42,7 +44,7 @@ def test_the_cli_refuses_locate_lr_on_a_cosine_recipe_before_anything_is_written
 def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_local, tmp_path):
     from npas.allocation.config import ArchConfig
     from npas.training import climb
-    from npas.training.located_rate import DEFAULT_GRID
+    from npas.training.located_rate import DEFAULT_GRID, next_factor
 
     saved = runner.RUNS_DIR
     runner.RUNS_DIR = tmp_path / "runs"
@@ -59,7 +61,11 @@ def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_loca
     for t in told:
         proxy = t.user_attrs[TrialAttr.PROXY]
         grid = {float(f): v for f, v in proxy["lr_grid"].items()}
-        assert set(DEFAULT_GRID) <= set(grid)
+        seen: dict[float, float] = {}  # the factors were tried in the rule's order, and it then stopped
+        for f, v in grid.items():
+            assert next_factor(seen) == f
+            seen[f] = math.nan if v is None else v
+        assert next_factor(seen) is None and DEFAULT_GRID[:2] == tuple(grid)[:2]
         factor = t.user_attrs[TrialAttr.LR_FACTOR]
         assert grid[factor] == min(v for v in grid.values() if v is not None)  # the best rung-10 loss wins
         # every grid run trains to rung 10; all but the winner's are the grid's cost, apart from trained_steps
