@@ -180,18 +180,17 @@ def _horizon_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
     """The horizon rows, all under the default parameterization: first one WSD run to T per candidate
     of the original table (its forks give the T/16 and T/4 rows, its end the WSD-at-T row; with the
     table's cached proxy and long runs they make an interim Delta-tau over ``n_full`` candidates
-    after the fewest runs), then for the candidates past ``n_full`` the proxy and the first long
-    seed, their WSD runs, then their other long seeds (the ceiling). Cheapest first in each group."""
+    after the fewest runs), then the candidates past ``n_full`` one at a time, cheapest first, each
+    whole: its proxy, its long seeds and its WSD run -- a time-boxed session adds complete
+    candidates to every row, where rows filled kind by kind would leave each of them partial."""
     if setup.wsd is None:
         return []
     by_cost = lambda cs: sorted(cs, key=lambda c: (c.flops, c.config.hash))  # noqa: E731
-    extra = by_cost(cands[setup.n_full:])
     out = [Job(c, "wsd", setup.proxy.seed, DEFAULT_PAR) for c in by_cost(cands[:setup.n_full])]
-    for c in extra:
-        out += [Job(c, "proxy", setup.proxy.seed, DEFAULT_PAR), Job(c, "long", setup.long_seeds[0], DEFAULT_PAR)]
-    out += [Job(c, "wsd", setup.proxy.seed, DEFAULT_PAR) for c in extra]
-    for seed in setup.long_seeds[1:]:
-        out += [Job(c, "long", seed, DEFAULT_PAR) for c in extra]
+    for c in by_cost(cands[setup.n_full:]):
+        out += [Job(c, "proxy", setup.proxy.seed, DEFAULT_PAR), Job(c, "long", setup.long_seeds[0], DEFAULT_PAR),
+                Job(c, "wsd", setup.proxy.seed, DEFAULT_PAR)]
+        out += [Job(c, "long", seed, DEFAULT_PAR) for seed in setup.long_seeds[1:]]
     return out
 
 

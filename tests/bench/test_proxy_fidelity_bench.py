@@ -211,6 +211,9 @@ def test_horizon_rows_add_24_candidates_fair_only_and_leave_the_table_as_it_was(
     added = {c.name for c in cands[12:]}
     assert {j.cand.name for j in horizon if j.kind != "wsd"} == added
     assert sum(j.kind == "long" for j in horizon) == 12 * 2 and sum(j.kind == "proxy" for j in horizon) == 12
+    extras = horizon[12:]  # after the original twelve's WSD runs, each added candidate whole, in turn
+    assert [j.cand.name for j in extras] == [name for name in dict.fromkeys(j.cand.name for j in extras)
+                                             for _ in range(4)]
     keys = [j.key(setup, "v") for j in jobs]
     assert len(set(keys)) == len(keys)
     wsd = next(j for j in horizon if j.kind == "wsd")
