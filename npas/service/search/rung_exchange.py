@@ -26,6 +26,7 @@ one driver are unaffected: there is nobody else's result to pull.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +38,8 @@ from optuna.trial import TrialState
 from npas.service.search.ladder import Ladder, RungResult
 from npas.service.search.outcome import rung_losses_attr
 from npas.service.study.record import TrialAttr
+
+log = logging.getLogger(__name__)
 
 PULL_EVERY_S = 5.0  # while choosing a trial to run (Tune asks many times a second), read the study at most this often
 NOT_RESULTS = ("duplicate", "surplus", "infeasible")  # their rung losses repeat another trial's, or are none
@@ -116,7 +119,7 @@ class RungExchange:
             return False
         self._pulled = now
         own = self.own()
-        changed = False
+        changed: list[int] = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
             if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in NOT_RESULTS:
                 continue
@@ -130,5 +133,8 @@ class RungExchange:
                         else (math.inf,) * len(self.others))
             losses = {k: sign * v if math.isfinite(v) else math.inf for k, v in losses.items()}
             stds = {int(k): float(v) for k, v in (info.get("std") or {}).items() if v is not None}
-            changed |= ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or (), stds)
-        return changed
+            if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or (), stds):
+                changed.append(t.number)
+        if changed:
+            log.debug("rung exchange: merged the rung results of trials %s of other drivers", changed)
+        return bool(changed)
