@@ -139,6 +139,8 @@ def test_cli_front_studies_export(smoke_study, tmp_path):
      "cannot reach Ray at '127.0.0.1:1'"),
     (["search", str(TINY), "--budget", "1000", "--storage", "sqlite:///{tmp}/x.db"],
      "not more than the 4,256 the embeddings alone need"),  # a --budget override is checked like the file's
+    (["search", str(TINY), "--checkpoint-storage", "ftp://h/x", "--storage", "sqlite:///{tmp}/x.db"],
+     "ftp:// is not a storage Ray Tune reads"),
 ])
 def test_cli_errors_are_one_line_exit_2_and_write_nothing(args, fragment, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

@@ -105,6 +105,9 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
                    help="0, a fraction below 1, or a whole number")
     p.add_argument("--no-early-stop", action="store_true", help="run every trial to full fidelity (no promotion "
                    "ladder for a wsd recipe, no ASHA for a cosine one)")
+    p.add_argument("--checkpoint-storage", metavar="PATH_OR_URI",
+                   help="where trials' checkpoints go (the promotion ladder resumes paused trials from them): a "
+                        "path or an s3:// / gs:// URI every Ray node can reach (default: trials/runs/ray here)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 
@@ -113,6 +116,7 @@ def _launch(args: argparse.Namespace):
     from npas.service.search.launch import Launch
 
     return Launch(ray_address=args.ray_address, workers=args.workers, gpus_per_trial=args.gpus_per_trial,
+                  checkpoint_storage=args.checkpoint_storage,
                   early_stop=False if args.no_early_stop else None, on_progress=_progress_printer(),
                   on_trial_done=_report_writer(args.dashboard))
 

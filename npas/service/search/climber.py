@@ -23,6 +23,7 @@ ladder decides it again) and removes the old checkpoint once Tune holds the new 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import statistics
@@ -34,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from npas.service.search.worker import WorkerSpec
     from npas.training.climb import Climb
+
+log = logging.getLogger(__name__)
 
 META = "ladder.json"  # beside the seeds' checkpoints: what the trial spent so far (wall time)
 OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
@@ -56,6 +59,22 @@ def save_climbs(climbs: list[Climb], root: str | Path, meta: dict[str, Any]) -> 
     for i, c in enumerate(climbs):
         checkpoint.save(c, seed_dir(root, i))
     (Path(root) / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")  # last: marks a whole save
+
+
+def from_storage(uri: str, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict] | None:
+    """The climbs of a checkpoint on Ray's storage (``--checkpoint-storage s3://...``: a URI recorded by
+    another driver), or None when ``uri`` is a plain path or holds no whole checkpoint (the trial
+    then starts afresh, as it does when a local checkpoint is gone)."""
+    if "://" not in uri:
+        return None
+    from ray.train import Checkpoint
+
+    try:
+        with Checkpoint(uri).as_directory() as d:
+            return load_climbs(d, cfg, corpus, spec, repeats) if is_checkpoint(d, repeats) else None
+    except (OSError, ValueError) as e:  # gone, or unreadable: nothing to resume from
+        log.warning("cannot resume from %s (%s); the trial starts afresh", uri, e)
+        return None
 
 
 def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict]:
@@ -120,6 +139,9 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 climbs, meta = load_climbs(d, cfg, corpus, spec, len(seeds))
+        elif config.get("resume_from") and (stored := from_storage(config["resume_from"], cfg, corpus, spec,
+                                                                       len(seeds))) is not None:
+            climbs, meta = stored
         elif config.get("resume_from") and is_checkpoint(config["resume_from"], len(seeds)):
             old = Path(config["resume_from"])
             climbs, meta = load_climbs(old, cfg, corpus, spec, len(seeds))

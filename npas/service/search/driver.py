@@ -230,7 +230,8 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
         finished = run_trials(searcher, study_name=study.study_name, recipe_steps=recipe.steps,
                               eval_every=recipe.eval_every, worker=worker, workers=launch.workers,
                               cpus_per_trial=cpus, gpus_per_trial=launch.gpus_per_trial,
-                              early_stop=plan.early_stop, max_retries=launch.max_retries, ladder=ladder)
+                              early_stop=plan.early_stop, max_retries=launch.max_retries, ladder=ladder,
+                              checkpoint_storage=launch.checkpoint_storage)
     if not finished:
         numbers = searcher.abandon_live("interrupted", "interrupted: the driver was stopped (SIGINT/SIGTERM)")
         raise Interrupted(f"search interrupted; {len(numbers)} running trial(s) recorded and re-enqueued; "

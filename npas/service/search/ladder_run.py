@@ -39,6 +39,7 @@ from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service.search.climber import OBJECTIVE_PREFIX
 from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
+from npas.service.search.launch import checkpoint_uri
 from npas.service.search.outcome import objective_values
 from npas.service.search.rung_exchange import RungExchange, foreign_key
 from npas.service.study.record import TrialAttr
@@ -208,10 +209,10 @@ class Checkpoints(tune.Callback):
         self.searcher = searcher
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Trial, checkpoint: Any, **info: Any) -> None:
-        from pyarrow.fs import LocalFileSystem
-
-        if isinstance(checkpoint.filesystem, LocalFileSystem):  # a path every later driver here can read
-            self.searcher.record_checkpoint(trial.trial_id, checkpoint.path)
+        # a local path, or the URI of Ray's storage (--checkpoint-storage s3://...): what a later driver resumes from
+        where = checkpoint_uri(checkpoint.filesystem, checkpoint.path)
+        if where is not None:
+            self.searcher.record_checkpoint(trial.trial_id, where)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         remove_checkpoints(trial)

@@ -310,11 +310,14 @@ def check_resources(workers: int, cpus_per_trial: float, gpus_per_trial: float) 
 
 def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int, worker: WorkerSpec,
                workers: int, cpus_per_trial: float, gpus_per_trial: float, early_stop: bool,
-               max_retries: int = 2, ladder: SearchLadder | None = None) -> bool:
+               max_retries: int = 2, ladder: SearchLadder | None = None,
+               checkpoint_storage: str | None = None) -> bool:
     """Run Tune until the searcher finishes. Returns False if the run was interrupted: Tune ended
     before the searcher said FINISHED (a SIGINT between trials makes Tune return normally), or with
     trials still live. With ``ladder`` (``SearchPlan.fidelity == "ladder"``) the trials climb their
-    WSD rungs under it (``npas.service.search.climber``) instead of ASHA's stops on proxy runs."""
+    WSD rungs under it (``npas.service.search.climber``) instead of ASHA's stops on proxy runs.
+    ``checkpoint_storage``: Tune's storage (a path or URI every node reaches) instead of this
+    machine's ``RUNS_DIR``: a multi-node ladder pauses a trial on one node and may resume it on another."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
@@ -375,7 +378,7 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
                                     max_concurrent_trials=None if ladder is not None else workers,
                                     reuse_actors=True),
-        run_config=tune.RunConfig(name=name, storage_path=str(runs), verbose=0,
+        run_config=tune.RunConfig(name=name, storage_path=checkpoint_storage or str(runs), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=max_retries),
                                   callbacks=callbacks, checkpoint_config=checkpoints),
     )
