@@ -313,8 +313,21 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
     print(f"target: ladder top-{TOP_RECALL} recall {row['top_recall']:.2f} >= 2/3: {status(row['top_recall'] >= 2 / 3 - 1e-9)}")
     delta = _delta_target({c.name: score.get(c.name) for c in cands}, proxy, target, len(cands), "ladder",
                           f"proxy {setup.proxy.steps}")
-    return {"ladder": {**row, "compute_fraction": frac, "steps": rep.total_steps, "reached": reach},
-            "ladder_target": delta}
+    out = {"ladder": {**row, "compute_fraction": frac, "steps": rep.total_steps, "reached": reach},
+           "ladder_target": delta}
+    # diagnostic, no target: the same replay without the first rung (a fork at T/4 a candidate's first
+    # decision): the WSD run's fork at T/4 is the same with or without a fork before it, so no new run
+    later = tuple(rungs[1:])
+    if len(later) >= 2:
+        alt = npas.Recipe.from_dict({**setup.wsd.to_dict(), "rungs": list(later)})
+        rep2 = replay(order, losses, alt, {c.name: c.flops for c in cands})
+        score2 = rep2.score()
+        print(f"diagnostic: the ladder on rungs {', '.join(map(str, later))} only (no T/16 rung), same replay: "
+              f"{rep2.total_steps:,} steps = {rep2.total_steps / budget:.3f} x N x T")
+        row2 = _horizon_row(f"ladder {'/'.join(map(str, later))}", {c.name: score2.get(c.name) for c in cands},
+                            target, gap_sd, len(cands))
+        out["ladder_later_rungs"] = {**row2, "compute_fraction": rep2.total_steps / budget, "rungs": list(later)}
+    return out
 
 
 def _pooled_sigma(losses: list[list[float]]) -> float | None:
