@@ -3,8 +3,9 @@ format, converted to cycle tying + LoRA at 0.5x its parameters and uptrained, ag
 from scratch at equal uptraining and at equal total steps.
 
 Each arm trains at its *located* rate: a learning-rate grid (multiples of the recipe's lr) on seed 0,
-extended one step past an edge until the best rate is interior (at most `MAX_EXTEND` extensions), then
-every seed at that rate. Comparisons are paired by seed (same seed, same validation batches): the mean
+walked upwards by npas's own rule (`npas.lr_next_factor`: a rate clearly worse than the best so far
+ends the walk up, an edge optimum extends one step, at most `MAX_EXTEND` times), then every seed at
+that rate. Comparisons are paired by seed (same seed, same validation batches): the mean
 difference with a 95% t-interval.
 
 PASS: converted + uptraining beats scratch at equal uptraining on every seed. The equal-total-steps
@@ -26,7 +27,16 @@ import optuna
 import torch
 
 from bench.harness.recipes import bench_recipe  # noqa: E402
-from npas import ArchConfig, Chassis, Recipe, count, parse_space, reference_config
+from npas import (
+    ArchConfig,
+    Chassis,
+    Recipe,
+    count,
+    lr_best_factor,
+    lr_next_factor,
+    parse_space,
+    reference_config,
+)
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
@@ -88,8 +98,9 @@ def arm_steps(mode: HFMode) -> dict[str, int]:
 
 def plan_steps(mode: HFMode) -> dict[str, int]:
     """The run's optimizer steps: the dense model's, the seed-0 grids', the other seeds' and the total,
-    without extensions ("total") and with every arm extended `MAX_EXTEND` times ("at_most"): the
-    counts `locate_and_repeat` spends (tests/bench/test_convert_hf_plan.py runs it on a stub)."""
+    with every grid point trained and no extension ("total") and with every arm extended `MAX_EXTEND`
+    times ("at_most"): the most `locate_and_repeat` spends without and with extensions; a grid that
+    stops going up early spends less (tests/bench/test_convert_hf_plan.py runs it on a stub)."""
     steps = arm_steps(mode)
     grids = sum(len(GRID) * s for s in steps.values())
     seeds = sum((len(mode.seeds) - 1) * s for s in steps.values())  # seed 0 is in the grid
@@ -121,10 +132,10 @@ def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
           f"{cfg.summary()}")
     print(f"  arms: converted + uptraining ({u.name}, {u.steps} steps); scratch at equal uptraining ({u.steps}); "
           f"scratch at equal total steps ({total})")
-    print(f"  rate location per arm on seed 0: lr x {list(GRID)} of {u.lr:g}, extended up to {MAX_EXTEND} times "
-          f"past an edge optimum; then seeds {list(mode.seeds)} at the located rate; paired 95% t-intervals")
+    print(f"  rate location per arm on seed 0: lr x {list(GRID)} of {u.lr:g} walked upwards until a rate is clearly "
+          f"worse (npas's rule), extended up to {MAX_EXTEND} times past an edge optimum; then seeds {list(mode.seeds)} at the located rate; paired 95% t-intervals")
     print(f"  optimizer steps: dense {p['dense']:,} + grids {p['grids']:,} + seeds {p['seeds']:,} = "
-          f"{p['total']:,} (at most {p['at_most']:,} with extensions)")
+          f"{p['total']:,} (at most {p['at_most']:,} with extensions; less where a grid stops early)")
     c = plan_cost(mode, cfg)
     hours = {k: c[k] / rate / 3600 for k, rate in (("flops", CPU_FLOPS), ("flops_at_most", CPU_FLOPS))}
     print(f"  runs: {c['runs']} (at most {c['runs_at_most']}); training {c['flops'] / 1e12:,.0f} TFLOP (3x forward, "
@@ -135,20 +146,15 @@ def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
 
 def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t0: float | None = None
                       ) -> tuple[dict[str, tuple[float, bool]], dict[str, dict[int, float]]]:
-    """Per arm: the lr grid on seed 0, extended past an edge optimum at most `MAX_EXTEND` times, then
-    every other seed at the located rate. Returns ({arm: (lr multiple, interior)}, {arm: {seed: loss}})."""
+    """Per arm: the lr grid on seed 0 by npas's rule (``npas.lr_next_factor``: upwards until a rate is
+    clearly past the optimum, then past an edge optimum at most `MAX_EXTEND` times), then every other
+    seed at the located rate. Returns ({arm: (lr multiple, interior)}, {arm: {seed: loss}})."""
     located, losses = {}, {}
     for arm in ARMS:
-        tried = {m: train(arm, m, 0) for m in GRID}
-        for _ in range(MAX_EXTEND):
-            best = min(tried, key=tried.get)
-            if best == min(tried):
-                tried[best / 2] = train(arm, best / 2, 0)
-            elif best == max(tried):
-                tried[best * 2] = train(arm, best * 2, 0)
-            else:
-                break
-        best = min(tried, key=tried.get)
+        tried: dict[float, float] = {}
+        while (m := lr_next_factor(tried, GRID, 2.0, MAX_EXTEND)) is not None:
+            tried[m] = train(arm, m, 0)
+        best = lr_best_factor(tried)
         interior = min(tried) < best < max(tried)
         located[arm] = (best, interior)
         losses[arm] = {0: tried[best]} | {s: train(arm, best, s) for s in mode.seeds if s != 0}

@@ -41,7 +41,10 @@ def test_the_plans_runs_and_flops_are_what_the_rate_location_trains(name, capsys
 
     import math
 
-    assert spent(lambda mult: math.log(mult) ** 2) == (cost["runs"], pytest.approx(cost["flops"]))  # interior
+    # interior and shallow (x2 within the noise of x1): the whole grid, no extension -- the plan's count
+    assert spent(lambda mult: 0.01 * math.log(mult) ** 2) == (cost["runs"], pytest.approx(cost["flops"]))
+    steep = spent(lambda mult: math.log(mult) ** 2)  # x2 clearly worse: x4 is not trained, one run less per arm
+    assert steep[0] == cost["runs"] - 3 and steep[1] < cost["flops"]
     assert spent(lambda mult: -mult) == (cost["runs_at_most"], pytest.approx(cost["flops_at_most"]))  # edge
     print_hf_plan(mode, cfg)
     m = re.search(r"runs: (\d+) \(at most (\d+)\); .* ~([\d.]+) CPU core-hours", capsys.readouterr().out)

@@ -28,8 +28,9 @@ def test_hf_plan_names_the_arms_the_rate_location_and_the_cost():
 @pytest.mark.parametrize("name", ["quick", "full"])
 def test_the_printed_step_counts_are_what_the_rate_location_spends(name, capsys):
     """The plan's totals against `locate_and_repeat` run on a stub trainer that counts steps: a loss
-    falling with the rate always picks the grid's edge (every arm extends MAX_EXTEND times: "at most"),
-    a bowl at the recipe's rate never extends (the plain total)."""
+    falling with the rate always picks the grid's edge (every arm extends MAX_EXTEND times: "at most");
+    a shallow bowl at the recipe's rate trains the whole grid and never extends (the plain total); a
+    steep one stops going up once x2 is clearly worse, so x4 is never trained."""
     from bench.convert_hf import (
         GRID,
         MAX_EXTEND,
@@ -62,7 +63,9 @@ def test_the_printed_step_counts_are_what_the_rate_location_spends(name, capsys)
 
     edge, located = spent(lambda mult: -mult)  # ever higher rates win: the edge, extended each time
     assert edge == at_most and all(not interior for _, interior in located.values())
-    bowl, located = spent(lambda mult: math.log(mult) ** 2)
-    assert bowl == total and all(best == 1.0 and interior for best, interior in located.values())
+    shallow, located = spent(lambda mult: 0.01 * math.log(mult) ** 2)  # x2 within the noise of x1
+    assert shallow == total and all(best == 1.0 and interior for best, interior in located.values())
+    steep, located = spent(lambda mult: math.log(mult) ** 2)
+    assert steep == total - per_arm and all(best == 1.0 and interior for best, interior in located.values())
     if name == "full":  # issue 37's full run: 4,000 dense steps, then proxy (400) and 4,400-step arms
         assert (total, at_most) == (50_800, 61_200)
