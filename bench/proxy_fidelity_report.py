@@ -265,6 +265,15 @@ def horizon_report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict])
         stats["ceiling"] = _horizon_row(f"ceiling (long {setup.long_seeds[0]} vs {setup.long_seeds[1]})",
                                         {n: v[0] for n, v in pairs.items()}, {n: v[1] for n, v in pairs.items()},
                                         gap_sd, len(cands))
+    # does truth depend on the schedule? the level of WSD at T against cosine at T (the long runs' mean),
+    # paired by candidate; the seeds differ (0 vs the long seeds), so seed noise is inside the interval
+    both = [n for n in full if columns[f"wsd {T}"].get(n) is not None and math.isfinite(columns[f"wsd {T}"][n])]
+    if len(both) >= 2:
+        iv = npas.paired_delta([columns[f"wsd {T}"][n] for n in both], [target[n] for n in both])
+        lower = sum(columns[f"wsd {T}"][n] < target[n] for n in both)
+        print(f"wsd {T} - long (cosine at T), paired over {len(both)}/{len(cands)} candidates: {_num(iv.value)} nats "
+              f"[95% t {_num(iv.low)}, {_num(iv.high)}]; WSD lower on {lower} of {len(both)}")
+        stats["wsd_vs_cosine"] = {"delta": iv.value, "low": iv.low, "high": iv.high, "n": len(both), "lower": lower}
     # the target compares the fork at T/4 (the proxy's own length in the full bench) with the proxy
     label = f"fork {T // 4}" if f"fork {T // 4}" in columns else (f"fork {rungs[-2]}" if len(rungs) > 1 else None)
     if label is not None:
