@@ -57,12 +57,11 @@ def next_factor(losses: Mapping[float, float], grid: Sequence[float] = DEFAULT_G
     best so far (the loss is unimodal in log-rate: the optimum is below it, and a larger rate only
     costs a run); then, while the best is at an edge of what was tried and fewer than
     ``max_extensions`` factors beyond the grid were tried, one ``step`` past that edge."""
+    ceiling = math.inf  # the grid's factors from here up are past the optimum
     if losses:
-        best = losses[best_factor(losses)]
-        past = [f for f, v in losses.items() if not math.isfinite(v) or v > best + CLEARLY_WORSE]
-        ceiling = min((f for f in past if f > best_factor(losses)), default=math.inf)
-    else:
-        ceiling = math.inf
+        top = best_factor(losses)
+        ceiling = min((f for f, v in losses.items()
+                       if f > top and (not math.isfinite(v) or v > losses[top] + CLEARLY_WORSE)), default=math.inf)
     untried = [f for f in grid if f not in losses and f < ceiling]
     if untried:
         return untried[0]

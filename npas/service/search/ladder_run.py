@@ -41,7 +41,7 @@ from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agree
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.launch import checkpoint_uri
 from npas.service.search.outcome import objective_values
-from npas.service.search.rung_exchange import RungExchange, foreign_key
+from npas.service.search.rung_exchange import RungExchange
 from npas.service.study.record import TrialAttr
 
 if TYPE_CHECKING:
@@ -85,16 +85,13 @@ class SearchLadder(LadderScheduler):
         if self.on_paused is not None and len(self.paused) != before:
             self.on_paused(len(self.paused))
 
-    def _promote_paused(self) -> int:
+    def _promote_paused(self) -> None:
         """Decide every rung below the top again (the union of results grew by another driver's) and
-        queue this driver's paused trials that now rank inside their rung's quota. Returns how many."""
-        queued = 0
+        queue this driver's paused trials that now rank inside their rung's quota."""
         for r in self.ladder.rungs[:-1]:
             for tid in self.ladder.decide(r).promote:
                 if tid in self.paused and tid not in self.to_resume:
                     self.to_resume.append(tid)
-                    queued += 1
-        return queued
 
     def _pull(self, force: bool) -> None:
         if self.exchange is not None and self.exchange.pull(self.ladder, force=force):
@@ -175,18 +172,13 @@ class SearchLadder(LadderScheduler):
 
 def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA) -> Ladder:
     """The ladder of the study's told trials (COMPLETE, with rung losses), keyed ``"study:<number>"``:
-    what a resumed or joining driver's scheduler starts from."""
+    what a resumed or joining driver's scheduler starts from. Read as a running driver reads the
+    others' (``RungExchange.pull``), by a reader that owns no trial."""
     names = list(objectives)
-    others = [names.index(o) for o in ranked_objectives(names)]
-    losses, objs = {}, {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        rung = t.user_attrs.get(TrialAttr.RUNG_LOSSES)
-        if not rung or t.values is None:
-            continue
-        key = foreign_key(t.number)
-        losses[key] = {int(k): float("nan") if v is None else float(v) for k, v in rung.items()}
-        objs[key] = tuple(float(t.values[i]) for i in others)
-    return Ladder.rebuild(rungs, losses, eta, objectives=objs)
+    ladder = Ladder(tuple(rungs), eta)
+    RungExchange(study, lambda _: None, set, [names.index(o) for o in ranked_objectives(names)]).pull(
+        ladder, states=(TrialState.COMPLETE,))
+    return ladder
 
 
 def rung_summary(ladder: Ladder) -> str:

@@ -38,11 +38,11 @@ from optuna.trial import TrialState
 from npas.service.search.ladder import Ladder, RungResult
 from npas.service.search.outcome import rung_losses_attr
 from npas.service.study.record import TrialAttr
+from npas.service.study.rungs import NOT_RESULTS
 
 log = logging.getLogger(__name__)
 
 PULL_EVERY_S = 5.0  # while choosing a trial to run (Tune asks many times a second), read the study at most this often
-NOT_RESULTS = ("duplicate", "surplus", "infeasible")  # their rung losses repeat another trial's, or are none
 
 
 def foreign_key(number: int) -> str:
@@ -77,27 +77,26 @@ class RungExchange:
         self._promoted: dict[str, set[int]] = {}  # Tune id -> rungs it was promoted from, as published
 
     # ---- publish --------------------------------------------------------------------------------
-    def publish(self, trial_id: str, rung: int, result: RungResult, sign: float = 1.0) -> None:
-        """This driver's trial reported ``rung``: store its loss there (``sign`` turns the ladder's
-        minimized loss back into the reported metric) and its ranking data on its Optuna trial."""
+    def publish(self, trial_id: str, rung: int, result: RungResult) -> None:
+        """This driver's trial reported ``rung``: store its loss there and its ranking data on its
+        Optuna trial (the search's ladder minimizes the loss, so it is stored as reported)."""
         self._mine.setdefault(trial_id, {})[int(rung)] = result
-        self._write(trial_id, sign)
+        self._write(trial_id)
 
-    def publish_promotions(self, ladder: Ladder, sign: float = 1.0) -> None:
+    def publish_promotions(self, ladder: Ladder) -> None:
         """Record each of this driver's trials promoted since the last call on its Optuna trial."""
         for rung, trials in ladder.promoted.items():
             for tid in trials:
                 if isinstance(tid, str) and tid in self._mine and rung not in self._promoted.get(tid, set()):
                     self._promoted.setdefault(tid, set()).add(rung)
-                    self._write(tid, sign)
+                    self._write(tid)
 
-    def _write(self, trial_id: str, sign: float) -> None:
+    def _write(self, trial_id: str) -> None:
         trial = self.trial_of(trial_id)
         if trial is None:
             return
         rungs = self._mine.get(trial_id, {})
-        trial.set_user_attr(TrialAttr.RUNG_LOSSES, rung_losses_attr(
-            (t, sign * r.loss if math.isfinite(r.loss) else r.loss) for t, r in rungs.items()))
+        trial.set_user_attr(TrialAttr.RUNG_LOSSES, rung_losses_attr((t, r.loss) for t, r in rungs.items()))
         last = rungs[max(rungs)] if rungs else None
         trial.set_user_attr(TrialAttr.LADDER, {
             "objectives": [] if last is None else list(last.objectives),
@@ -111,16 +110,18 @@ class RungExchange:
         self._promoted.pop(trial_id, None)
 
     # ---- pull -----------------------------------------------------------------------------------
-    def pull(self, ladder: Ladder, sign: float = 1.0, force: bool = True) -> bool:
+    def pull(self, ladder: Ladder, force: bool = True,
+             states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE)) -> bool:
         """Merge the other drivers' rung results into ``ladder``; returns whether anything changed.
-        Without ``force`` the study is read at most every ``pull_every_s`` seconds."""
+        Without ``force`` the study is read at most every ``pull_every_s`` seconds. ``states``: the
+        trials read (``ladder_run.rebuild`` reads the told ones only)."""
         now = time.monotonic()
         if not force and now - self._pulled < self.pull_every_s:
             return False
         self._pulled = now
         own = self.own()
         changed: list[int] = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
+        for t in self.study.get_trials(deepcopy=False, states=states):
             if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in NOT_RESULTS:
                 continue
             losses = _losses(t.user_attrs.get(TrialAttr.RUNG_LOSSES))
@@ -131,7 +132,7 @@ class RungExchange:
             if len(objs) != len(self.others):  # published none: a told trial's values, else ranked last
                 objs = (tuple(float(t.values[i]) for i in self.others) if t.values is not None
                         else (math.inf,) * len(self.others))
-            losses = {k: sign * v if math.isfinite(v) else math.inf for k, v in losses.items()}
+            losses = {k: v if math.isfinite(v) else math.inf for k, v in losses.items()}
             stds = {int(k): float(v) for k, v in (info.get("std") or {}).items() if v is not None}
             if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or (), stds):
                 changed.append(t.number)
