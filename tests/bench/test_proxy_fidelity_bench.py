@@ -236,6 +236,22 @@ def test_delta_target_is_a_paired_bootstrap_over_candidates(pfr, capsys):
     assert "target: delta tau (fork 400 - proxy 400) over 12/12 candidates = " in capsys.readouterr().out
 
 
+def test_why_rows_tell_a_horizon_crossover_from_a_schedule_miss(pfr, capsys):
+    """Two 400-step rows that agree with each other and both reverse the order at T read as a crossover
+    between T/4 and T (tau -1 against wsd at T, +1 against each other); a failed run stays ranked last."""
+    names = [f"c{i}" for i in range(8)]
+    target = {n: float(i) for i, n in enumerate(names)}
+    short = {n: float(-i) for i, n in enumerate(names)}  # the short rows reverse the order at T
+    cols = {"proxy 400": dict(short), "fork 100": dict(short), "fork 400": {**short, "c7": math.inf},
+            "wsd 1600": dict(target)}
+    out = pfr._why_rows(cols, target, "proxy 400", "wsd 1600", 8)
+    assert out["fork 400 vs wsd 1600"]["tau"] == pytest.approx(-1.0 + 2 * 7 / 28)  # c7 failed: last, i.e. worst
+    assert out["proxy 400 vs wsd 1600"]["tau"] == pytest.approx(-1.0)
+    assert out["fork 400 vs proxy 400"]["tau"] == pytest.approx(1.0 - 2 * 7 / 28)
+    assert "wsd 1600 vs wsd 1600" not in out
+    assert "diagnostic (why)" in capsys.readouterr().out
+
+
 def test_resolvable_tau_counts_only_pairs_beyond_the_noise(pfr):
     x = [1.0, 2.0, 3.0, 4.0]
     y = [1.0, 1.05, 3.0, 2.9]  # (0,1) and (2,3) are inside 2 x 0.1; (2,3) is also discordant
