@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 def repo_root() -> Path:
     return ROOT
 
-SHIPPED = ("smoke", "proxy", "long")
+SHIPPED = ("smoke", "proxy", "long", "smoke-wsd", "ladder")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -36,6 +36,18 @@ def test_long_is_ten_times_proxy_and_defaults_match_proxy():
     assert load_recipe("smoke").steps < proxy.steps
 
 
+def test_ladder_ranks_at_long_s_horizon_with_long_s_run():
+    """`--recipe ladder` is the search whose top rung is the run `long` trains (its length, rate and
+    warmup), on a WSD schedule so the ladder forks at horizon/16 and /4 and reads the front at T."""
+    ladder, long = load_recipe("ladder"), load_recipe("long")
+    assert ladder.schedule == "wsd" and long.schedule == "cosine"
+    assert ladder.steps == ladder.horizon == long.steps
+    assert ladder.fork_rungs() == (long.steps // 16, long.steps // 4, long.steps)
+    assert (ladder.lr, ladder.min_lr, ladder.warmup_steps) == (long.lr, long.min_lr, long.warmup_steps)
+    assert (ladder.seq_len, ladder.batch_size) == (long.seq_len, long.batch_size)
+    assert ladder.warmup_steps < ladder.fork_rungs()[0]  # the first rung's fork starts after the warmup
+
+
 def test_resolution_by_name_from_anywhere_and_cwd_first(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # the shipped recipe, which the checkout's trials/smoke.yaml links to
@@ -49,7 +61,7 @@ def test_resolution_by_name_from_anywhere_and_cwd_first(tmp_path, monkeypatch):
 
 def test_missing_recipe_lists_available(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"recipe 'smok' not found .*one of: long, proxy, smoke"):
+    with pytest.raises(ConfigError, match=r"recipe 'smok' not found .*one of: ladder, long, proxy, smoke, smoke-wsd"):
         load_recipe("smok")
     with pytest.raises(ConfigError, match=r"recipe file .*nope\.yaml does not exist"):
         load_recipe(tmp_path / "nope.yaml")
