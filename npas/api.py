@@ -56,9 +56,10 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "ladder_agreement": ("npas.service.search.ladder", "agreement"),
     "ladder_objective_config": ("npas.service.search.ladder_run", "objective_config"),
     "STOPPED_AS": ("npas.service.search.recorder", "STOPPED_AS"),  # what a trial stopped below T may be told
-    # the rung-1 learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
+    # the located learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
     "LR_GRID": ("npas.training.located_rate", "DEFAULT_GRID"),
     "LR_MAX_EXTENSIONS": ("npas.training.located_rate", "MAX_EXTENSIONS"),
+    "lr_locate_rung": ("npas.training.located_rate", "locate_rung"),
     "lr_next_factor": ("npas.training.located_rate", "next_factor"),
     "lr_best_factor": ("npas.training.located_rate", "best_factor"),
     **{n: ("npas.service.certify.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},

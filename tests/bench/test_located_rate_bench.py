@@ -1,5 +1,5 @@
-"""bench/located_rate.py --quick end to end: the rung-1 grid by the located-rate rule, the hold-at-T runs
-at f/2, f, 2f on a fresh seed, the WSD run at the located factor, and a report from the cache alone."""
+"""bench/located_rate.py --quick end to end: the grid at the locating rung (T/4) by the located-rate rule,
+the hold-at-T runs at f/2, f, 2f on a fresh seed, and a report from the cache alone."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_quick_locates_holds_and_reports_from_the_cache(tmp_path):
     grids: dict[str, dict[float, float]] = {}
     for r in recs:
         if r["kind"] == "grid":
-            assert r["recipe"]["schedule"] == "wsd" and r["recipe"]["steps"] == 3 and r["seed"] == 0
+            assert r["recipe"]["schedule"] == "wsd" and r["recipe"]["steps"] == 6 and r["seed"] == 0  # T/4 of 24
             grids.setdefault(r["candidate"], {})[r["factor"]] = r["val_loss"] if r["status"] == "ok" else math.inf
     assert len(grids) == 4 and all({0.5, 1.0, 2.0, 4.0} <= set(g) for g in grids.values())
     for name, g in grids.items():

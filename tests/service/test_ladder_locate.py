@@ -1,5 +1,5 @@
-"""`npas search --locate-lr` (issue #35 item 1) under the promotion ladder: each trial's rate is chosen at
-the first rung from a x2 grid around its fair rate, and the winning run climbs on."""
+"""`npas search --locate-lr` (issue #35 item 1) under the promotion ladder: each trial promoted to the
+rung at T/4 has its rate chosen there from a x2 grid around its fair rate, and the winning run climbs on."""
 
 from __future__ import annotations
 
@@ -44,42 +44,50 @@ def test_the_cli_refuses_locate_lr_on_a_cosine_recipe_before_anything_is_written
 def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_local, tmp_path):
     from npas.allocation.config import ArchConfig
     from npas.training import climb
-    from npas.training.located_rate import DEFAULT_GRID, next_factor
+    from npas.training.located_rate import DEFAULT_GRID, locate_rung, next_factor
 
     saved = runner.RUNS_DIR
     runner.RUNS_DIR = tmp_path / "runs"
-    try:
-        plan = plan_search(npas.load_space(TINY), trials=4, study="loc", storage=f"sqlite:///{tmp_path}/l.db",
-                           recipe=wsd_recipe(tmp_path), sampler="random", seed=3, launch=Launch(workers=2),
-                           locate_lr=True)
+    try:  # rungs 5, 10, 40: trials start at x1, and those promoted to 10 (= T/4) locate their rate there
+        plan = plan_search(npas.load_space(TINY), trials=6, study="loc", storage=f"sqlite:///{tmp_path}/l.db",
+                           recipe=wsd_recipe(tmp_path, rungs=[5, 10, 40]), sampler="random", seed=3,
+                           launch=Launch(workers=2), locate_lr=True)
         study = search(plan)
     finally:
         runner.RUNS_DIR = saved
     assert read_record(study).locate_lr is True  # a resume continues it located
+    assert locate_rung(plan.recipe) == 10
     told = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert len(told) == 4
+    assert len(told) == 6
+    located = [t for t in told if t.user_attrs[TrialAttr.FIDELITY] >= 10]
+    assert located and len(located) < len(told)  # the ladder promoted some: only they paid for a grid
     for t in told:
+        if t not in located:  # stopped at rung 5 at its fair rate: no factor, read as x1 everywhere
+            assert TrialAttr.LR_FACTOR not in t.user_attrs and "lr_grid" not in t.user_attrs[TrialAttr.PROXY]
+            continue
         proxy = t.user_attrs[TrialAttr.PROXY]
         grid = {float(f): v for f, v in proxy["lr_grid"].items()}
         seen: dict[float, float] = {}  # the factors were tried in the rule's order, and it then stopped
         for f, v in grid.items():
             assert next_factor(seen) == f
             seen[f] = math.nan if v is None else v
-        assert next_factor(seen) is None and DEFAULT_GRID[:2] == tuple(grid)[:2]
+        assert next_factor(seen) is None and DEFAULT_GRID[:2] == tuple(grid)[:2] and proxy["lr_rung"] == 10
         factor = t.user_attrs[TrialAttr.LR_FACTOR]
         assert grid[factor] == min(v for v in grid.values() if v is not None)  # the best rung-10 loss wins
-        # every grid run trains to rung 10; all but the winner's are the grid's cost, apart from trained_steps
-        assert t.user_attrs[TrialAttr.LR_GRID_STEPS] == 10 * (len(grid) - 1)
         assert t.user_attrs[TrialAttr.RUNG_LOSSES]["10"] == grid[factor]
-    t = told[-1]
-    factor = t.user_attrs[TrialAttr.LR_FACTOR]
-    c = climb.start(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), plan.recipe, plan.corpus, device="cpu",
-                    reference=plan.space.reference_chassis, lr_factor=factor)
-    c.climb(until=t.user_attrs[TrialAttr.FIDELITY])
-    assert {str(k): v for k, v in c.rung_losses.items()} == t.user_attrs[TrialAttr.RUNG_LOSSES]  # bitwise, climbed on
-    assert c.trained_steps == t.user_attrs[TrialAttr.TRAINED_STEPS]
-    edge = t.user_attrs[TrialAttr.PROXY]["lr_at_edge"]  # an optimum still at the grid's edge is flagged
-    assert edge == (factor in (min(grid), max(grid)))
+        cfg = ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
+        # every grid run climbs to rung 10 (through rung 5's fork); all but the winner's are the grid's cost
+        per = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=plan.space.reference_chassis)
+        per.climb(until=10)
+        assert per.rung_losses[10] == grid[1.0]  # the grid's x1 run is the trial's own climb from rung 5
+        assert t.user_attrs[TrialAttr.LR_GRID_STEPS] == per.trained_steps * (len(grid) - 1)
+        c = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=plan.space.reference_chassis,
+                        lr_factor=factor)
+        c.climb(until=t.user_attrs[TrialAttr.FIDELITY])
+        assert {str(k): v for k, v in c.rung_losses.items()} == t.user_attrs[TrialAttr.RUNG_LOSSES]  # bitwise
+        assert c.trained_steps == t.user_attrs[TrialAttr.TRAINED_STEPS]
+        edge = proxy["lr_at_edge"]  # an optimum still at the grid's edge is flagged
+        assert edge == (factor in (min(grid), max(grid)))
 
 
 def test_a_study_without_locate_lr_reads_back_at_the_fair_rate():

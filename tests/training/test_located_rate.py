@@ -109,3 +109,34 @@ def test_locate_trains_the_grid_to_rung_one_and_keeps_the_winning_run(corpus):
     straight = climb.start(TIED, slow, corpus, device="cpu", reference=REFERENCE, lr_factor=16.0)
     assert run.climb() == straight.climb()
     assert run.trained_steps == 16 + 2 and torch.get_num_threads() >= 1
+
+
+def test_the_locating_rung_is_the_highest_below_the_top_at_or_under_a_quarter_of_the_run():
+    from npas.training.located_rate import locate_rung
+
+    def at(steps: int, rungs: tuple[int, ...]) -> int:
+        return locate_rung(Recipe.from_dict({**WSD.to_dict(), "steps": steps, "horizon": steps, "rungs": list(rungs)}))
+
+    assert at(1600, (100, 400, 1600)) == 400  # the default ladder: T/4, not the first rung (T/16)
+    assert at(4000, (250, 1000, 4000)) == 1000  # the shipped `ladder` recipe
+    assert at(16, (8, 16)) == 8  # no rung at or below T/4: the first
+    assert at(16, (3, 4, 8, 16)) == 4
+
+
+def test_locate_at_a_later_rung_continues_the_fair_climb_as_the_grids_x1_run(corpus):
+    three = Recipe.from_dict({**WSD.to_dict(), "rungs": [3, 4, 16]})  # locating rung 4 = T/4
+    fair = climb.start(TIED, three, corpus, device="cpu", reference=REFERENCE)
+    fair.step_up()  # the trial was scored at rung 3 at its fair rate, then promoted
+    run, located = locate(TIED, three, corpus, device="cpu", reference=REFERENCE, fair=fair)
+    assert located.rung == 4 and located.to_dict()["lr_rung"] == 4
+    straight = {f: climb.start(TIED, three, corpus, device="cpu", reference=REFERENCE, lr_factor=f) for f in located.losses}
+    for f, c in straight.items():  # every grid run is a straight climb to rung 4 at its factor: bit for bit
+        assert c.climb(until=4)[4] == located.losses[f] or (math.isnan(c.rung_losses[4]) and math.isnan(located.losses[f]))
+    assert run.lr_factor == located.factor and run.top == 4
+    assert run.rung_losses == straight[located.factor].rung_losses  # rung 3's fork included
+    per = straight[1.0].trained_steps  # to rung 4 through rung 3's fork
+    assert per > 4 and located.lr_grid_steps == per * (len(located.losses) - 1)  # x1 counted when it loses
+    with pytest.raises(ValueError, match="x1 below rung 4"):
+        locate(TIED, three, corpus, device="cpu", reference=REFERENCE, fair=run)  # already at the rung
+    with pytest.raises(ValueError, match="not one of the recipe's rungs"):
+        locate(TIED, three, corpus, device="cpu", reference=REFERENCE, rung=5)

@@ -120,6 +120,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     from npas.allocation.config import ArchConfig
     from npas.service.search.outcome import combine_repeats, repeat_seeds
     from npas.training import climb as climbing
+    from npas.training.located_rate import locate_rung
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig.from_dict(config["allocation"])
@@ -132,6 +133,37 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     def fail(reason: str, rung: int = 0) -> None:
         tune.report({"val_loss": math.inf, "rung": rung, "step": rung, "final": True, "node": node, **objectives,
                      "proxy": json.dumps({"status": "failed", "failure_reason": reason[:1500]})})
+
+    state: dict[str, Any] = {}
+
+    def init_state() -> Any:
+        """``--init-from``: every seed's run (and every run of the rate grid) starts from the trained
+        model, converted; computed once, when a run first needs it."""
+        if spec.init_from and "init" not in state:
+            from npas.conversion.init_from import initial_state
+
+            state["init"] = initial_state(spec.init_from, cfg, recipe.seed, corpus, recipe.seq_len)
+        return state.get("init")
+
+    def seed_recipe(seed: int) -> Recipe:
+        return recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
+
+    def locate_here() -> None:
+        """--locate-lr, on the step to the locating rung: the first seed's climb is the grid's x1 run and
+        the grid's best run replaces it; the other seeds restart at the located factor (their x1 steps
+        so far are the grid's cost too) and are climbed to the rung with the rest."""
+        from npas.training.located_rate import locate
+
+        first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state(),
+                                fair=climbs[0])
+        spent = 0
+        if located.factor != 1.0:
+            for i in range(1, len(climbs)):
+                spent += climbs[i].trained_steps
+                climbs[i] = climbing.start(cfg, seed_recipe(seeds[i]), corpus, reference=spec.reference,
+                                           init_state=init_state(), lr_factor=located.factor)
+        climbs[0] = first
+        meta["located"] = {**located.to_dict(), "lr_grid_steps": located.lr_grid_steps + spent}
 
     started = time.perf_counter()
     ckpt, old = tune.get_checkpoint(), None
@@ -146,23 +178,10 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
             old = Path(config["resume_from"])
             climbs, meta = load_climbs(old, cfg, corpus, spec, len(seeds))
         else:
-            init_state = None
-            if spec.init_from:  # every seed starts from the trained model, converted
-                from npas.conversion.init_from import initial_state
-
-                init_state = initial_state(spec.init_from, cfg, recipe.seed, corpus, recipe.seq_len)
             climbs, meta = [], {"wall_s": 0.0, "train_s": 0.0}
-            factor = 1.0
-            if spec.locate_lr:  # the first seed's grid at rung 1; its best run is the trial's own climb
-                from npas.training.located_rate import locate
-
-                first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state)
-                climbs.append(first)
-                factor, meta["located"] = located.factor, located.to_dict()
-            for seed in seeds[len(climbs):]:  # the other seeds climb at the factor the first located
-                r = recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
-                climbs.append(climbing.start(cfg, r, corpus, reference=spec.reference, init_state=init_state,
-                                             lr_factor=factor))
+            for seed in seeds:
+                climbs.append(climbing.start(cfg, seed_recipe(seed), corpus, reference=spec.reference,
+                                             init_state=init_state()))
     except Exception as e:  # raised by the set-up itself: it would raise again on every retry
         return fail(f"starting the climb raised {type(e).__name__}: {' '.join(str(e).split())}")
     meta["wall_s"] += time.perf_counter() - started
@@ -192,24 +211,18 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     if old is not None and climbs[0].top:  # re-enqueued: decide the rung reached again, train nothing
         report(with_checkpoint=climbs[0].next_rung is not None)
         shutil.rmtree(old, ignore_errors=True)  # Tune holds the trial's state now
-    elif "located" in meta and ckpt is None and old is None:  # the grid left the first seed at rung 1
-        t0 = time.perf_counter()
-        for c in climbs[1:]:
-            c.step_up()
-        failed = next((i for i, c in enumerate(climbs) if c.failed is not None), None)
-        if failed is not None:
-            return fail(f"at the located rate x{climbs[0].lr_factor:g}: {climbs[failed].failed}", climbs[0].top)
-        meta["wall_s"] += time.perf_counter() - t0
-        meta["train_s"] += time.perf_counter() - t0
-        report(with_checkpoint=climbs[0].next_rung is not None)
     while climbs[0].next_rung is not None:
         t0 = time.perf_counter()
         try:
+            rung = climbs[0].next_rung
+            if spec.locate_lr and "located" not in meta and rung == locate_rung(recipe):
+                locate_here()
             for i, c in enumerate(climbs):
-                c.step_up()
+                c.climb(until=rung)  # one rung up; a seed restarted by the grid climbs through the lower ones
                 if c.failed is not None:
                     which = f"seed {seeds[i]} (repeat {i + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
-                    return fail(which + c.failed, c.top)
+                    rate = f"at the located rate x{c.lr_factor:g}: " if c.lr_factor != 1.0 else ""
+                    return fail(which + rate + c.failed, c.top)
         except Exception as e:
             return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top)
         spent = time.perf_counter() - t0

@@ -55,7 +55,7 @@ class SearchPlan:
     tokenizer: str = DEFAULT_TOKENIZER
     init: Mapping[str, str] | None = None
     data: str | None = None  # the --data given (a join or resume reads the study's corpus from it)
-    locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's first rung (located_rate)
+    locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's rung at T/4 (located_rate)
     given: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -134,7 +134,7 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     if locate_lr and not (rec.schedule == "wsd" and launch.early_stop is not False):
         why = "--no-early-stop trains every trial to T" if rec.schedule == "wsd" else \
             f"recipe {rec.name!r} has schedule {rec.schedule!r}"
-        raise StudyError(f"--locate-lr chooses each trial's rate at the promotion ladder's first rung, but {why}; "
+        raise StudyError(f"--locate-lr chooses each trial's rate at a rung of the promotion ladder, but {why}; "
                          "use a recipe with schedule: wsd and early stopping, or drop --locate-lr")
     glob, text = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
     source = data or rec.data

@@ -38,7 +38,7 @@ class WorkerSpec:
     repeats: int = 1  # seeds per trial: the trainable loops over them
     init_from: dict[str, str] | None = None  # `search --init-from`: each worker converts this model
     corpus: Any = None  # embedded Ray: the corpus itself, shipped through the object store
-    locate_lr: bool = False  # the ladder: choose each trial's rate at the first rung (npas.training.located_rate)
+    locate_lr: bool = False  # the ladder: choose each trial's rate at the rung at T/4 (npas.training.located_rate)
 
     @classmethod
     def of(cls, corpus: Corpus, reference: Chassis, repeats: int, init: dict | None, embed: bool) -> WorkerSpec:

@@ -47,7 +47,7 @@ class StudyAttr(StrEnum):
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
     # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
-    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's first rung (issue #35)
+    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's rung at T/4 (issue #35)
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -101,7 +101,7 @@ class TrialAttr(StrEnum):
     LADDER = "ladder"  # the ladder, while running: {"objectives", "std": {"t": se}, "promoted": [rungs]} (rung_exchange)
     LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
     LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
-    LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rung-1 grid runs not kept (apart from trained_steps)
+    LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rate grid's runs not kept (apart from trained_steps)
 
 
 class Constraint(StrEnum):
@@ -147,7 +147,7 @@ class StudyRecord:
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
     init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
     learned: dict | None = None  # learned groups' source and layer similarity; None: the space learns no groups
-    locate_lr: bool = False  # each trial's rate located at the first rung; studies before it ran at the fair rate
+    locate_lr: bool = False  # each trial's rate located at the rung at T/4; studies before it ran at the fair rate
 
     # field name -> stored attribute name (the two differ where the database name predates the record)
     _KEYS = {"version": StudyAttr.VERSION, "space_text": StudyAttr.SPACE_TEXT, "space_hash": StudyAttr.SPACE_HASH,
