@@ -161,6 +161,28 @@ def run(mode: Mode, allocs: dict[str, ArchConfig], device: str | None) -> int:
     return 0
 
 
+def _hf(args: argparse.Namespace) -> int:
+    """`--hf` (bench/convert_hf.py): the plan with what is cached and due, the table from the cache
+    (`--report`), or training what is due in rounds. Quick mode caches in a temporary folder unless
+    `--out` names one (the full run's default is the committed `bench/results/convert_hf`)."""
+    import tempfile
+
+    from bench.convert_hf import OUT, Cache, HFMode, cycle_lora, hf_modes, print_hf_plan, report_hf, run_hf
+
+    hmode = hf_modes()["quick" if args.quick else "full"]
+    if args.seeds is not None:
+        hmode = HFMode(hmode.chassis, hmode.dense, hmode.uptrain, tuple(range(args.seeds)))
+    cfg = cycle_lora(hmode.chassis)
+    with tempfile.TemporaryDirectory(prefix="convert_hf-") as tmp:
+        out = Path(args.out) if args.out else Path(tmp) if args.quick else OUT
+        print_hf_plan(hmode, cfg, Cache.of(hmode, cfg, out))
+        if args.plan:
+            return 0
+        if args.report:
+            return report_hf(hmode, cfg, out)
+        return run_hf(hmode, cfg, args.device, out, args.workers, args.max_minutes)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny chassis and smoke recipes, one seed")
@@ -169,17 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 full, 1 quick)")
     ap.add_argument("--hf", action="store_true", help="a LLaMA trained here, saved in Hugging Face format, converted "
                     "to cycle + LoRA at 0.5x vs scratch, each arm at its located rate (bench/convert_hf.py)")
+    ap.add_argument("--workers", type=int, default=2, help="--hf: training processes, one thread each (default 2)")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="--hf: start no new run after this many minutes (runs in flight finish and are cached)")
+    ap.add_argument("--report", action="store_true",
+                    help="--hf: print the table from the cache only (INCOMPLETE and what is due if runs are missing)")
+    ap.add_argument("--out", default=None, help="--hf: the cache folder (default bench/results/convert_hf; "
+                    "--quick: a temporary folder, removed at exit)")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
+    if args.max_minutes is not None and args.max_minutes < 0:
+        ap.error("--max-minutes must be >= 0")
+    if not args.hf and (args.report or args.out or args.max_minutes is not None or args.workers != 2):
+        ap.error("--workers, --max-minutes, --report and --out go with --hf")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.hf:
-        from bench.convert_hf import HFMode, cycle_lora, hf_modes, print_hf_plan, run_hf
-
-        hmode = hf_modes()["quick" if args.quick else "full"]
-        if args.seeds is not None:
-            hmode = HFMode(hmode.chassis, hmode.dense, hmode.uptrain, tuple(range(args.seeds)))
-        cfg = cycle_lora(hmode.chassis)
-        print_hf_plan(hmode, cfg)
-        return 0 if args.plan else run_hf(hmode, cfg, args.device)
+        return _hf(args)
     mode = modes()["quick" if args.quick else "full"]
     if args.seeds is not None:
         mode = Mode(mode.chassis, mode.dense, mode.proxy, tuple(range(args.seeds)))

@@ -2,6 +2,11 @@
 format, converted to cycle tying + LoRA at 0.5x its parameters and uptrained, against the same allocation
 from scratch at equal uptraining and at equal total steps.
 
+    nice -n 19 python bench/convert.py --hf --plan                 # the plan, what is cached, what is due now
+    nice -n 19 python bench/convert.py --hf --max-minutes 150      # train what is due (rounds), then the table
+    nice -n 19 python bench/convert.py --hf --report               # the table from the cache alone; trains nothing
+    nice -n 19 python bench/convert.py --hf --quick --workers 1    # tiny chassis in a temporary folder (--out keeps it)
+
 Each arm trains at its *located* rate: a learning-rate grid (multiples of the recipe's lr) on seed 0,
 walked upwards by npas's own rule (`npas.lr_next_factor`: a rate clearly worse than the best so far
 ends the walk up, an edge optimum extends one step, at most `MAX_EXTEND` times), then every seed at
@@ -11,22 +16,49 @@ difference with a 95% t-interval.
 PASS: converted + uptraining beats scratch at equal uptraining on every seed. The equal-total-steps
 comparison (scratch trained for the dense model's steps plus the uptraining's) is reported with its
 verdict either way.
+
+Sizes (full mode), and why: a d_model 64 x 8-layer LLaMA (SwiGLU d_ff 176, 4 query and 2 K/V heads,
+RMSNorm; 374,080 parameters), the dense model trained with the `long` recipe cut to 2,000 steps (its
+lr 4e-3, warmup and 10x cosine floor, the cosine ending at 2,000; one thread, as every pool worker),
+uptraining with `proxy` (400 steps), 5 seeds. The first plan (d_model 128, the whole `long` recipe)
+was ~17.7 CPU core-hours: not runnable on a 2-core machine in 3-hour sessions. This one is ~2.5
+(`--plan`), and d_model 64 x 8 is the size of the existing conversion evidence in docs/RESULTS.md
+(the Relaxed Recursive Transformers row: a d_model 64 x 8 dense reference, 1,000 steps, converted to
+cycle U=4 + LoRA), so the two read side by side. Quick mode is a smoke test of the machinery only.
+
+Cache, so the run spans sessions: every finished run is one record in `bench/results/convert_hf/`
+(`bench/harness/store.py`), keyed ``<arm>-x<lr multiple>-s<seed>-<steps>-<code version>.json``; the
+code version hashes the files that decide a run's numbers (training, the allocation, the LLaMA
+model, conversion, Hugging Face I/O) and the settings every run shares (`code_version`). The dense
+model is cached too, as the Hugging Face directory `write_hf` wrote (`dense-<version>/`, ~1.5 MB
+fp32, committed with the records) plus its record `dense-<version>.json`: trained once, only when a
+converted run is due, and read back with `read_hf_dir` by every converted run after it. Training
+goes in rounds on a process pool (`due_jobs`: per arm the next grid point the rule asks for, or
+once the grid is walked, the missing seeds at the located rate), each record saved the moment its
+run finishes; `--max-minutes` stops starting runs, and a later invocation picks up from the cache.
+The table is `locate_and_repeat` over the cache (`--report` prints it without training).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import shutil
 import statistics
-import tempfile
 import time
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
 
+from bench.harness import store
+from bench.harness.pool import run_pool
 from bench.harness.recipes import bench_recipe  # noqa: E402
+from bench.harness.version import NUMERICS_FILES, ROOT, files_version
 from npas import (
     ArchConfig,
     Chassis,
@@ -44,6 +76,19 @@ MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
 # 20.3 GFLOP/s per worker at d_model 128 on this (shared, loaded) machine on 2026-12-02; bench/lr_transfer.py
 # states 50 on a quiet one. The estimate uses the loaded figure and prints the quiet one beside it.
 CPU_FLOPS, QUIET_CPU_FLOPS = 2.0e10, 5.0e10
+OUT = ROOT / "bench" / "results" / "convert_hf"  # the full run's cache (quick: a temporary folder or --out)
+# Beyond the training loop and the allocation (NUMERICS_FILES, the LLaMA model and chassis among them):
+# what `write_hf` writes, what `read_hf_dir` reads back (weights and tokenizer) and what
+# `convert_model` does to the weights it read (cycle tying + LoRA, MLP width refit on calibration text).
+CONVERSION_FILES = ("npas/conversion/hf_export.py", "npas/conversion/hf_source.py", "npas/training/tokenizers.py",
+                    "npas/conversion/convert.py", "npas/conversion/align.py", "npas/conversion/atoms.py",
+                    "npas/conversion/banks.py", "npas/conversion/calibration.py", "npas/conversion/experts.py",
+                    "npas/conversion/lora.py", "npas/conversion/lowrank.py", "npas/conversion/residual.py",
+                    "npas/conversion/source.py", "npas/conversion/tying.py", "npas/conversion/widths.py")
+VERSIONED = (*NUMERICS_FILES, *CONVERSION_FILES)
+DENSE = ("dense", 1.0, 0)  # the dense model's job: trained once, by the pool like any run
+
+Job = tuple[str, float, int]  # (arm, lr multiple, seed)
 
 
 @dataclass(frozen=True)
@@ -55,13 +100,17 @@ class HFMode:
 
 
 def hf_modes() -> dict[str, HFMode]:
-    full = Chassis(vocab_size=68, context=128, d_model=128, n_layers=8, n_heads=4, d_ff=352, activation="swiglu",
+    """Full: d_model 64 x 8, dense `long` cut to 2,000 steps, `proxy` uptraining, 5 seeds (the module
+    docstring says why). Quick: a smoke test of the machinery, small enough for a minute or two on one core."""
+    full = Chassis(vocab_size=68, context=128, d_model=64, n_layers=8, n_heads=4, d_ff=176, activation="swiglu",
                    family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
     quick = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=176, activation="swiglu",
                     family="llama", n_kv_heads=2, rms_norm_eps=1e-5)
     smoke = bench_recipe("smoke")
-    return {"full": HFMode(full, bench_recipe("long"), bench_recipe("proxy"), (0, 1, 2, 3, 4)),
-            "quick": HFMode(quick, smoke.with_steps(300), smoke.with_steps(100), (0, 1))}
+    # `long` trains on 2 threads; here the dense model is one pool worker beside the others (1 thread each)
+    dense = replace(bench_recipe("long").with_steps(2000), threads=1)
+    return {"full": HFMode(full, dense, bench_recipe("proxy"), (0, 1, 2, 3, 4)),
+            "quick": HFMode(quick, smoke.with_steps(150), smoke.with_steps(40), (0, 1))}
 
 
 def cycle_lora(ch: Chassis) -> ArchConfig:
@@ -121,7 +170,8 @@ def plan_cost(mode: HFMode, cfg: ArchConfig) -> dict[str, float]:
             "flops_at_most": dense + (per_run + MAX_EXTEND) * sum(arm.values())}
 
 
-def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
+def print_hf_plan(mode: HFMode, cfg: ArchConfig, cache: Cache | None = None) -> None:
+    """The plan: sizes, arms, rate location, steps and cost; with ``cache``, what it holds and what is due now."""
     d, u = mode.dense, mode.uptrain
     ref = count(reference_config(mode.chassis)).stored_params
     total = d.steps + u.steps
@@ -141,7 +191,21 @@ def print_hf_plan(mode: HFMode, cfg: ArchConfig) -> None:
     print(f"  runs: {c['runs']} (at most {c['runs_at_most']}); training {c['flops'] / 1e12:,.0f} TFLOP (3x forward, "
           f"evaluation excluded) -> ~{hours['flops']:.2f} CPU core-hours at {CPU_FLOPS / 1e9:.0f} GFLOP/s per thread "
           f"(at most {hours['flops_at_most']:.2f}; ~{c['flops'] / QUIET_CPU_FLOPS / 3600:.2f} on a quiet machine at "
-          f"{QUIET_CPU_FLOPS / 1e9:.0f}); nothing is cached: every run trains")
+          f"{QUIET_CPU_FLOPS / 1e9:.0f})")
+    if cache is None:
+        return
+    due = due_jobs(mode, cache.known)
+    dense_due = cache.dense_due(due)
+    left = sum(cache.steps(arm) for arm, _, _ in due) + (mode.dense.steps if dense_due else 0)
+    print(f"  cache {cache.where()} (code version {cache.version}): {cache.cached_runs()} runs cached, the dense "
+          f"model {'cached' if cache.dense_ready() else 'not cached'}; due now: "
+          + (f"{len(due)} runs{' and the dense model (trained first: the converted run waits for it)' if dense_due else ''}"
+             f", {left:,} steps: {describe(due)}" if due else "nothing, the table is complete (--report prints it)"))
+
+
+def describe(jobs: list[Job]) -> str:
+    """``converted x0.25 s0, ...``: a list of runs, for the plan and an incomplete report."""
+    return ", ".join(f"{arm} x{mult:g} s{seed}" for arm, mult, seed in jobs)
 
 
 def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t0: float | None = None
@@ -172,42 +236,292 @@ def _t95(n: int) -> float:
     return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
 
 
-def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
-    from npas import (
-        calibration_ids,
-        convert_model,
-        eval_batches,
-        evaluate,
-        load_corpus,
-        read_hf_dir,
-        train_model,
-        write_hf,
-    )
+def _t95(n: int) -> float:
+    from scipy import stats
 
-    corpus = load_corpus(None, mode.dense.val_fraction, mode.dense.test_fraction)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    evals = eval_batches(corpus, mode.uptrain)
+    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
+
+
+def code_version(mode: HFMode, cfg: ArchConfig) -> str:
+    """The cache's code version: ``VERSIONED``'s content and the settings every run shares (chassis,
+    recipes, the allocation, the grid and its extensions), so changing any of them starts a fresh cache.
+    The seeds are not in it: a run is keyed by its own seed, so adding seeds keeps the cached ones."""
+    settings = {"chassis": mode.chassis.to_dict(), "dense": mode.dense.to_dict(), "uptrain": mode.uptrain.to_dict(),
+                "allocation": cfg.hash, "grid": list(GRID), "max_extend": MAX_EXTEND}
+    return files_version(VERSIONED, settings)
+
+
+def run_key(arm: str, mult: float, seed: int, steps: int, version: str) -> str:
+    """A run's record name in the store (its legacy file name): arm, lr multiple, seed, steps, code version."""
+    return f"{arm}-x{mult:g}-s{seed}-{steps}-{version}.json"
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The run's cache folder at one code version: the runs' records, the dense model's Hugging Face
+    directory and its record."""
+
+    mode: HFMode
+    cfg: ArchConfig
+    out: Path
+    version: str
+
+    @classmethod
+    def of(cls, mode: HFMode, cfg: ArchConfig, out: Path) -> Cache:
+        return cls(mode, cfg, Path(out), code_version(mode, cfg))
+
+    def steps(self, arm: str) -> int:
+        return self.mode.dense.steps if arm == "dense" else arm_steps(self.mode)[arm]
+
+    def path(self, arm: str, mult: float, seed: int) -> Path:
+        if arm == "dense":
+            return self.out / f"dense-{self.version}.json"
+        return self.out / run_key(arm, mult, seed, self.steps(arm), self.version)
+
+    @property
+    def dense_dir(self) -> Path:
+        return self.out / f"dense-{self.version}"
+
+    def where(self) -> str:
+        try:
+            return str(self.out.resolve().relative_to(ROOT))
+        except ValueError:
+            return str(self.out)
+
+    def known(self, arm: str, mult: float, seed: int) -> float | None:
+        """A cached run's validation loss (NaN: it ran and failed, e.g. diverged), None when not cached."""
+        p = self.path(arm, mult, seed)
+        if not store.exists(p):
+            return None
+        val = store.load(p).get("val_loss")
+        return math.nan if val is None else float(val)
+
+    def dense_record(self) -> dict[str, Any] | None:
+        p = self.path(*DENSE)
+        return store.load(p) if store.exists(p) else None
+
+    def dense_ready(self) -> bool:
+        """The dense model trained and its Hugging Face directory in place (both: a deleted folder retrains)."""
+        rec = self.dense_record()
+        return rec is not None and rec.get("status") == "ok" and (self.dense_dir / "config.json").is_file()
+
+    def dense_due(self, due: list[Job]) -> bool:
+        """The dense model trains only when missing and a converted run is due."""
+        return any(arm == "converted" for arm, _, _ in due) and not self.dense_ready()
+
+    def cached_runs(self) -> int:
+        """Records of the arms' runs at this version (the dense model's not counted)."""
+        tail = f"-{self.version}.json"
+        return sum(n.endswith(tail) and n.split("-", 1)[0] in ARMS for n in store.names(self.out))
+
+    def spec(self, job: Job, device: str | None) -> dict[str, Any]:
+        """What a pool worker needs to train ``job``, as plain data (spawned processes rebuild the rest)."""
+        arm, mult, seed = job
+        return {"arm": arm, "mult": mult, "seed": seed, "steps": self.steps(arm), "config": self.cfg.to_json(),
+                "dense": self.mode.dense.to_dict(), "uptrain": self.mode.uptrain.to_dict(),
+                "dense_dir": str(self.dense_dir), "device": device, "code_version": self.version}
+
+
+def due_jobs(mode: HFMode, known: Callable[[str, float, int], float | None]) -> list[Job]:
+    """The runs due now, given ``known(arm, mult, seed)`` (a cached loss, or None): per arm, the first
+    factor npas's rule asks for on seed 0 that is not cached (one per arm: the rule's next step
+    depends on its loss), or, once the arm's grid is walked, every missing seed at the located factor.
+    The same walk as `locate_and_repeat`, so when nothing is due it can read its table from the cache."""
+    due: list[Job] = []
+    for arm in ARMS:
+        tried: dict[float, float] = {}
+        while (m := lr_next_factor(tried, GRID, 2.0, MAX_EXTEND)) is not None:
+            loss = known(arm, m, 0)
+            if loss is None:
+                due.append((arm, m, 0))
+                break
+            tried[m] = loss
+        else:
+            best = lr_best_factor(tried)
+            due += [(arm, best, s) for s in mode.seeds if s != 0 and known(arm, best, s) is None]
+    return due
+
+
+@functools.cache
+def _corpus(val_fraction: float, test_fraction: float) -> Any:
+    from npas import load_corpus
+
+    return load_corpus(None, val_fraction, test_fraction)
+
+
+def train_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run, in a pool worker: a spawned process, so everything arrives as plain data (`Cache.spec`)
+    and is rebuilt here. One torch thread: the pool runs one worker per core. An exception comes back
+    as a record with status "error", which is not cached (the round loop reports it and stops)."""
+    torch.set_num_threads(1)
+    t = time.perf_counter()
+    try:
+        return _train_dense(spec) if spec["arm"] == "dense" else _train_arm(spec)
+    except Exception as err:  # a broken run must not take the pool's finished runs with it
+        return {"arm": spec["arm"], "mult": spec["mult"], "seed": spec["seed"], "steps": spec["steps"],
+                "status": "error", "val_loss": None, "wall_s": time.perf_counter() - t,
+                "failure_reason": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"[:2000]}
+
+
+def _device(spec: dict[str, Any]) -> torch.device:
+    return torch.device(spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _test_loss(model: torch.nn.Module, corpus: Any, recipe: Recipe, dev: torch.device) -> float | None:
+    from npas import eval_batches, evaluate
+
+    loss = evaluate(model, eval_batches(corpus, recipe, split="test"), dev, recipe)
+    return loss if math.isfinite(loss) else None
+
+
+def _train_arm(spec: dict[str, Any]) -> dict[str, Any]:
+    """One arm's run: the converted arm reads the cached dense model back (`read_hf_dir`), converts it
+    (`convert_model`, seeded, MLP widths refit on calibration text) and uptrains; the scratch arms train
+    the allocation from the recipe's fresh init."""
+    from npas import calibration_ids, convert_model, eval_batches, evaluate, read_hf_dir, train_model
+
+    cfg = ArchConfig.from_json(spec["config"])
+    uptrain = Recipe.from_dict(spec["uptrain"])
+    recipe = with_lr(uptrain, spec["mult"], spec["seed"], spec["steps"])
+    corpus = _corpus(uptrain.val_fraction, uptrain.test_fraction)
+    dev = _device(spec)
+    init, converted = None, {}
+    if spec["arm"] == "converted":
+        ck = read_hf_dir(spec["dense_dir"])
+        conv = convert_model(ck.model, cfg, seed=spec["seed"], calibration=calibration_ids(corpus, uptrain.seq_len))
+        init = {k: v.clone() for k, v in conv.model.state_dict().items()}
+        # what conversion cost before any uptraining (one pass over the validation batches; a diagnostic)
+        converted = {"converted_val_loss": evaluate(conv.model.to(dev), eval_batches(corpus, recipe), dev, recipe)}
+    model, res = train_model(cfg, recipe, corpus, device=dev, init_state=init)
+    return {"arm": spec["arm"], "mult": spec["mult"], "seed": spec["seed"], "steps": spec["steps"], "lr": recipe.lr,
+            "status": res.status, "val_loss": res.val_loss, **converted,
+            "test_loss": _test_loss(model, corpus, recipe, dev) if res.status == "ok" else None,
+            "failure_reason": res.failure_reason, "steps_done": res.steps_done, "wall_s": res.wall_s,
+            "tokens_per_s": res.tokens_per_s, "device": res.device, "code_version": spec["code_version"]}
+
+
+def _train_dense(spec: dict[str, Any]) -> dict[str, Any]:
+    """The dense reference: trained, written by `write_hf` (via a temporary folder, renamed into place,
+    so a killed run never leaves a half-written model under the cached name), read back with
+    `read_hf_dir` and scored on the uptraining's validation batches (the arms' seed-0 batches)."""
+    from npas import eval_batches, evaluate, read_hf_dir, train_model, write_hf
+
+    t = time.perf_counter()
+    dense, uptrain = Recipe.from_dict(spec["dense"]), Recipe.from_dict(spec["uptrain"])
+    ref = reference_config(ArchConfig.from_json(spec["config"]).chassis)
+    corpus = _corpus(dense.val_fraction, dense.test_fraction)
+    dev = _device(spec)
+    model, res = train_model(ref, dense, corpus, device=dev)
+    rec = {"arm": "dense", "steps": dense.steps, "lr": dense.lr, "status": res.status,
+           "train_val_loss": res.val_loss, "failure_reason": res.failure_reason, "steps_done": res.steps_done,
+           "device": res.device, "code_version": spec["code_version"]}
+    if res.status != "ok":
+        return {**rec, "val_loss": None, "wall_s": time.perf_counter() - t}
+    final = Path(spec["dense_dir"])
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    written = write_hf(model.to("cpu"), ref, tmp, corpus.tokenizer)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    ck = read_hf_dir(final)
+    val = evaluate(ck.model.to(dev), eval_batches(corpus, uptrain), dev, uptrain)
+    return {**rec, "val_loss": val, "test_loss": _test_loss(ck.model, corpus, uptrain, dev),
+            "hf_dir": final.name, "hf_kind": written["kind"], "params": written["params"], "bytes": written["bytes"],
+            "wall_s": time.perf_counter() - t}
+
+
+def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None, out: Path = OUT, workers: int = 2,
+           max_minutes: float | None = None) -> int:
+    """Train what is due in rounds (`due_jobs`) on `workers` processes, each record cached the moment
+    its run finishes, until nothing is due or `max_minutes` is spent (no run starts after it; runs in
+    flight finish); then `report_hf`. A round's runs go longest first, so the long scratch runs do not
+    end up last on one worker. Returns 1 when a run raised (not cached), else 0, complete or not."""
+    cache = Cache.of(mode, cfg, out)
     t0 = time.perf_counter()
-    dense, _ = train_model(reference_config(mode.chassis), mode.dense, corpus, device=dev)
-    with tempfile.TemporaryDirectory() as tmp:
-        write_hf(dense.to("cpu"), reference_config(mode.chassis), Path(tmp) / "llama-hf", corpus.tokenizer)
-        ck = read_hf_dir(Path(tmp) / "llama-hf")
-    dense_val = evaluate(ck.model.to(dev), evals, dev, mode.uptrain)
-    ck.model.to("cpu")
-    print(f"dense (read back from HF format): val {dense_val:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    calibration = calibration_ids(corpus, mode.uptrain.seq_len)
-    total = mode.dense.steps + mode.uptrain.steps
+    print(f"cache {cache.where()} (code version {cache.version}): {cache.cached_runs()} runs cached; "
+          f"{workers} worker(s)" + (f", time box {max_minutes:g} min" if max_minutes is not None else ""), flush=True)
+    errors: list[dict[str, Any]] = []
 
-    def train(arm: str, mult: float, seed: int) -> float:
-        steps = total if arm == "scratch_equal_total" else mode.uptrain.steps
-        recipe = with_lr(mode.uptrain, mult, seed, steps)
-        init = None
-        if arm == "converted":
-            init = {k: v.clone() for k, v in convert_model(ck.model, cfg, seed=seed,
-                                                           calibration=calibration).model.state_dict().items()}
-        return train_model(cfg, recipe, corpus, device=dev, init_state=init)[1].val_loss
+    def save(job: Job, rec: dict[str, Any]) -> None:
+        arm, mult, seed = job
+        if rec["status"] == "error":
+            errors.append(rec)
+            print(f"  {arm} x{mult:g} s{seed}: ERROR (not cached) {rec['failure_reason']}", flush=True)
+            return
+        store.save(cache.path(*job), rec)
+        val = "-" if rec["val_loss"] is None else f"{rec['val_loss']:.4f}"
+        if arm == "dense":
+            print(f"dense (read back from HF format): val {val} ({rec['wall_s']:.0f} s)", flush=True)
+        else:
+            print(f"  {arm:<21} x{mult:<6g} s{seed}: {rec['status']} val {val} ({rec['wall_s']:.0f} s) "
+                  f"[{time.perf_counter() - t0:.0f} s]", flush=True)
 
-    located, losses = locate_and_repeat(mode, train, t0)
+    def fits(_job: Job) -> bool:
+        return max_minutes is None or time.perf_counter() - t0 < max_minutes * 60
+
+    rnd = 0
+    while due := due_jobs(mode, cache.known):
+        rnd += 1
+        if not fits(due[0]):
+            print(f"time box of {max_minutes:g} min spent: {len(due)} runs due now, not started", flush=True)
+            break
+        todo = list(due)
+        if cache.dense_due(due):
+            rec = cache.dense_record()
+            if rec is not None and rec.get("status") != "ok":
+                print(f"the dense model's cached run {rec.get('status')} ({rec.get('failure_reason')}): converted runs "
+                      f"cannot start; forget {cache.path(*DENSE).name} (bench/harness/store.py) to retrain it")
+                return 1
+            todo = [DENSE] + [j for j in todo if j[0] != "converted"]  # converted: next round, from its weights
+        todo.sort(key=lambda j: -cache.steps(j[0]))
+        print(f"round {rnd}: {describe(todo)}", flush=True)
+        ran = run_pool(todo, train_job, lambda j: (cache.spec(j, device),), save, workers, fits)
+        if errors:
+            print(f"{len(errors)} run(s) raised; fix and rerun (finished runs are cached)")
+            return 1
+        if ran == 0:
+            break
+    report_hf(mode, cfg, out)
+    return 0
+
+
+def report_hf(mode: HFMode, cfg: ArchConfig, out: Path = OUT) -> int:
+    """The table from the cache alone (trains nothing): `locate_and_repeat` with a `train` that only
+    reads. Returns 0 when every run is cached; else says INCOMPLETE and what is due, and returns 1."""
+    cache = Cache.of(mode, cfg, out)
+    rec = cache.dense_record()
+    if rec is not None:
+        val = "-" if rec.get("val_loss") is None else f"{rec['val_loss']:.4f}"
+        print(f"dense (read back from HF format): val {val} ({rec['wall_s']:.0f} s to train, {cache.where()}/"
+              f"{cache.dense_dir.name})")
+    due = due_jobs(mode, cache.known)
+    if due:
+        print(f"INCOMPLETE: {cache.cached_runs()} runs cached in {cache.where()} (code version {cache.version}); "
+              f"due now: {describe(due)}{' (and the dense model first)' if cache.dense_due(due) else ''}; "
+              f"the rate walk decides what follows them")
+        return 1
+    tried: dict[str, dict[float, float]] = {arm: {} for arm in ARMS}
+
+    def read(arm: str, mult: float, seed: int) -> float:
+        loss = cache.known(arm, mult, seed)
+        if loss is None:  # due_jobs found nothing due: the same walk reads only cached runs
+            raise AssertionError(f"{arm} x{mult:g} s{seed} is not cached")
+        if seed == 0:
+            tried[arm][mult] = loss
+        return loss
+
+    located, losses = locate_and_repeat(mode, read)
+    for arm in ARMS:
+        best, interior = located[arm]
+        print(f"  {arm}: lr x{best:g} ({'interior' if interior else 'EDGE'}) "
+              + " ".join(f"{m:g}:{v:.4f}" for m, v in sorted(tried[arm].items()))
+              + f"; seeds {[round(losses[arm][s], 4) for s in mode.seeds]}")
+    print_table(mode, located, losses)
+    return 0
+
+
+def print_table(mode: HFMode, located: dict[str, tuple[float, bool]], losses: dict[str, dict[int, float]]) -> None:
+    """The arms' table and the two paired verdicts."""
     print("\n| arm | lr | rate | " + " | ".join(f"seed {s}" for s in mode.seeds) + " | mean |")
     print("|---|---|---|" + "---|" * len(mode.seeds) + "---|")
     for arm in ARMS:
@@ -224,4 +538,3 @@ def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None) -> int:
             verdict = f"converted {'better' if mean < 0 else 'worse'} (reported, no target)"
         print(f"converted vs scratch at {label}: paired diff {mean:+.4f} ± {half:.4f} nats (95% t), converted better "
               f"on {wins}/{len(diff)} seeds -> {verdict}")
-    return 0

@@ -50,5 +50,7 @@ def test_the_plans_runs_and_flops_are_what_the_rate_location_trains(name, capsys
     m = re.search(r"runs: (\d+) \(at most (\d+)\); .* ~([\d.]+) CPU core-hours", capsys.readouterr().out)
     assert m and (int(m[1]), int(m[2])) == (cost["runs"], cost["runs_at_most"])
     assert float(m[3]) == pytest.approx(cost["flops"] / CPU_FLOPS / 3600, abs=0.006)
-    if name == "full":  # issue 37's full run: 28 runs, far beyond a helper's 45 core-minutes
-        assert cost["runs"] == 28 and cost["flops"] / CPU_FLOPS / 3600 > 10
+    if name == "full":  # issue 37's full run, cut to d_model 64 x 8 and a 2,000-step dense model for the CPU
+        # budget (bench/convert_hf.py's docstring; the d_model 128 plan was ~17.7 core-hours): 28 runs, ~2.5
+        # CPU core-hours, still far beyond a helper's 45 core-minutes, so it trains across sessions from its cache
+        assert cost["runs"] == 28 and 2 < cost["flops"] / CPU_FLOPS / 3600 < 3
