@@ -56,18 +56,38 @@ DEFAULT_ARMS = ("narrow_untied", "cycle_tying")
 Job = tuple[Candidate, float, int]  # (arm, lr factor, seed)
 
 
-def scaled(recipe: Recipe, factor: float, seed: int) -> Recipe:
-    return Recipe.from_dict({**recipe.with_lr_factor(factor).to_dict(), "seed": seed, "parameterization": "fair"})
+def scaled(recipe: Recipe, factor: float, seed: int, threads: int | None = None) -> Recipe:
+    d = {**recipe.with_lr_factor(factor).to_dict(), "seed": seed, "parameterization": "fair"}
+    return Recipe.from_dict(d if threads is None else {**d, "threads": threads})
+
+
+def shipped(name: str) -> Recipe:
+    """A recipe npas ships (``npas/builtin/recipes``), by name: the rate item 2 of issue #35 re-tunes.
+    One thread per run: the bench's pool runs one worker per core (``long`` asks for 2)."""
+    from npas.training.recipe import load_recipe, resolve_recipe
+
+    return load_recipe(resolve_recipe(name))
+
+
+def shipped_version(recipe: Recipe) -> str:
+    """The cache version of a shipped recipe's sweep: proxy_fidelity's files and this recipe (no
+    numerics probe: that table holds the frozen proxy recipe's version only)."""
+    from bench.harness.version import files_version
+    from bench.proxy_fidelity import VERSIONED
+
+    return files_version(VERSIONED, {k: v for k, v in recipe.to_dict().items()
+                                     if k not in ("seed", "parameterization", "threads")})
 
 
 def key(c: Candidate, factor: float, seed: int, version: str) -> str:
     return f"{c.name}-{c.config.hash[:8]}-x{factor:g}-s{seed}-{version}"
 
 
-def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any) -> jobs_lib.Runs:
+def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any,
+            threads: int | None = None) -> jobs_lib.Runs:
     """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``)."""
     return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version)}.json",
-                         lambda j: (j[0].config, scaled(recipe, j[1], j[2]), reference),
+                         lambda j: (j[0].config, scaled(recipe, j[1], j[2], threads), reference),
                          lambda j: {"arm": j[0].name, "factor": j[1], "seed": j[2], "code_version": version})
 
 
@@ -106,12 +126,25 @@ def report(runs: jobs_lib.Runs, arms: list[Candidate], factors: tuple[float, ...
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__.split("\n\n")[0], "smoke recipe at 6 steps, 3 factors, 1 seed, temp dir", RESULTS)
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help="a shipped recipe by name (proxy, long, ladder, smoke, smoke-wsd; npas/builtin/recipes) "
+                        "instead of the bench's frozen proxy: its cache is its own")
+    p.add_argument("--factors", default=None, help="comma-separated lr factors (default 0.5,1,2,4)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 20,21)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help="comma-separated baselines of full_frozen.yaml (narrow_untied, cycle_tying, full_tying)")
     a = p.parse_args(argv)
     setup = make_setup(a.quick, None, None, a.out or (None if a.quick else RESULTS), a.workers)
-    recipe = setup.proxy
+    recipe = setup.proxy if a.recipe is None else shipped(a.recipe)
     factors, seeds = (QUICK_FACTORS, SEEDS[:1]) if a.quick else (FACTORS, SEEDS)
+    if a.quick and a.recipe is not None:  # the shipped recipe, cut to the quick sweep's length
+        recipe = recipe.with_steps(setup.proxy.steps) if recipe.schedule == "cosine" else recipe.with_steps(recipe.fork_rungs()[0])
+    if a.factors:
+        factors = tuple(float(x) for x in a.factors.split(","))
+        if 1.0 not in factors:
+            p.error("--factors must include 1 (the recipe's own rate)")
+    if a.seeds:
+        seeds = tuple(int(x) for x in a.seeds.split(","))
     space, cands = load_candidates(setup)
     by_name = {c.name: c for c in cands if c.name in space.baselines()}
     wanted = [n.strip() for n in a.arms.split(",") if n.strip()]
@@ -119,12 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         p.error(f"--arms {a.arms!r}: choose from {', '.join(by_name)}")
     arms = [by_name[n] for n in wanted]
-    version = version_to_read(p, a, code_version(setup))  # proxy_fidelity's key: same files, same recipe
+    # proxy_fidelity's key (same files, same recipe), or the shipped recipe's own
+    version = version_to_read(p, a, code_version(setup) if a.recipe is None else shipped_version(recipe))
+    out = setup.out if a.recipe is None or a.quick or a.out else setup.out / a.recipe
     print(f"[recipe_lr] recipe {recipe.name}: lr {recipe.lr:g} -> {recipe.min_lr:g}, {recipe.steps} steps x "
           f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
           f"fair | code {version}", flush=True)
-    runs = runs_of(recipe, [(c, f, s) for s in seeds for c in arms for f in factors], setup.out, version,
-                   space.reference_chassis)
+    runs = runs_of(recipe, [(c, f, s) for s in seeds for c in arms for f in factors], out, version,
+                   space.reference_chassis, None if a.recipe is None else 1)
     if a.plan:
         tokens = recipe.steps * recipe.tokens_per_step
         secs = runs.cost(runs.jobs, lambda j: tokens, lambda j: j[0].flops, CPU_FLOPS).secs
@@ -132,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(~{secs / 3600 / max(1, setup.workers):.2f} h wall on {setup.workers} workers)")
         return 0
     if not a.report:
-        jobs_lib.run_missing(runs, setup.workers, f" in {setup.out}", progress)
+        jobs_lib.run_missing(runs, setup.workers, f" in {out}", progress)
     report(runs, arms, factors, seeds, recipe.lr)
     return 0
 

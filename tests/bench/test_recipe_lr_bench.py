@@ -50,3 +50,20 @@ def test_an_unknown_arm_is_refused_in_one_line_before_anything_trains(tmp_path):
     proc = _bench("--quick", "--out", str(tmp_path), "--arms", "narrow_untied,bogus")
     assert proc.returncode == 2 and "choose from narrow_untied" in proc.stderr.splitlines()[-1]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_shipped_recipe_is_swept_at_its_own_rate_in_its_own_cache():
+    """--recipe NAME (issue #35 item 2): the shipped recipe itself, its own cache version and folder."""
+    from bench.recipe_lr import shipped, shipped_version
+    from npas.training.recipe import load_recipe, resolve_recipe
+
+    ladder = shipped("ladder")
+    assert ladder == load_recipe(resolve_recipe("ladder")) and ladder.schedule == "wsd"
+    assert shipped_version(ladder) != shipped_version(shipped("long"))  # each recipe its own cache
+    proc = _bench("--recipe", "ladder", "--arms", "narrow_untied", "--factors", "1,2,4", "--seeds", "20", "--plan")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"recipe ladder: lr 0\.004 .* 4000 steps .* factors \[1\.0, 2\.0, 4\.0\] \| seeds \[20\]",
+                     proc.stdout), proc.stdout
+    assert "plan: 3 runs" in proc.stdout
+    bad = _bench("--recipe", "ladder", "--factors", "2,4", "--plan")
+    assert bad.returncode == 2 and "--factors must include 1" in bad.stderr
