@@ -276,6 +276,12 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"npas search: promotion ladder at rungs {', '.join(map(str, plan.rungs))} steps (eta {DEFAULT_ETA}): "
               f"every trial climbs to the first, the best 1/{DEFAULT_ETA} of each rung resume to the next",
               file=sys.stderr)
+        if plan.locate_lr:
+            from npas.training.located_rate import DEFAULT_GRID, locate_rung
+
+            print(f"npas search: --locate-lr: a trial promoted to rung {locate_rung(plan.recipe)} first trains "
+                  f"x{', x'.join(f'{f:g}' for f in DEFAULT_GRID)} of its fair rate to it and climbs on at the best",
+                  file=sys.stderr)
     _start_ray(plan.launch.ray_address)
     from npas.service.search.driver import search
     from npas.service.study.urls import redact, resolve_url
