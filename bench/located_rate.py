@@ -243,15 +243,20 @@ def run(b: Bench, workers: int, max_minutes: float | None) -> None:
 
 def plan(b: Bench) -> None:
     due = b.due()
-    T, r1 = b.wsd.steps, b.rung
-    steps = {"grid": r1, "hold": T, "wsd": T}
+    T, r = b.wsd.steps, b.rung
+    steps = {"grid": r, "hold": T, "wsd": T}
     known = sum(steps[j.kind] for j in due)
-    n = len(b.cands)
-    g_max = n * (len(LR_GRID) + LR_MAX_EXTENSIONS) * r1
-    most = g_max + N_HOLD * 3 * T + n * T
+    grids = {c.name: b.grid(c) for c in b.cands}
+    losses, _ = b.ladder_losses(grids)
+    reached = b.replay(losses).reached if losses else {}
+    gridded = set(b.held) | {n for n, t in reached.items() if t >= r}
+    at_top = sum(1 for t in reached.values() if t == T)
+    g_max = len(gridded) * (len(LR_GRID) + LR_MAX_EXTENSIONS) * r
+    most = g_max + len(b.held) * 3 * T + at_top * T
     print(f"due now: {len(due)} runs, {known:,} steps ({', '.join(f'{k} {sum(j.kind == k for j in due)}' for k in steps)}); "
-          f"the whole bench at most {most:,} optimizer steps (grids {g_max:,}, hold {N_HOLD * 3 * T:,}, "
-          f"wsd <= {n * T:,}, fewer where a factor is 1: proxy_fidelity's WSD run is reused)")
+          f"the whole bench as the ladder stands now at most {most:,} optimizer steps (grids of {len(gridded)} "
+          f"candidates {g_max:,}, hold {len(b.held) * 3 * T:,}, wsd <= {at_top * T:,} for the {at_top} it takes to T; "
+          f"fewer where a factor is 1: proxy_fidelity's runs are reused)")
 
 
 def report(b: Bench) -> dict[str, Any]:

@@ -32,11 +32,18 @@ def test_quick_locates_holds_and_reports_from_the_cache(tmp_path):
         if r["kind"] == "grid":
             assert r["recipe"]["schedule"] == "wsd" and r["recipe"]["steps"] == 6 and r["seed"] == 0  # T/4 of 24
             grids.setdefault(r["candidate"], {})[r["factor"]] = r["val_loss"] if r["status"] == "ok" else math.inf
-    assert len(grids) == 4 and all({0.5, 1.0, 2.0, 4.0} <= set(g) for g in grids.values())
+    # the held set: the 3 baselines (the quick run's one sample costs over HOLD_MAX_FLOPS); without the
+    # proxy-fidelity bench's WSD runs (a fresh temp cache) the ladder asks no other candidate for a grid
+    assert sorted(grids) == ["cycle_tying", "full_tying", "narrow_untied"], sorted(grids)
+    from npas import lr_best_factor, lr_next_factor
+
     for name, g in grids.items():
-        f = min(g, key=lambda k: (g[k], abs(math.log(k)), k))  # the rule's choice
-        edge_ext = [k for k in g if k not in (0.5, 1.0, 2.0, 4.0)]
-        assert len(edge_ext) <= 2
+        walked: dict[float, float] = {}
+        while (k := lr_next_factor(walked)) is not None:  # the cache holds exactly what the rule asks
+            assert k in g, (name, g, walked)
+            walked[k] = g[k]
+        assert set(walked) == set(g), (name, g)
+        f = lr_best_factor(g)
         hold = {r["factor"] for r in recs if r["kind"] == "hold" and r["candidate"] == name}
         assert hold == {f / 2, f, 2 * f}, (name, g, hold)
         assert all(r["seed"] == 2000 and r["recipe"]["steps"] == 24 for r in recs if r["kind"] == "hold")
@@ -47,8 +54,8 @@ def test_quick_locates_holds_and_reports_from_the_cache(tmp_path):
     for r in recs:
         assert r["recipe"]["lr"] == pytest.approx(base["lr"] * r["factor"])
         assert r["recipe"]["min_lr"] == pytest.approx(base["min_lr"] * r["factor"])
-    assert re.search(r"^target: located factor best of three at T for \d of 4 \(>= 6 of 8\), within one step for "
-                     r"4 of 4: (PASS|MISS)$", out, re.M), out
+    assert re.search(r"^target: located factor best of three at T for \d of 3 \(>= 6 of 8\), within one step for "
+                     r"3 of 3: (PASS|MISS)$", out, re.M), out
     again = _bench("--quick", "--report", "--out", str(tmp_path))
     assert "runs due" not in again
     assert again.split("located rates over")[1] == out.split("located rates over")[1]
