@@ -90,6 +90,50 @@ def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_loca
         assert edge == (factor in (min(grid), max(grid)))
 
 
+@pytest.mark.slow
+def test_with_repeats_the_other_seeds_restart_at_the_located_factor(ray_local, tmp_path):
+    """--repeats 2: the first seed's climb locates the rate; the second seed, at x1 so far, restarts at
+    the located factor (its x1 steps are the grid's cost), so every seed of the trial trains at it."""
+    import statistics
+
+    from npas.allocation.config import ArchConfig
+    from npas.service.search.outcome import repeat_seeds
+    from npas.training import climb
+    from npas.training.recipe import Recipe
+
+    saved = runner.RUNS_DIR
+    runner.RUNS_DIR = tmp_path / "runs"
+    try:
+        plan = plan_search(npas.load_space(TINY), trials=4, study="rep", storage=f"sqlite:///{tmp_path}/r.db",
+                           recipe=wsd_recipe(tmp_path, rungs=[5, 10, 40]), sampler="random", seed=5,
+                           launch=Launch(workers=2), locate_lr=True, repeats=2)
+        study = search(plan)
+    finally:
+        runner.RUNS_DIR = saved
+    located = [t for t in study.trials if t.state == TrialState.COMPLETE and TrialAttr.LR_FACTOR in t.user_attrs]
+    assert located
+    seeds = repeat_seeds(plan.recipe.seed, 2)
+    for t in located:
+        factor, cfg = t.user_attrs[TrialAttr.LR_FACTOR], ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
+        top = t.user_attrs[TrialAttr.FIDELITY]
+        straight = []
+        for s in seeds:
+            r = plan.recipe if s == plan.recipe.seed else Recipe.from_dict({**plan.recipe.to_dict(), "seed": s})
+            c = climb.start(cfg, r, plan.corpus, device="cpu", reference=plan.space.reference_chassis, lr_factor=factor)
+            c.climb(until=top)
+            straight.append(c)
+        for rung, v in t.user_attrs[TrialAttr.RUNG_LOSSES].items():  # every seed at the factor, every rung
+            assert v == pytest.approx(statistics.fmean(c.rung_losses[int(rung)] for c in straight), abs=1e-6), rung
+        grid = t.user_attrs[TrialAttr.PROXY]["lr_grid"]
+        per = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=plan.space.reference_chassis)
+        per.climb(until=5)
+        to5 = per.trained_steps
+        per.climb(until=10)
+        restarted = to5 if factor != 1.0 else 0  # seed 2's x1 climb to rung 5, thrown away
+        assert t.user_attrs[TrialAttr.LR_GRID_STEPS] == per.trained_steps * (len(grid) - 1) + restarted
+        assert t.user_attrs[TrialAttr.TRAINED_STEPS] == sum(c.trained_steps for c in straight)
+
+
 def test_a_study_without_locate_lr_reads_back_at_the_fair_rate():
     from npas.service.study.record import StudyRecord
     from tests.service.test_record import OLD_ATTRS, RECORD
