@@ -20,6 +20,7 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     # -- training: recipes, corpora, the proxy loop and its parts
     "Recipe": ("npas.training.recipe", "Recipe"),
     "PARAMETERIZATIONS": ("npas.training.recipe", "PARAMETERIZATIONS"),
+    "resolve_recipe": ("npas.training.recipe", "resolve_recipe"),  # a recipe name or path -> its file
     "SHARING_EXPONENT": ("npas.training.parameterization", "SHARING_EXPONENT"),
     "apply_init": ("npas.training.parameterization", "apply_init"),
     "train_model": ("npas.training.forks", "train_model"),  # any schedule; cosine runs proxy's loop untouched
