@@ -41,20 +41,17 @@ The table is `locate_and_repeat` over the cache (`--report` prints it without tr
 
 from __future__ import annotations
 
-import functools
 import math
-import shutil
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
 
+from bench.convert_hf_train import train_job
 from bench.harness import store
 from bench.harness.pool import run_pool
 from bench.harness.recipes import bench_recipe  # noqa: E402
@@ -66,6 +63,7 @@ from npas import (
     count,
     lr_best_factor,
     lr_next_factor,
+    paired_delta,
     parse_space,
     reference_config,
 )
@@ -126,14 +124,6 @@ def cycle_lora(ch: Chassis) -> ArchConfig:
     if not cand.feasible:
         raise SystemExit(f"cycle+lora8 at 0.5x: {cand.fit.reason}")
     return cand.config
-
-
-def with_lr(recipe: Recipe, mult: float, seed: int, steps: int | None = None) -> Recipe:
-    d = recipe.to_dict()
-    ratio = recipe.min_lr / recipe.lr
-    d.update(lr=recipe.lr * mult, min_lr=recipe.lr * mult * ratio, seed=seed)
-    out = Recipe.from_dict(d)
-    return out if steps is None else out.with_steps(steps)
 
 
 ARMS = ("converted", "scratch_equal_uptrain", "scratch_equal_total")
@@ -228,18 +218,6 @@ def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t
                   + f"; seeds {[round(losses[arm][s], 4) for s in mode.seeds]} [{time.perf_counter() - t0:.0f} s]",
                   flush=True)
     return located, losses
-
-
-def _t95(n: int) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
-
-
-def _t95(n: int) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.nan
 
 
 def code_version(mode: HFMode, cfg: ArchConfig) -> str:
@@ -342,94 +320,6 @@ def due_jobs(mode: HFMode, known: Callable[[str, float, int], float | None]) -> 
     return due
 
 
-@functools.cache
-def _corpus(val_fraction: float, test_fraction: float) -> Any:
-    from npas import load_corpus
-
-    return load_corpus(None, val_fraction, test_fraction)
-
-
-def train_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """One run, in a pool worker: a spawned process, so everything arrives as plain data (`Cache.spec`)
-    and is rebuilt here. One torch thread: the pool runs one worker per core. An exception comes back
-    as a record with status "error", which is not cached (the round loop reports it and stops)."""
-    torch.set_num_threads(1)
-    t = time.perf_counter()
-    try:
-        return _train_dense(spec) if spec["arm"] == "dense" else _train_arm(spec)
-    except Exception as err:  # a broken run must not take the pool's finished runs with it
-        return {"arm": spec["arm"], "mult": spec["mult"], "seed": spec["seed"], "steps": spec["steps"],
-                "status": "error", "val_loss": None, "wall_s": time.perf_counter() - t,
-                "failure_reason": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"[:2000]}
-
-
-def _device(spec: dict[str, Any]) -> torch.device:
-    return torch.device(spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
-def _test_loss(model: torch.nn.Module, corpus: Any, recipe: Recipe, dev: torch.device) -> float | None:
-    from npas import eval_batches, evaluate
-
-    loss = evaluate(model, eval_batches(corpus, recipe, split="test"), dev, recipe)
-    return loss if math.isfinite(loss) else None
-
-
-def _train_arm(spec: dict[str, Any]) -> dict[str, Any]:
-    """One arm's run: the converted arm reads the cached dense model back (`read_hf_dir`), converts it
-    (`convert_model`, seeded, MLP widths refit on calibration text) and uptrains; the scratch arms train
-    the allocation from the recipe's fresh init."""
-    from npas import calibration_ids, convert_model, eval_batches, evaluate, read_hf_dir, train_model
-
-    cfg = ArchConfig.from_json(spec["config"])
-    uptrain = Recipe.from_dict(spec["uptrain"])
-    recipe = with_lr(uptrain, spec["mult"], spec["seed"], spec["steps"])
-    corpus = _corpus(uptrain.val_fraction, uptrain.test_fraction)
-    dev = _device(spec)
-    init, converted = None, {}
-    if spec["arm"] == "converted":
-        ck = read_hf_dir(spec["dense_dir"])
-        conv = convert_model(ck.model, cfg, seed=spec["seed"], calibration=calibration_ids(corpus, uptrain.seq_len))
-        init = {k: v.clone() for k, v in conv.model.state_dict().items()}
-        # what conversion cost before any uptraining (one pass over the validation batches; a diagnostic)
-        converted = {"converted_val_loss": evaluate(conv.model.to(dev), eval_batches(corpus, recipe), dev, recipe)}
-    model, res = train_model(cfg, recipe, corpus, device=dev, init_state=init)
-    return {"arm": spec["arm"], "mult": spec["mult"], "seed": spec["seed"], "steps": spec["steps"], "lr": recipe.lr,
-            "status": res.status, "val_loss": res.val_loss, **converted,
-            "test_loss": _test_loss(model, corpus, recipe, dev) if res.status == "ok" else None,
-            "failure_reason": res.failure_reason, "steps_done": res.steps_done, "wall_s": res.wall_s,
-            "tokens_per_s": res.tokens_per_s, "device": res.device, "code_version": spec["code_version"]}
-
-
-def _train_dense(spec: dict[str, Any]) -> dict[str, Any]:
-    """The dense reference: trained, written by `write_hf` (via a temporary folder, renamed into place,
-    so a killed run never leaves a half-written model under the cached name), read back with
-    `read_hf_dir` and scored on the uptraining's validation batches (the arms' seed-0 batches)."""
-    from npas import eval_batches, evaluate, read_hf_dir, train_model, write_hf
-
-    t = time.perf_counter()
-    dense, uptrain = Recipe.from_dict(spec["dense"]), Recipe.from_dict(spec["uptrain"])
-    ref = reference_config(ArchConfig.from_json(spec["config"]).chassis)
-    corpus = _corpus(dense.val_fraction, dense.test_fraction)
-    dev = _device(spec)
-    model, res = train_model(ref, dense, corpus, device=dev)
-    rec = {"arm": "dense", "steps": dense.steps, "lr": dense.lr, "status": res.status,
-           "train_val_loss": res.val_loss, "failure_reason": res.failure_reason, "steps_done": res.steps_done,
-           "device": res.device, "code_version": spec["code_version"]}
-    if res.status != "ok":
-        return {**rec, "val_loss": None, "wall_s": time.perf_counter() - t}
-    final = Path(spec["dense_dir"])
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    written = write_hf(model.to("cpu"), ref, tmp, corpus.tokenizer)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    ck = read_hf_dir(final)
-    val = evaluate(ck.model.to(dev), eval_batches(corpus, uptrain), dev, uptrain)
-    return {**rec, "val_loss": val, "test_loss": _test_loss(ck.model, corpus, uptrain, dev),
-            "hf_dir": final.name, "hf_kind": written["kind"], "params": written["params"], "bytes": written["bytes"],
-            "wall_s": time.perf_counter() - t}
-
-
 def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None, out: Path = OUT, workers: int = 2,
            max_minutes: float | None = None) -> int:
     """Train what is due in rounds (`due_jobs`) on `workers` processes, each record cached the moment
@@ -530,8 +420,8 @@ def print_table(mode: HFMode, located: dict[str, tuple[float, bool]], losses: di
               + " | ".join(f"{v:.4f}" for v in vals) + f" | {statistics.mean(vals):.4f} |")
     for other, label in (("scratch_equal_uptrain", "equal uptraining"), ("scratch_equal_total", "equal total steps")):
         diff = [losses["converted"][s] - losses[other][s] for s in mode.seeds]
-        mean = statistics.mean(diff)
-        half = _t95(len(diff)) * statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else math.nan
+        ci = paired_delta([losses["converted"][s] for s in mode.seeds], [losses[other][s] for s in mode.seeds])
+        mean, half = ci.value, (math.nan if ci.high is None else ci.high - ci.value)
         wins = sum(d < 0 for d in diff)
         verdict = "PASS" if wins == len(diff) else "MISS"
         if other == "scratch_equal_total":

@@ -167,7 +167,7 @@ class Bench:
             if not fair:
                 continue
             got = {t: v for t, v in fair.items() if t < self.rung}
-            nxt, f = located(c, grids[c.name])
+            _, f = located(c, grids[c.name])
             got[self.rung] = grids[c.name][f] if f is not None else fair[self.rung]
             rec = self.record(Job(c, "wsd", f)) if f is not None else None
             above = rung_losses_of(rec, T) if rec is not None and rec.get("status") == "ok" else None
@@ -185,15 +185,19 @@ class Bench:
         order = [c.name for c in self.cands if c.name in losses]
         return replay(order, losses, self.wsd, {c.name: c.flops for c in self.cands})
 
+    def reached(self, grids: dict[str, dict[float, float]]) -> dict[str, int]:
+        """The rung the located ladder lets each candidate reach, as the cache stands (``ladder_losses``:
+        what is missing stands in from the fair run)."""
+        losses, _ = self.ladder_losses(grids)
+        return self.replay(losses).reached if losses else {}
+
     def due(self) -> list[Job]:
         """Jobs the rule asks for now and the cache lacks: the held candidates' grid steps and holds first
         (the check of the rule itself), then the grid steps of the others the ladder lets reach the
         locating rung, then the WSD runs to T at a located factor of those the ladder lets reach T."""
         grid, hold, wsd, other = [], [], [], []
         grids = {c.name: self.grid(c) for c in self.cands}
-        losses, _ = self.ladder_losses(grids)
-        rep = self.replay(losses) if losses else None
-        reached = {} if rep is None else rep.reached
+        reached = self.reached(grids)
         for c in self.cands:
             at = reached.get(c.name, 0)
             if c.name not in self.held and at < self.rung:
@@ -246,9 +250,7 @@ def plan(b: Bench) -> None:
     T, r = b.wsd.steps, b.rung
     steps = {"grid": r, "hold": T, "wsd": T}
     known = sum(steps[j.kind] for j in due)
-    grids = {c.name: b.grid(c) for c in b.cands}
-    losses, _ = b.ladder_losses(grids)
-    reached = b.replay(losses).reached if losses else {}
+    reached = b.reached({c.name: b.grid(c) for c in b.cands})
     gridded = set(b.held) | {n for n, t in reached.items() if t >= r}
     at_top = sum(1 for t in reached.values() if t == T)
     g_max = len(gridded) * (len(LR_GRID) + LR_MAX_EXTENSIONS) * r

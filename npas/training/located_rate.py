@@ -16,7 +16,8 @@ Why a quarter of the run and not the first rung: the first version chose at the 
 where runs are cheapest), and on the frozen fidelity candidates (``bench/located_rate.py``) the
 factor chosen there was not the best at T on either of the first two held out; at T/16 the runs are
 barely past warmup, the factors differ by less than run noise, and the lower rate wins where the
-higher one wins at T. Scored at T/4 the same runs already order their rates as at T. Under the
+higher one wins at T. Scored at T/4, those two held runs' forks already ordered their rates as T did
+(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target). Under the
 ladder only the trials promoted past the first rung reach T/4, so the grid costs a quarter of the
 run for a quarter of the candidates, not for all of them.
 
