@@ -193,7 +193,7 @@ class Bench:
 
     def due(self) -> list[Job]:
         """Jobs the rule asks for now and the cache lacks: the held candidates' grid steps and holds first
-        (the check of the rule itself), then the grid steps of the others the ladder lets reach the
+        (the check of the rule itself; holds cheapest candidate first), then the grid steps of the others the ladder lets reach the
         locating rung, then the WSD runs to T at a located factor of those the ladder lets reach T."""
         grid, hold, wsd, other = [], [], [], []
         grids = {c.name: self.grid(c) for c in self.cands}
@@ -211,7 +211,8 @@ class Bench:
                 hold += [Job(c, "hold", x) for x in (f / 2, f, 2 * f) if self.record(Job(c, "hold", x)) is None]
             if at == self.wsd.steps and self.record(Job(c, "wsd", f)) is None:
                 wsd.append(Job(c, "wsd", f))
-        held = sorted(hold, key=lambda j: self.held.index(j.cand.name))  # the verdict's runs in the set's order
+        # the verdict's runs, cheapest candidate first (FLOPs/token), so a time box completes the most candidates
+        held = sorted(hold, key=lambda j: (j.cand.flops, self.held.index(j.cand.name), j.factor))
         return grid + held + other + wsd
 
     def runs(self, jobs: list[Job]) -> jobs_lib.Runs:
