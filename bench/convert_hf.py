@@ -198,6 +198,21 @@ def describe(jobs: list[Job]) -> str:
     return ", ".join(f"{arm} x{mult:g} s{seed}" for arm, mult, seed in jobs)
 
 
+def walk_grid(arm: str, loss_of: Callable[[str, float, int], float | None]) -> tuple[dict[float, float], float | None]:
+    """npas's rate rule on seed 0 for one arm (``npas.lr_next_factor``: upwards until a rate is clearly
+    past the optimum, then past an edge optimum at most `MAX_EXTEND` times), asking ``loss_of(arm,
+    factor, 0)`` for each factor it wants. Returns (the factors walked with their losses, the first
+    factor ``loss_of`` had no loss for -- None once the walk ended). One walk for training it
+    (`locate_and_repeat`) and for reading what is due from the cache (`due_jobs`)."""
+    tried: dict[float, float] = {}
+    while (m := lr_next_factor(tried, GRID, 2.0, MAX_EXTEND)) is not None:
+        loss = loss_of(arm, m, 0)
+        if loss is None:
+            return tried, m
+        tried[m] = loss
+    return tried, None
+
+
 def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t0: float | None = None
                       ) -> tuple[dict[str, tuple[float, bool]], dict[str, dict[int, float]]]:
     """Per arm: the lr grid on seed 0 by npas's rule (``npas.lr_next_factor``: upwards until a rate is
@@ -205,9 +220,7 @@ def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t
     seed at the located rate. Returns ({arm: (lr multiple, interior)}, {arm: {seed: loss}})."""
     located, losses = {}, {}
     for arm in ARMS:
-        tried: dict[float, float] = {}
-        while (m := lr_next_factor(tried, GRID, 2.0, MAX_EXTEND)) is not None:
-            tried[m] = train(arm, m, 0)
+        tried, _ = walk_grid(arm, train)
         best = lr_best_factor(tried)
         interior = min(tried) < best < max(tried)
         located[arm] = (best, interior)
@@ -307,13 +320,9 @@ def due_jobs(mode: HFMode, known: Callable[[str, float, int], float | None]) -> 
     The same walk as `locate_and_repeat`, so when nothing is due it can read its table from the cache."""
     due: list[Job] = []
     for arm in ARMS:
-        tried: dict[float, float] = {}
-        while (m := lr_next_factor(tried, GRID, 2.0, MAX_EXTEND)) is not None:
-            loss = known(arm, m, 0)
-            if loss is None:
-                due.append((arm, m, 0))
-                break
-            tried[m] = loss
+        tried, nxt = walk_grid(arm, known)
+        if nxt is not None:
+            due.append((arm, nxt, 0))
         else:
             best = lr_best_factor(tried)
             due += [(arm, best, s) for s in mode.seeds if s != 0 and known(arm, best, s) is None]
