@@ -262,6 +262,54 @@ def plan(b: Bench) -> None:
           f"fewer where a factor is 1: proxy_fidelity's runs are reused)")
 
 
+def hold_losses(b: Bench, c: pf.Candidate) -> dict[float, float]:
+    """Every factor this candidate was trained to T at on the hold seed (test loss): the located rule's three
+    and any the first rule's holds left (x0.125 ... x16 probed)."""
+    out = {}
+    for k in range(-3, 5):
+        rec = b.record(Job(c, "hold", 2.0 ** k))
+        if rec is not None and rec.get("status") == "ok" and rec.get("test_loss") is not None:
+            out[2.0 ** k] = float(rec["test_loss"])
+    return out
+
+
+def held_at_best(b: Bench, grids: dict[str, dict[float, float]]) -> dict[str, Any] | None:
+    """Item 4 on the held candidates, from runs the hold check already trained (no new run): truth at T at
+    each one's best rate (the lowest test loss of its holds) and at its fair rate (its x1 hold: the same
+    seed, recipe and schedule), against the rung-T/4 score at the located factor (its grid's best) and at
+    x1. The order at T moves with the rate by tau(fair, best) < 1; Delta tau (located - fair) asks whether
+    the located score tracks the order at the best rates better. Eight candidates and one seed: the
+    intervals are wide, and are printed as a diagnostic, not the 24-candidate target."""
+    from bench.proxy_fidelity_report import _delta_target, _horizon_row
+
+    cols: dict[str, dict[str, float]] = {"located": {}, "fair": {}, "truth_best": {}, "truth_fair": {}}
+    for c in b.cands:
+        if c.name not in b.held:
+            continue
+        g, h = grids[c.name], hold_losses(b, c)
+        _, f = located(c, g)
+        if f is None or 1.0 not in g or 1.0 not in h or not all(x in h for x in (f / 2, f, 2 * f)):
+            continue
+        cols["located"][c.name], cols["fair"][c.name] = g[f], g[1.0]
+        cols["truth_best"][c.name], cols["truth_fair"][c.name] = min(h.values()), h[1.0]
+    n = len(cols["located"])
+    print(f"held candidates at T, from the hold runs (seed {HOLD_SEED}, test loss): {n} of {len(b.held)} complete")
+    if n < 3:
+        return None
+    for name in cols["located"]:
+        print(f"  {name:<14} rung-{b.rung} located {cols['located'][name]:.4f} x1 {cols['fair'][name]:.4f} | "
+              f"T best {cols['truth_best'][name]:.4f} x1 {cols['truth_fair'][name]:.4f}")
+    rows = {"n": n, "fair_vs_best_at_T": _horizon_row("T at x1 vs T at best rate", cols["truth_fair"],
+                                                      cols["truth_best"], None, n)}
+    for score in ("located", "fair"):
+        for truth in ("truth_best", "truth_fair"):
+            rows[f"{score}_vs_{truth}"] = _horizon_row(f"rung {b.rung} {score} vs {truth.replace('_', ' at ')}",
+                                                       cols[score], cols[truth], None, n)
+    rows["delta"] = _delta_target(cols["located"], cols["fair"], cols["truth_best"], n,
+                                  f"rung {b.rung} located", f"rung {b.rung} x1", prefix=f"held {n}, truth at best rate")
+    return rows
+
+
 def report(b: Bench) -> dict[str, Any]:
     from bench.proxy_fidelity_ladder import rung_losses_of
     from bench.proxy_fidelity_report import _delta_target, _horizon_row
@@ -300,6 +348,7 @@ def report(b: Bench) -> dict[str, Any]:
                else f"INCOMPLETE ({holds['n']} of {len(b.held)})")
     print(f"target: located factor best of three at T for {holds['best']} of {holds['n']} (>= 6 of 8), within one "
           f"step for {holds['near']} of {holds['n']}: {verdict}")
+    held_rows = held_at_best(b, grids)
     # the ladder with located rates, replayed, against the ladder at the fair rate
     res = pf.load(b.setup, b.cands, b.fair_version)
     longs = {c.name: [r["test_loss"] for s in b.setup.long_seeds
@@ -309,7 +358,7 @@ def report(b: Bench) -> dict[str, Any]:
     losses, stand_in = b.ladder_losses(grids)
     if len(losses) < 3:
         print("ladder with located rates: fewer than 3 candidates have a fair WSD run; nothing to replay")
-        return {"hold": holds}
+        return {"hold": holds, "held": held_rows}
     rep = b.replay(losses)
     missing = sorted(n for n in stand_in if rep.reached.get(n, 0) >= b.rung)
     if missing:
@@ -327,13 +376,15 @@ def report(b: Bench) -> dict[str, Any]:
           f"({len(located_here)} grids) = {frac:.3f} x N x T; reached rungs {reached}")
     if missing:
         print("target: delta tau (ladder located - ladder fair): INCOMPLETE")
-        return {"hold": holds, "ladder": row, "compute_fraction": frac, "target": None, "complete": False}
+        return {"hold": holds, "held": held_rows, "ladder": row, "compute_fraction": frac, "target": None,
+                "complete": False}
     fair = {c.name: rung_losses_of(b.fair_wsd(c), T) for c in b.cands if c.name in losses}
     frep = b.replay(fair)
     fs = frep.score()
     delta = _delta_target({k: score.get(k) for k in target}, {k: fs.get(k) for k in target}, target,
                           len(b.cands), "ladder located", "ladder fair")
-    return {"hold": holds, "ladder": row, "compute_fraction": frac, "target": delta, "complete": not missing}
+    return {"hold": holds, "held": held_rows, "ladder": row, "compute_fraction": frac, "target": delta,
+            "complete": not missing}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -399,7 +399,7 @@ def _resolvable_tau(x: list[float], y: list[float], gap_sd: float | None) -> tup
 
 
 def _delta_target(a: dict[str, float | None], b: dict[str, float | None], target: dict[str, float], n_all: int,
-                  a_label: str, b_label: str, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict:
+                  a_label: str, b_label: str, n_boot: int = BOOTSTRAP, seed: int = 0, prefix: str = "target") -> dict:
     """tau(a) - tau(b) against the target with a paired percentile bootstrap over candidates; PASS when
     its lower bound is above 0 (INCOMPLETE while a candidate lacks a run)."""
     import numpy as np
@@ -425,6 +425,6 @@ def _delta_target(a: dict[str, float | None], b: dict[str, float | None], target
     lo, hi = (float(q) for q in np.quantile(draws, [0.025, 0.975])) if draws else (math.nan, math.nan)
     complete = len(names) == n_all
     verdict = ("PASS" if math.isfinite(lo) and lo > 0 else "MISS") if complete else "INCOMPLETE"
-    print(f"target: delta tau ({a_label} - {b_label}) over {len(names)}/{n_all} candidates = {_num(point)} "
+    print(f"{prefix}: delta tau ({a_label} - {b_label}) over {len(names)}/{n_all} candidates = {_num(point)} "
           f"[95% paired bootstrap {_num(lo)}, {_num(hi)}; {len(draws)} resamples] above 0: {verdict}")
     return {"delta": point, "low": lo, "high": hi, "n": len(names), "verdict": verdict}
