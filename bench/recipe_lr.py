@@ -17,7 +17,9 @@ sub-grid position from a parabola in log2(lr) is printed beside it.
 
 Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
 factor, seed, code version); the code version hashes the npas files that decide a loss plus the
-recipe, so editing ``trials/proxy.yaml`` starts a fresh cache.
+recipe, so editing the frozen proxy starts a fresh cache. A shipped recipe's sweep (``--recipe NAME``)
+keys its runs by the rate they train at and leaves the base rate out of its version, so re-tuning
+that rate keeps the grid it was re-tuned from.
 
     python bench/recipe_lr.py --plan          runs x tokens -> estimated CPU-hours
     nice -n 10 python bench/recipe_lr.py      train what is missing (2 workers), then the table
@@ -70,23 +72,31 @@ def shipped(name: str) -> Recipe:
 
 
 def shipped_version(recipe: Recipe) -> str:
-    """The cache version of a shipped recipe's sweep: proxy_fidelity's files and this recipe (no
-    numerics probe: that table holds the frozen proxy recipe's version only)."""
+    """The cache version of a shipped recipe's sweep: proxy_fidelity's files and this recipe bar its rate
+    (no numerics probe: that table holds the frozen proxy recipe's version only). The rate is left out
+    and each run keyed by the rate it trains at (``key``), so re-tuning the recipe's base rate -- what
+    this sweep is for -- keeps every run: x1 at the new rate is the old grid's run at that rate. The
+    cosine floor stays in as its ratio to the peak (``with_lr_factor`` scales both)."""
     from bench.harness.version import files_version
     from bench.proxy_fidelity import VERSIONED
 
-    return files_version(VERSIONED, {k: v for k, v in recipe.to_dict().items()
-                                     if k not in ("seed", "parameterization", "threads")})
+    d = {k: v for k, v in recipe.to_dict().items() if k not in ("seed", "parameterization", "threads", "lr", "min_lr")}
+    return files_version(VERSIONED, {**d, "floor_ratio": round(recipe.min_lr / recipe.lr, 9)})
 
 
-def key(c: Candidate, factor: float, seed: int, version: str) -> str:
-    return f"{c.name}-{c.config.hash[:8]}-x{factor:g}-s{seed}-{version}"
+def key(c: Candidate, factor: float, seed: int, version: str, base_lr: float | None = None) -> str:
+    """A run's name: by its factor (the frozen proxy's cache), or by the rate it trains at, ``base_lr x
+    factor`` (a shipped recipe's: its version leaves the base rate out)."""
+    at = f"x{factor:g}" if base_lr is None else f"lr{base_lr * factor:.4g}"
+    return f"{c.name}-{c.config.hash[:8]}-{at}-s{seed}-{version}"
 
 
 def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any,
-            threads: int | None = None) -> jobs_lib.Runs:
-    """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``)."""
-    return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version)}.json",
+            threads: int | None = None, by_rate: bool = False) -> jobs_lib.Runs:
+    """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``); a shipped
+    recipe's (`by_rate`) named by the rate each trains at."""
+    base = recipe.lr if by_rate else None
+    return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version, base)}.json",
                          lambda j: (j[0].config, scaled(recipe, j[1], j[2], threads), reference),
                          lambda j: {"arm": j[0].name, "factor": j[1], "seed": j[2], "code_version": version})
 
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{recipe.tokens_per_step} tokens | arms {wanted} | factors {list(factors)} | seeds {list(seeds)} | "
           f"fair | code {version}", flush=True)
     runs = runs_of(recipe, [(c, f, s) for s in seeds for c in arms for f in factors], out, version,
-                   space.reference_chassis, None if a.recipe is None else 1)
+                   space.reference_chassis, None if a.recipe is None else 1, by_rate=a.recipe is not None)
     if a.plan:
         tokens = recipe.steps * recipe.tokens_per_step
         secs = runs.cost(runs.jobs, lambda j: tokens, lambda j: j[0].flops, CPU_FLOPS).secs

@@ -67,3 +67,25 @@ def test_a_shipped_recipe_is_swept_at_its_own_rate_in_its_own_cache():
     assert "plan: 3 runs" in proc.stdout
     bad = _bench("--recipe", "ladder", "--factors", "2,4", "--plan")
     assert bad.returncode == 2 and "--factors must include 1" in bad.stderr
+
+
+def test_a_shipped_sweep_keeps_its_runs_when_its_base_rate_is_retuned():
+    """Re-tuning a shipped recipe's rate (item 2) must not orphan the grid it was re-tuned from: a shipped
+    sweep's version leaves the base rate out and names each run by the rate it trains at."""
+    from types import SimpleNamespace
+
+    from bench.recipe_lr import key, shipped, shipped_version
+    from npas import Recipe
+
+    smoke = shipped("smoke")
+    quarter = Recipe.from_dict({**smoke.to_dict(), "lr": smoke.lr / 4, "min_lr": smoke.min_lr / 4})
+    v = shipped_version(smoke)
+    assert shipped_version(quarter) == v
+    arm = SimpleNamespace(name="narrow_untied", config=SimpleNamespace(hash="0123456789abcdef"))
+    for f in (0.125, 0.25, 0.5, 1.0, 2.0):  # x f at the new rate is x f/4 at the old one
+        assert key(arm, f, 20, v, quarter.lr) == key(arm, f / 4, 20, v, smoke.lr)
+    assert key(arm, 1.0, 20, v, quarter.lr) != key(arm, 1.0, 20, v, smoke.lr)
+    # the floor's ratio to the peak is part of the recipe: another ratio is another cache
+    assert shipped_version(Recipe.from_dict({**smoke.to_dict(), "min_lr": smoke.min_lr / 2})) != v
+    # the frozen proxy's cache keeps its factor-named runs
+    assert key(arm, 2.0, 20, "0c8e68bf57") == "narrow_untied-01234567-x2-s20-0c8e68bf57"
