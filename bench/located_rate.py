@@ -299,14 +299,16 @@ def held_at_best(b: Bench, grids: dict[str, dict[float, float]]) -> dict[str, An
     for name in cols["located"]:
         print(f"  {name:<14} rung-{b.rung} located {cols['located'][name]:.4f} x1 {cols['fair'][name]:.4f} | "
               f"T best {cols['truth_best'][name]:.4f} x1 {cols['truth_fair'][name]:.4f}")
+    m = len(b.held)  # out of the whole held set: INCOMPLETE until every one is in
     rows = {"n": n, "fair_vs_best_at_T": _horizon_row("T at x1 vs T at best rate", cols["truth_fair"],
-                                                      cols["truth_best"], None, n)}
+                                                      cols["truth_best"], None, m)}
     for score in ("located", "fair"):
         for truth in ("truth_best", "truth_fair"):
             rows[f"{score}_vs_{truth}"] = _horizon_row(f"rung {b.rung} {score} vs {truth.replace('_', ' at ')}",
-                                                       cols[score], cols[truth], None, n)
-    rows["delta"] = _delta_target(cols["located"], cols["fair"], cols["truth_best"], n,
-                                  f"rung {b.rung} located", f"rung {b.rung} x1", prefix=f"held {n}, truth at best rate")
+                                                       cols[score], cols[truth], None, m)
+    rows["delta"] = _delta_target(cols["located"], cols["fair"], cols["truth_best"], m,
+                                  f"rung {b.rung} located", f"rung {b.rung} x1",
+                                  prefix="held set, truth at each one's best rate (diagnostic)")
     return rows
 
 

@@ -39,6 +39,7 @@ def test_held_rows_read_truth_at_best_and_fair_rate(capsys):
     assert rows["located_vs_truth_best"]["tau"] == pytest.approx(1.0)
     assert rows["fair_vs_truth_best"]["tau"] == pytest.approx(-1.0)
     assert rows["delta"]["delta"] == pytest.approx(2.0)
+    assert rows["delta"]["verdict"] == "INCOMPLETE"  # e has no x1 hold: 4 of the 5 held
     # truth at x1 orders them c < d < b < a (1.50, 1.55, 1.58, 1.60): 1 of 6 pairs as at the best rates
     assert rows["fair_vs_best_at_T"]["tau"] == pytest.approx(-2 / 3)
 
