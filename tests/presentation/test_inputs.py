@@ -194,12 +194,10 @@ CASES: dict[str, Case | tuple[Case, Callable]] = {
 }
 
 
-def _params():
-    for name, case in CASES.items():
-        if isinstance(case, tuple):
-            yield pytest.param(case[0], id=name, marks=case[1])
-        else:
-            yield pytest.param(case, id=name)
+def _params() -> list:
+    """One param per case, as a list: pytest 9 deprecates parametrizing over a generator."""
+    return [pytest.param(case[0], id=name, marks=case[1]) if isinstance(case, tuple) else pytest.param(case, id=name)
+            for name, case in CASES.items()]
 
 
 def test_the_corpus_is_large_enough():
