@@ -125,6 +125,8 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
     st = handle.storage
     source = studies.load(name, handle)
     plan = make_plan(source, opts, recipe)
+    if plan.note:  # located factors of another recipe's rate: retrained at x1 (or anyway), said once
+        (opts.on_note or log.warning)(plan.note)
     short = sorted({t.cfg.chassis.context for t in plan.targets if t.cfg.chassis.context < recipe.seq_len})
     if short:
         raise StudyError(f"recipe {recipe.name!r} trains at seq_len={recipe.seq_len} but study {name!r} has "
