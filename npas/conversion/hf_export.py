@@ -15,8 +15,9 @@ reads:
 `NpasForCausalLM` decodes with transformers' DynamicCache: npas's forward takes the cache, and only
 KV *source* layers store keys and values in it (a layer that shares another's keys and values stores
 nothing; value-only sharing stores its own keys only), so cross-layer KV sharing shrinks the cache to
-the share of source layers, which is what it is for. Attention masks are ignored: batch prompts of equal
-length, without padding.
+the share of source layers, which is what it is for. A 2-D `attention_mask` is honoured: prompts of
+different lengths batch left-padded, each row taking its positions from the mask and never attending to
+its padding. `from_pretrained(..., dtype=...)` gives weights of that dtype, as stock classes do.
 """
 
 from __future__ import annotations
@@ -171,7 +172,11 @@ def hf_classes() -> tuple[type, type]:
 
         def __init__(self, config: NpasConfig) -> None:
             super().__init__(config)
-            self.npas = build_model(ArchConfig.from_dict(config.allocation))
+            # In torch's default dtype, as stock classes are: `from_pretrained(dtype=...)` sets it (to the
+            # checkpoint's `dtype` when none is given) while the model is built, and the weights load into
+            # tensors of that dtype, so config.dtype and the weights agree. The allocation keeps the dtype
+            # it was trained for; only the tensors change.
+            self.npas = build_model(ArchConfig.from_dict(config.allocation)).to(torch.get_default_dtype())
             self.post_init()
 
         def _init_weights(self, module: torch.nn.Module) -> None:

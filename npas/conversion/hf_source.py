@@ -40,6 +40,7 @@ SENTENCEPIECE = "tokenizer.model"
 # architectures whose state dict and forward are LlamaForCausalLM's exactly (Mistral: the same modules,
 # its sliding window refused unless it covers the whole context)
 ACCEPTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window when config.json leaves it out
 INSTALL_HF = 'pip install "npas[hf]"'
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -86,6 +87,19 @@ def _rope(config: dict, where: str) -> tuple[float, dict | None]:
     return float(theta), out
 
 
+def attention_window(config: dict) -> Any:
+    """The attention window transformers applies to this checkpoint, or None for full attention.
+
+    Read as transformers' own code for the accepted families reads it: `MistralForCausalLM` windows
+    whenever `sliding_window` is set (MistralConfig's default is `MISTRAL_WINDOW` when the key is
+    absent), and `use_sliding_window` is a flag of other families (Qwen2's) that neither Mistral nor
+    Llama reads, so it is ignored here too; converting such a checkpoint window-free would change its
+    logits past the window. LlamaForCausalLM's forward ignores the key, but its compiled-cache
+    generation windows by it, so a Llama config that sets one is taken at its word as well."""
+    mistral = config.get("model_type") == "mistral" or "MistralForCausalLM" in (config.get("architectures") or [])
+    return config.get("sliding_window", MISTRAL_WINDOW if mistral else None)
+
+
 def hf_chassis(config: dict, where: str) -> Chassis:
     """The llama chassis a Hugging Face config.json describes, or a one-line refusal naming the field."""
     archs = config.get("architectures") or []
@@ -102,10 +116,12 @@ def hf_chassis(config: dict, where: str) -> Chassis:
     if act not in ("silu", "swish"):
         raise ConfigError(f"{where}: hidden_act {act!r} is not supported; npas's llama MLP is SwiGLU (silu)")
     context = config.get("max_position_embeddings", 2048)
-    window = config.get("sliding_window")
-    if window is not None and (config.get("use_sliding_window", True) is not False) and window < context:
-        raise ConfigError(f"{where}: sliding_window={window} is shorter than max_position_embeddings="
-                          f"{context}; npas attends over the whole context, so this model cannot be read")
+    window = attention_window(config)
+    if window is not None and window < context:
+        raise ConfigError(f"{where}: sliding_window={window} is shorter than max_position_embeddings={context}, and "
+                          f"transformers applies it whatever use_sliding_window says; npas attends over the whole "
+                          f"context, so this model cannot be read (if it was trained without a window, set "
+                          f"sliding_window to null in its config.json)")
     theta, scaling = _rope(config, where)
     try:
         d, heads = int(config["hidden_size"]), int(config["num_attention_heads"])

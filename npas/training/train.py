@@ -35,7 +35,13 @@ from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
 from npas.training.forks import train_model  # the recipe's schedule: cosine, or WSD with its forks
-from npas.training.lr_factor import LR_FACTOR_KEY, at_lr_factor, check_lr_factor
+from npas.training.lr_factor import (
+    LR_FACTOR_KEY,
+    LR_FACTOR_RECIPE_KEY,
+    at_lr_factor,
+    check_lr_factor,
+    located_under,
+)
 from npas.training.proxy import Progress, ProxyResult, Report, check_compatible
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
@@ -141,6 +147,7 @@ class AllocationFile:
     reference: Any  # Chassis | None: None for a bare allocation or an export from before it was recorded
     exported: bool  # the file is an `npas export` document (an `allocation:` mapping with its record beside it)
     lr_factor: float = 1.0  # the trial's located learning-rate factor; 1.0 when the export carries none
+    located_under: Recipe | None = None  # the recipe the factor was located under; None: unknown (or no factor)
 
 
 def read_allocation_file(path: str | Path) -> AllocationFile:
@@ -158,8 +165,22 @@ def read_allocation_file(path: str | Path) -> AllocationFile:
     exported = isinstance(doc, dict) and "allocation" in doc
     ref = doc.get(REFERENCE_KEY) if exported else None
     factor = doc.get(LR_FACTOR_KEY) if exported else None
-    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported,
-                          1.0 if factor is None else check_lr_factor(factor, f"{p}: {LR_FACTOR_KEY}"))
+    factor = 1.0 if factor is None else check_lr_factor(factor, f"{p}: {LR_FACTOR_KEY}")
+    under = None
+    if factor != 1.0 and LR_FACTOR_RECIPE_KEY in doc:
+        under = located_under(doc[LR_FACTOR_RECIPE_KEY], f"{p}: {LR_FACTOR_RECIPE_KEY}")
+    elif factor != 1.0:  # exported before the key: its study's recipe, which every located factor ran under
+        under = _lenient_recipe(doc.get("recipe"))
+    return AllocationFile(cfg, None if ref is None else read_chassis(ref, str(p)), exported, factor, under)
+
+
+def _lenient_recipe(value: Any) -> Recipe | None:
+    """A recipe a file records for information only (an old export's, a metrics.json's): None when
+    it does not read, which makes a factor beside it one of unknown provenance rather than an error."""
+    try:
+        return located_under(value, "recipe")
+    except ConfigError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -174,6 +195,7 @@ class Start:
     data: dict  # its metrics.json's description of the corpus it was trained (or converted) on
     val_loss: float | None  # its validation loss as recorded (a conversion's: before any training)
     lr_factor: float = 1.0  # the learning-rate factor it was trained at (metrics.json), continued at by default
+    recipe: Recipe | None = None  # the recipe it was trained under (metrics.json): the factor's own
 
 
 def load_start(model_dir: str | Path) -> Start:
@@ -190,7 +212,8 @@ def load_start(model_dir: str | Path) -> Start:
     factor = metrics.get(LR_FACTOR_KEY)
     return Start(d, cfg, tokenizer, state, None if ref is None else read_chassis(ref, str(d / METRICS_FILE)),
                  metrics.get("data") or {}, val,
-                 1.0 if factor is None else check_lr_factor(factor, f"{d / METRICS_FILE}: {LR_FACTOR_KEY}"))
+                 1.0 if factor is None else check_lr_factor(factor, f"{d / METRICS_FILE}: {LR_FACTOR_KEY}"),
+                 _lenient_recipe(metrics.get("recipe")))
 
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus,

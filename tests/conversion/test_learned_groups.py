@@ -258,7 +258,8 @@ def test_a_joiner_waits_past_the_setup_limit_while_the_creator_pretrains(tmp_pat
 
 
 def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
-    """The creator deletes the study it claimed when the pretraining fails, so the name is free again."""
+    """The creator deletes the study it claimed when the pretraining fails, so the name is free again,
+    and the diverged pretraining's directory with it: nothing is left beside the database."""
     from npas.service.search import learned
     from npas.service.search.plan import SearchPlan
     from npas.service.study.storage import open_storage
@@ -274,3 +275,5 @@ def test_a_failed_pretraining_leaves_no_study_behind(tmp_path, monkeypatch):
     with pytest.raises(StudyError, match="pretraining the reference for learned groups failed.*--init-from"):
         learned.learn_for_study(study, handle, SearchPlan(space=space, recipe=diverges, corpus=corpus, study_name="f"))
     assert "f" not in [s.study_name for s in handle.storage.get_all_studies()]
+    assert not (tmp_path / "f.learned-source").exists()  # not even the diverged run's metrics.json
+    assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith("f.db")]

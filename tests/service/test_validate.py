@@ -300,3 +300,51 @@ def test_end_to_end_real_training_on_a_real_study(ray_local, tmp_path, capsys):
     # every test loss also in bits per byte: a char model on the (ASCII) bundled text has bpb = nats / ln 2
     assert cert["bits_per_byte_per_nat"] == pytest.approx(1 / math.log(2), rel=1e-9)
     assert row["test_mean_bpb"] == pytest.approx(row["test_mean"] / math.log(2))
+
+
+def _study_names(url: str) -> list[str]:
+    return [s.study_name for s in optuna.get_all_study_summaries(storage=url)]
+
+
+def test_every_retraining_diverging_leaves_no_linked_study(tmp_path, capsys):
+    """"nothing was stored" is true: the NAME:validate study of failures alone is deleted, so the
+    storage holds what it held before the run (and a rerun starts from scratch, as it would anyway)."""
+    from npas.errors import StudyError
+    from npas.service.certify.targets import Options
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    name, _ = synthetic_study(url, n=6)
+    before = _study_names(url)
+    with pytest.raises(StudyError, match="nothing was stored") as info:
+        V.certify(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST), storage=url,
+                  retrain=lambda cfg, recipe: float("nan"))
+    assert "\n" not in str(info.value)
+    assert _study_names(url) == before  # no "NAME:validate" with FAIL trials
+    assert CERTIFICATE_ATTR not in optuna.load_study(study_name=name, storage=url).user_attrs
+
+
+def test_completed_retrainings_of_an_uncertified_run_are_kept_and_said_so(tmp_path):
+    """Each allocation's first seed completes, its second diverges: no allocation is scored, so no
+    certificate, but the completed retrainings stay for the rerun, and the message says so instead of
+    "nothing was stored"."""
+    from npas.errors import StudyError
+    from npas.service.certify.targets import Options
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    name, _ = synthetic_study(url, n=6)
+    seen: set[str] = set()
+
+    def first_seed_only(cfg, recipe) -> float:
+        if cfg.hash in seen:
+            return float("nan")
+        seen.add(cfg.hash)
+        return 2.0
+
+    with pytest.raises(StudyError) as info:
+        V.certify(name, Options(top=2, sample=1, seeds=2, workers=0, recipe=FAST), storage=url,
+                  retrain=first_seed_only)
+    msg = str(info.value)
+    assert "nothing was stored" not in msg and "kept in study" in msg, msg
+    linked = optuna.load_study(study_name=V.linked_name(name), storage=url)
+    done = linked.get_trials(states=(TrialState.COMPLETE,))
+    assert len(done) == len(seen) >= 2 and f"the {len(done)} completed" in msg

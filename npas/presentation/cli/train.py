@@ -31,10 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default: trials/runs/train-<hash>, or "
                    "train-<hash>-from-<weights> when continuing a model directory)")
     p.add_argument("--steps", type=POSITIVE, default=None, help="override the recipe's steps")
-    p.add_argument("--lr-factor", type=lr_factor_arg, default=None, metavar="X",
+    p.add_argument("--lr-factor", type=lr_factor_arg, default=None, metavar="X|located",
                    help="train at X times the recipe's fair learning rate (whole schedule, every parameter group); "
-                        "default: the factor the search located, as the export (or the model directory) records "
-                        "it, else 1")
+                        "default: the factor the export (or the model directory) records, when --recipe has the "
+                        "rate it was located (or trained) under, else 1; `located`: that factor whatever the recipe")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="overwrite a directory that already holds a model")
     p.add_argument("--format", choices=("npas", "hf"), default="npas", dest="fmt",
@@ -56,20 +56,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_sample)
 
 
-def lr_factor_arg(text: str) -> float:
-    from npas.training.lr_factor import check_lr_factor
+def lr_factor_arg(text: str) -> float | str:
+    from npas.training.lr_factor import LOCATED, check_lr_factor
 
+    if text == LOCATED:
+        return LOCATED
     try:
         return check_lr_factor(float(text), "--lr-factor")
     except (ValueError, NpasError):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0 (a factor of the recipe's fair learning "
-                                         f"rate, e.g. 2), got {text!r}") from None
+                                         f"rate, e.g. 2) or `located`, got {text!r}") from None
 
 
 def run_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from npas.conversion.hf_convert import check_format
+    from npas.training.lr_factor import LOCATED, choose_factor
     from npas.training.recipe import load_recipe
     from npas.training.train import MODEL_FILE, train_allocation
 
@@ -78,13 +81,14 @@ def run_train(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     if args.steps is not None:
         recipe = recipe.with_steps(args.steps)
+    requested = getattr(args, "lr_factor", None)
     if path.is_dir():  # a trained or converted model: continue from its weights
         cfg, corpus, reference, start, what = _continue_from(path, recipe, args)
-        recorded = start.lr_factor
+        lr_factor, note = choose_factor(start.lr_factor, start.recipe, recipe, requested, str(path / "metrics.json"))
     else:
-        cfg, corpus, reference, what, recorded = _from_allocation(path, recipe, args)
+        cfg, corpus, reference, what, alloc = _from_allocation(path, recipe, args)
         start = None
-    lr_factor = recorded if getattr(args, "lr_factor", None) is None else args.lr_factor
+        lr_factor, note = choose_factor(alloc.lr_factor, alloc.located_under, recipe, requested, str(path))
     from npas.training.proxy import check_compatible
 
     check_compatible(cfg, recipe, corpus, padded=start is not None)  # one line before the progress bar and --out
@@ -98,9 +102,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     from npas.allocation.budget import count
 
+    if note:  # after every refusal: a refused run prints its one line only
+        print(f"npas train: note: {note}", file=sys.stderr)
     acc = count(cfg)
     rate = "" if lr_factor == 1.0 else (f", at lr_factor {lr_factor:g} x its fair rate"
-                                          + (" (--lr-factor)" if getattr(args, "lr_factor", None) is not None
+                                          + (" (--lr-factor)" if requested not in (None, LOCATED)
                                              else " (located by the search)" if start is None else " (as trained)"))
     print(f"training {cfg.hash} ({cfg.summary()}, {acc.stored_params:,} params){what} on {corpus.source}, "
           f"{recipe.describe()}{rate} -> {out}")
@@ -162,7 +168,7 @@ def _from_allocation(path: Path, recipe, args: argparse.Namespace):
               f"unlike its trial); export it again to match the search", file=sys.stderr)
     tokenizer = args.tokenizer or exported_tokenizer(path)
     corpus = _load_corpus(args, recipe, args.data if args.data is not None else recipe.data, tokenizer)
-    return alloc.cfg, corpus, alloc.reference, "", alloc.lr_factor
+    return alloc.cfg, corpus, alloc.reference, "", alloc
 
 
 def _continue_from(path: Path, recipe, args: argparse.Namespace):

@@ -7,6 +7,7 @@ import json
 import sys
 
 from npas.errors import StudyError
+from npas.presentation.cli.train import lr_factor_arg
 
 STORAGE_HELP = "SQLAlchemy URL (default: $NPAS_STORAGE, else sqlite:///trials/npas.db)"
 DESCRIPTION = """\
@@ -43,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per retraining (default 1: two one-thread runs on 2 cores beat one "
                         "two-thread run)")
+    p.add_argument("--lr-factor", type=lr_factor_arg, default=None, metavar="X|located",
+                   help="retrain at X times the recipe's fair learning rate; default: each trial's located factor "
+                        "when --recipe has the rate of the study's recipe (under which it was located), else 1; "
+                        "`located`: the located factors whatever the recipe")
     p.add_argument("--ray-address", help="join a Ray cluster: auto, host:port or ray://host:port (default: local)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--storage", help=STORAGE_HELP)
@@ -53,6 +58,10 @@ def _progress(done: int, total: int) -> None:
     print(f"[npas validate] {done}/{total} retrainings done", file=sys.stderr, flush=True)
 
 
+def _note(text: str) -> None:
+    print(f"npas validate: note: {text}", file=sys.stderr, flush=True)
+
+
 def run_validate(args: argparse.Namespace) -> int:
     from npas.service.certify.retrain import Options, certify
     from npas.service.study.urls import check_url
@@ -60,7 +69,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
     opts = Options(pick=args.pick, top=args.top, sample=args.sample, recipe=args.recipe, seeds=args.seeds,
                    workers=args.workers, threads=args.threads, ray_address=args.ray_address,
-                   on_progress=_progress)
+                   lr_factor=getattr(args, "lr_factor", None), on_progress=_progress, on_note=_note)
     problems = opts.problems()
     if problems:  # all of them, before the database or Ray is touched
         raise StudyError("; ".join(problems))

@@ -125,6 +125,8 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
     st = handle.storage
     source = studies.load(name, handle)
     plan = make_plan(source, opts, recipe)
+    if plan.note:  # located factors of another recipe's rate: retrained at x1 (or anyway), said once
+        (opts.on_note or log.warning)(plan.note)
     short = sorted({t.cfg.chassis.context for t in plan.targets if t.cfg.chassis.context < recipe.seq_len})
     if short:
         raise StudyError(f"recipe {recipe.name!r} trains at seq_len={recipe.seq_len} but study {name!r} has "
@@ -151,7 +153,11 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
         _execute(linked, plan, jobs, retrain, opts, total - len(jobs), total, url)
     cert = build_certificate(source, linked, plan)
     if cert["complete"] == 0:  # a certificate without one scored allocation would certify nothing
-        raise StudyError(_nothing_scored(name, linked, cert["planned"]))
+        why = _nothing_scored(name, linked, cert["planned"])
+        if not linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            # failures alone: nothing a rerun could use, so the storage is left as before the run
+            optuna.delete_study(study_name=linked.study_name, storage=st)
+        raise StudyError(why)
     if bits_per_nat is None and isinstance(retrain, functools.partial) and retrain.func is _REAL_RETRAIN:
         bits_per_nat = _bits_per_nat(retrain.keywords, recipe)  # the study's own corpus and tokenizer
     cert["bits_per_byte_per_nat"] = bits_per_nat
@@ -163,13 +169,16 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
 
 
 def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
-    """Why no certificate is stored: every planned allocation has a retraining that failed or diverged."""
+    """Why no certificate is stored: every planned allocation has a retraining that failed or diverged.
+    A linked study of failures alone is deleted (`certify`); completed retrainings stay for a rerun."""
     failed = linked.get_trials(deepcopy=False, states=(TrialState.FAIL,))
     reasons = sorted({str(t.user_attrs.get(RetrainAttr.REASON, "failed")).splitlines()[0][:160] for t in failed})
     why = f"; e.g. {reasons[0]}" if reasons else ""
+    kept = len(linked.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    stored = (f"no certificate was stored, and the {kept} completed retraining(s) are kept in study "
+              f"{linked.study_name!r} (a rerun skips them)") if kept else "nothing was stored"
     return (f"no certificate for study {name!r}: none of its {planned} allocations finished all its retrainings "
-            f"({len(failed)} failed or diverged{why}); nothing was stored. Check the recipe (a lower lr, "
-            f"--recipe) and rerun: completed retrainings are kept")
+            f"({len(failed)} failed or diverged{why}); {stored}. Check the recipe (a lower lr, --recipe) and rerun")
 
 
 def _bits_per_nat(kw: dict, score: Recipe) -> float:

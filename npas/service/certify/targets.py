@@ -10,9 +10,12 @@
   token come as close to the pick's as a uniform MLP width allows (the exact ratio is reported);
 - fresh seeds ``10_000 + s``, never a recipe's own seed: training a pick again on the seed that
   selected it would keep the luck that put it on the front (the winner's curse);
-- each searched allocation at the learning-rate factor its trial located (``lr_factor``, issue #35;
-  1 where none was located, and for the constructed FLOPs match, which has no trial): validated as it
-  would be trained, at that factor of the long recipe's fair rate.
+- each searched allocation at the learning-rate factor its trial located (``lr_factor``; 1 where
+  none was located, and for the constructed FLOPs match, which has no trial): validated as it would be
+  trained, at that factor of the long recipe's fair rate -- when the long recipe has the rate of the
+  study's recipe, under which every factor was located; otherwise at x1, said in one note (``Plan.note``),
+  unless ``Options.lr_factor`` is ``located`` (the stored factors anyway) or a number (every retraining
+  at it), as for ``npas train`` (``npas.training.lr_factor.choose_factor``).
 
 Every (allocation, seed) is one job with a key over allocation, recipe, seed, data and split, so the
 same retraining is recognised whatever role it plays and however often the command is rerun.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,11 +35,13 @@ from optuna.trial import FrozenTrial, TrialState
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
+from npas.errors import ConfigError
 from npas.service.export.picks import objective_index
 from npas.service.export.picks import pick as choose
 from npas.service.search.outcome import repeat_seeds
 from npas.service.study import studies
 from npas.service.study.record import StudyAttr, TrialAttr
+from npas.training.lr_factor import LOCATED, not_its_rate
 from npas.training.recipe import Recipe
 
 SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds recipes use
@@ -69,7 +75,10 @@ class Options:
     threads: int | None = 1  # torch threads per retraining (None: the recipe's); one run per core
     # scales better than one run on two threads, so the long recipe's 2 threads become 1 here
     ray_address: str | None = None
+    lr_factor: float | str | None = None  # --lr-factor: None (the located factors where the rate is the study's),
+    # "located" (the located factors whatever the recipe) or a number (every retraining at it)
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (done, total)
+    on_note: Callable[[str], None] | None = field(default=None, compare=False)  # a one-line note (else logged)
 
     def problems(self) -> list[str]:
         out = []
@@ -83,6 +92,10 @@ class Options:
             out.append(f"--threads must be >= 1, got {self.threads}")
         if self.workers < 0:
             out.append(f"--workers must be >= 0 (0 = in this process), got {self.workers}")
+        f = self.lr_factor
+        if f is not None and f != LOCATED and (isinstance(f, bool) or not isinstance(f, int | float)
+                                               or not math.isfinite(f) or f <= 0):
+            out.append(f"--lr-factor must be a finite number > 0 or `located`, got {f!r}")
         how = self.pick
         ok = how in ("knee", "min-loss") or (how.startswith("trial=") and how[6:].isdigit()) or (
             how.startswith("max-memory=") and _is_number(how[11:]))
@@ -123,6 +136,7 @@ class Plan:
     flops_ratio: float | None  # matched FLOPs / picked FLOPs
     split: str
     fingerprint: str
+    note: str | None = None  # why located factors are not applied (or applied anyway), in one line
 
     def key(self, target: Target, seed: int) -> str:
         """Same allocation, recipe, rate, seed and data -> same retraining, whatever role it plays (a
@@ -207,11 +221,35 @@ def make_plan(study: optuna.Study, opts: Options, recipe: Recipe) -> Plan:
     proxy_seed = int((study.user_attrs.get(StudyAttr.RECIPE) or {}).get("seed", 0))
     repeats = int(study.user_attrs.get(StudyAttr.REPEATS) or 1)  # `search --repeats`: every proxy seed is taken
     seeds = fresh_seeds(opts.seeds, {*repeat_seeds(proxy_seed, repeats), recipe.seed})
+    factor, note = _rate(study, [e["lr_factor"] for e in targets.values()], recipe, opts.lr_factor)
     return Plan(study=study.study_name,
                 targets=tuple(Target(e["cfg"], tuple(e["roles"]), e["source"], e["proxy_loss"], e["label"],
-                                     e["lr_factor"]) for e in targets.values()),
+                                     factor(e["lr_factor"])) for e in targets.values()),
                 seeds=seeds, recipe=recipe, pick=picked.number, memory_matched=mem, flops_matched=flo,
-                flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(StudyAttr.FINGERPRINT, "")))
+                flops_ratio=ratio, split=scoring_split(), fingerprint=str(study.user_attrs.get(StudyAttr.FINGERPRINT, "")),
+                note=note)
+
+
+def _rate(study: optuna.Study, stored: list[float], recipe: Recipe,
+          requested: float | str | None) -> tuple[Callable[[float], float], str | None]:
+    """(stored factor -> the factor retrained at, a one-line note or None): `choose_factor`'s rule, with
+    the study's recipe as the one every located factor was located under."""
+    located = sorted({f for f in stored if f != 1.0})
+    if requested is not None and requested != LOCATED:
+        return (lambda f: float(requested)), None  # type: ignore[arg-type]
+    try:
+        under = Recipe.from_dict(dict(study.user_attrs.get(StudyAttr.RECIPE) or {}), "the study's recipe")
+    except (ConfigError, TypeError, ValueError):
+        under = None
+    why = not_its_rate(under, recipe) if located else None
+    if why is None:
+        return (lambda f: f), None
+    span = f"x{located[0]:g}" if len(located) == 1 else f"x{located[0]:g}-x{located[-1]:g}"
+    what = f"study {study.study_name!r}: the located lr_factor ({span} on {sum(f != 1.0 for f in stored)} allocation(s))"
+    if requested == LOCATED:
+        return (lambda f: f), f"{what} {why}; retraining at it anyway (--lr-factor located)"
+    return (lambda f: 1.0), (f"{what} {why}; retraining every allocation at x1: pass --lr-factor located to "
+                             f"apply the located factors anyway, or --lr-factor X")
 
 
 def _cfg_hash(t: FrozenTrial) -> str:

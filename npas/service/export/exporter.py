@@ -13,7 +13,7 @@ from npas.errors import NpasError, StudyError
 from npas.service.export.picks import objective_names
 from npas.service.export.picks import pick as choose
 from npas.service.study.record import StudyAttr, TrialAttr
-from npas.training.lr_factor import LR_FACTOR_KEY, check_lr_factor
+from npas.training.lr_factor import LR_FACTOR_KEY, LR_FACTOR_RECIPE_KEY, check_lr_factor
 from npas.training.train import REFERENCE_KEY, tokenizer_beside
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,11 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
     names = objective_names(study)
     # the trial's located learning rate, as a factor of the recipe's fair rate: `npas train` applies it.
     # A trial that located none (every study from before issue #35) writes none: its export is as it was
+    # With it, the recipe it was located under (the study's: every trial ran under it), so `npas train`
+    # under another recipe knows the factor is not its own (npas.training.lr_factor.choose_factor)
     factor = trial.user_attrs.get(TrialAttr.LR_FACTOR)
-    rate = {} if factor is None else {LR_FACTOR_KEY: check_lr_factor(factor, f"trial {trial.number}: lr_factor")}
+    rate = {} if factor is None else {LR_FACTOR_KEY: check_lr_factor(factor, f"trial {trial.number}: lr_factor"),
+                                      LR_FACTOR_RECIPE_KEY: study.user_attrs.get(StudyAttr.RECIPE)}
     return {
         "allocation": cfg.to_dict(),
         "hash": cfg.hash,
@@ -82,7 +85,9 @@ def write_export(study: optuna.Study, out: str | Path, pick: str = "knee") -> di
     doc = export_document(study, pick)
     header = ("# npas export: rebuild with npas.build_model(npas.ArchConfig.from_yaml(open(PATH).read()))\n"
               f"# train for real: npas train {out}"
-              + (f"  (at lr_factor {doc[LR_FACTOR_KEY]:g} x the recipe's fair rate)" if LR_FACTOR_KEY in doc else "")
+              + (f"  (at lr_factor {doc[LR_FACTOR_KEY]:g} x the recipe's fair rate, under recipe "
+                 f"{(doc[LR_FACTOR_RECIPE_KEY] or {}).get('name')!r} it was located with; another recipe trains at "
+                 f"x1 unless --lr-factor located)" if LR_FACTOR_KEY in doc else "")
               + "\n")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,11 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
     """Run a `SearchPlan`: create its study and run it to its target of proxy runs, or join the study
     of that name. Given a `Space`, the plan is first built from `options` (`plan_search`'s keywords:
     trials, study, storage, recipe, data, budget, sampler, seed, launch, repeats, init_from, tokenizer,
-    data_glob, text_field, budget_scope, corpus), with every check run there, once."""
+    data_glob, text_field, budget_scope, corpus, locate_lr), with every check run there, once.
+
+    It may run in any thread. On the main thread SIGTERM stops it like Ctrl-C (running trials are
+    recorded and re-enqueued, `resume` continues); elsewhere no signal handler can be installed, so
+    none is, and the calling program's own SIGTERM handling applies."""
     if not isinstance(plan, SearchPlan):
         plan = plan_search(plan, **options)
     elif options:

@@ -42,7 +42,8 @@ def learn_for_study(study: optuna.Study, handle: StorageHandle, plan: SearchPlan
     """The creator's one look at trained weights for the learned groups.
 
     Runs after the study name is claimed, so a joiner never pretrains too: it waits on the
-    pretraining marker. A failure deletes the half-made study, leaving the database as it was."""
+    pretraining marker. A failure deletes the half-made study and the pretraining's directory,
+    leaving the database and its folder as they were."""
     try:
         if plan.init is None:
             study.set_user_attr(PRETRAINING_ATTR, True)
@@ -67,22 +68,28 @@ def learn_source(space: Space, init: dict | None, recipe: Any, corpus: Any, out:
     from npas.conversion.groups import similarity_of
 
     if init is not None:
-        directory, weights, origin = init["dir"], init["weights"], "init_from"
-    else:
-        from npas.training.train import train_allocation
+        sim = similarity_of(init["dir"])
+        space.with_similarity(sim)  # its shape is checked against the space here, before anything is recorded
+        return {"origin": "init_from", "dir": init["dir"], "weights": init["weights"],
+                "similarity": [list(r) for r in sim]}
+    from npas.training.train import train_allocation
 
-        if out.exists():  # a failed earlier creation's leftovers: this study's run replaces them
-            shutil.rmtree(out)
-        log.info("learned groups: pretraining the reference once (%d steps of recipe %s) into %s",
-                 recipe.steps, recipe.name, out)
+    if out.exists():  # a failed earlier creation's leftovers: this study's run replaces them
+        shutil.rmtree(out)
+    log.info("learned groups: pretraining the reference once (%d steps of recipe %s) into %s",
+             recipe.steps, recipe.name, out)
+    try:
         result = train_allocation(reference_config(space.reference_chassis, space.dtype), recipe, corpus, out)
         if result.status != "ok":
             raise StudyError(f"pretraining the reference for learned groups failed ({result.status}: "
                              f"{result.failure_reason}); pass --init-from DIR with a trained model instead")
-        directory, weights, origin = str(out.resolve()), fingerprint_weights(out), "pretrained"
-    sim = similarity_of(directory)
-    space.with_similarity(sim)  # its shape is checked against the space here, before anything is recorded
-    return {"origin": origin, "dir": directory, "weights": weights, "similarity": [list(r) for r in sim]}
+        sim = similarity_of(out)
+        space.with_similarity(sim)
+    except BaseException:  # the study is deleted too (learn_for_study): nothing of it stays beside the database
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return {"origin": "pretrained", "dir": str(out.resolve()), "weights": fingerprint_weights(out),
+            "similarity": [list(r) for r in sim]}
 
 
 def attach(space: Space, learned: dict | None, study: str) -> Space:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from npas.allocation.bounds import check_reachable
 from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
 from npas.service.search.launch import Launch, check_inputs
@@ -155,6 +156,7 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
                                         f"{context}; lower seq_len or raise chassis.context"])
     corpus.check_fits(rec.seq_len, rec.batch_size)
     space = space.bind(vocab_size=corpus.vocab_size, budget=budget, budget_scope=budget_scope)
+    check_reachable(space, DEFAULT_SEED if seed is None else seed)  # a budget nothing fits: refused before any write
     init = None
     if init_from is not None:  # the starting model must fit the space and corpus
         from npas.conversion.init_from import describe_source

@@ -404,7 +404,14 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM behaves like Ctrl-C for the duration (a search's trials or a certificate's
-    retrainings are recorded as stopped, and a rerun continues); the previous handler is restored."""
+    retrainings are recorded as stopped, and a rerun continues); the previous handler is restored.
+
+    Only the main thread may install a signal handler, so off it (`npas.search` run from a worker
+    thread of the caller's program) nothing is installed: SIGTERM keeps the program's own handling,
+    and stopping such a search is the caller's business (Ctrl-C reaches the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.getsignal(signal.SIGTERM)
 
     def _term(signum, frame):

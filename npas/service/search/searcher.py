@@ -21,6 +21,7 @@ import optuna
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prints its own progress line
 from ray.tune.search import Searcher  # noqa: E402
 
+from npas.allocation.bounds import SKIPS_BEFORE_EXHAUSTED  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
 from npas.service.search import faults  # noqa: E402
 from npas.service.search.admission import Skip, prepare  # noqa: E402
@@ -34,7 +35,7 @@ from npas.service.study.tally import StudyTally  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-MAX_SKIPPED_IN_A_ROW = 200  # infeasible or duplicate asks before the space is called exhausted
+MAX_SKIPPED_IN_A_ROW = SKIPS_BEFORE_EXHAUSTED  # infeasible or duplicate asks before the space is called exhausted
 
 
 class NpasSearcher(Searcher):
