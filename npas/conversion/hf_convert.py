@@ -8,9 +8,10 @@ source's dtype (bf16 weights are upcast only for the fits) unless `dtype` says o
 A checkpoint has no npas record of its training text, so the loss pass reads `data` (default: the
 bundled corpus) with the checkpoint's own tokenizer.json, at the `smoke` recipe's windows, scoring the
 source and the converted model on the same batches; MLP narrowing is calibrated on its training split.
-Without a usable tokenizer.json (only tokenizer.model, none, or more tokens than the model has rows;
-fewer is a padded vocabulary and fine) the conversion runs without a loss pass and says so in
-`ConvertResult.note`.
+Without a tokenizer.json (only tokenizer.model, or none) the conversion runs without a loss pass and
+says so in `ConvertResult.note`. A tokenizer.json with more tokens than the model has embedding rows is
+refused before anything is written: the output would carry it, and npas refuses to train or sample a
+model that cannot embed its tokenizer's ids (fewer tokens is a padded vocabulary and fine).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from npas.conversion.convert import Conversion, convert_model, convertible_probl
 from npas.conversion.directory import PROVENANCE_FILE, ConvertResult, read_allocation
 from npas.conversion.hf_source import fingerprint_hf_weights, read_hf_dir, require_transformers
 from npas.conversion.tying import TieInit
-from npas.errors import ConfigError, NpasError
+from npas.errors import ConfigError, DataError, NpasError
 
 LOSS_RECIPE = "smoke"  # the loss pass's windows: 4 batches of 16 x 64 tokens
 FORMATS = ("npas", "hf")
@@ -103,6 +104,10 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
     if (out / MODEL_FILE).exists() and not force:
         raise NpasError(f"{out} already holds a model; pass --force to overwrite or choose another --out")
     ck = read_hf_dir(hf_dir)
+    if ck.tokenizer is not None and ck.tokenizer_note is not None:  # more tokens than embedding rows
+        raise DataError(f"{ck.tokenizer_note}: the converted model could not read its own tokenizer (npas train "
+                        "and npas sample refuse it); put the model's own tokenizer.json beside config.json, or "
+                        "remove tokenizer.json to convert the weights alone")
     cfg = _target(ck.cfg, alloc, dtype, ck.dtype)
     problems = convertible_problems(ck.cfg, cfg)
     if problems:
