@@ -47,6 +47,16 @@ def check_format(fmt: str, unroll: bool) -> None:
         require_transformers("--format hf")
 
 
+def check_output(cfg: ArchConfig, fmt: str, unroll: bool) -> None:
+    """Refuse an output `cfg` cannot be written as, before any training or conversion writes the
+    directory: `--unroll` of an allocation a stock LlamaForCausalLM cannot express."""
+    if fmt == "hf" and unroll:
+        from npas.conversion.hf_export import unroll_problems
+
+        if problems := unroll_problems(cfg):
+            raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(problems))
+
+
 def _target(src_cfg: ArchConfig, alloc: str | Path | ArchConfig | None, dtype: str | None,
             source_dtype: str) -> ArchConfig:
     cfg = src_cfg if alloc is None else alloc if isinstance(alloc, ArchConfig) else read_allocation(alloc)
@@ -112,11 +122,7 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
     problems = convertible_problems(ck.cfg, cfg)
     if problems:
         raise ConfigError(f"cannot convert {hf_dir}: " + "; ".join(problems))
-    if fmt == "hf" and unroll:
-        from npas.conversion.hf_export import unroll_problems
-
-        if unroll_problems(cfg):
-            raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(unroll_problems(cfg)))
+    check_output(cfg, fmt, unroll)
     note = ck.tokenizer_note
     recipe = corpus = None
     source_val = val = math.nan
@@ -179,4 +185,4 @@ def reformat_dir(model_dir: str | Path, unroll: bool) -> dict[str, Any]:
     return written
 
 
-__all__ = ["FORMATS", "check_format", "convert_hf_dir", "reformat_dir"]
+__all__ = ["FORMATS", "check_format", "check_output", "convert_hf_dir", "reformat_dir"]

@@ -94,7 +94,8 @@ def hf_chassis(config: dict, where: str) -> Chassis:
     if "NpasForCausalLM" in archs:
         raise ConfigError(f"{where}: this is npas's own Hugging Face model type (`--format hf`), which npas "
                           "reads only through transformers (`import npas`, then AutoModelForCausalLM); to train or "
-                          "convert a model further, keep it in npas's format (--format npas, the default)")
+                          "convert a model further, write it with --format npas (the default), or as a stock "
+                          "LlamaForCausalLM (--format hf --unroll)")
     bad = [a for a in archs if a not in ACCEPTED_ARCHITECTURES]
     if not archs or bad:
         raise ConfigError(f"{where}: architecture {', '.join(map(str, bad or archs)) or '(none given)'} is not "
