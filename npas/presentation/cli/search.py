@@ -310,8 +310,12 @@ def run_resume(args: argparse.Namespace) -> int:
         from npas.training.corpora import check_source
 
         check_source(args.data)  # it exists; the driver reads it with the study's glob and text field
-    if text is not None:  # a changed space is checked against the study's record, read-only, before Ray
-        _check_space_change(args, text)
+    study = _load(args)  # read-only, before Ray: a study that is not there is one line, nothing created
+    if text is not None:  # a changed space is checked against the study's record, before Ray
+        from npas.service.search.plan import check_space_change
+        from npas.service.study.studies import read_record
+
+        check_space_change(args.name, read_record(study), text, args.allow_space_change)
     _start_ray(launch.ray_address)
     from npas.service.search.driver import resume_checked
 
@@ -323,15 +327,6 @@ def run_resume(args: argparse.Namespace) -> int:
     _print_ladder(study)
     _final_report(study, args)
     return 0
-
-
-def _check_space_change(args: argparse.Namespace, text: str) -> None:
-    from npas.service.search.plan import check_space_change
-    from npas.service.study.storage import open_storage
-    from npas.service.study.studies import load, read_record
-
-    study = load(args.name, open_storage(args.storage, read_only=True))  # never creates a database
-    check_space_change(args.name, read_record(study), text, args.allow_space_change)
 
 
 def run_studies(args: argparse.Namespace) -> int:

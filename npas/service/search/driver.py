@@ -24,7 +24,7 @@ import optuna
 
 from npas import __version__
 from npas.allocation.space import Space
-from npas.errors import Interrupted, StudyError
+from npas.errors import ArgumentError, Interrupted, StudyError
 from npas.service.search import faults
 from npas.service.search import learned as groups
 from npas.service.search.launch import Launch
@@ -36,6 +36,7 @@ from npas.service.search.plan import (
     plan_resume,
     plan_search,
 )
+from npas.service.search.plan_checks import check_keywords, check_plan, check_resume_arguments, check_space
 from npas.service.search.runner import check_resources, init_ray, run_trials
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
@@ -55,11 +56,18 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
     """Run a `SearchPlan`: create its study and run it to its target of proxy runs, or join the study
     of that name. Given a `Space`, the plan is first built from `options` (`plan_search`'s keywords:
     trials, study, storage, recipe, data, budget, sampler, seed, launch, repeats, init_from, tokenizer,
-    data_glob, text_field, budget_scope, corpus), with every check run there, once."""
-    if not isinstance(plan, SearchPlan):
+    data_glob, text_field, budget_scope, corpus, locate_lr), with every check run there, once. A plan
+    given whole (built by hand, or altered with `dataclasses.replace`) has its cheap checks run again
+    here, before Ray or the database (`plan_checks.check_plan`)."""
+    if isinstance(plan, SearchPlan):
+        if options:
+            raise ArgumentError(f"search(plan) takes no other options, got {sorted(options)}; pass them to "
+                                "npas.plan_search, or search(space, **options)")
+        plan = dataclasses.replace(plan, launch=check_plan(plan))
+    else:
+        check_space(plan, "search")
+        check_keywords("search", options, plan_search)
         plan = plan_search(plan, **options)
-    elif options:
-        raise TypeError(f"search(plan) takes no other options, got {sorted(options)}")
     space, rec, corpus = plan.space, plan.recipe, plan.corpus
     chosen = make_sampler(plan.sampler, plan.seed, len(space.objectives))
     cpus = _prove_ray(plan)  # before the first write
@@ -163,8 +171,12 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     of seeds would not rank against the trials already run. A study whose trials start from a
     trained model reloads it from its recorded directory, or from `init_from` (same weights required).
     The study's stored tokenizer is loaded, not retrained; a `tokenizer` given here must produce that
-    very tokenizer (same fingerprint), or the resume is refused."""
+    very tokenizer (same fingerprint), or the resume is refused. Nothing is written, and Ray is not
+    started, for a study that is not there."""
+    check_resume_arguments(name, space_text=space_text, allow_space_change=allow_space_change, data=data,
+                           init_from=init_from, tokenizer=tokenizer)
     launch = check_launch(trials, launch or Launch(), storage, repeats)
+    load(name, open_storage(storage, read_only=True))  # it exists: a missing SQLite file is not created
     return resume_checked(name, trials=trials, storage=storage, space_text=space_text,
                           allow_space_change=allow_space_change, data=data, launch=launch, repeats=repeats,
                           init_from=init_from, tokenizer=tokenizer)

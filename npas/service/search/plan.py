@@ -20,6 +20,7 @@ from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
 from npas.service.search.launch import Launch, check_inputs
 from npas.service.search.outcome import check_repeats
+from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
 
 if TYPE_CHECKING:
@@ -123,19 +124,20 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     creating. `corpus` is that corpus already loaded with these settings, if the caller has it."""
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
     from npas.training.data import is_bundled, load_corpus
-    from npas.training.recipe import load_recipe
+    from npas.training.recipe import Recipe, load_recipe
 
+    check_plan_search_arguments(space, {  # the Python API's types, as the CLI's parser gives them
+        "study": study, "recipe": recipe, "data": data, "budget": budget, "sampler": sampler, "seed": seed,
+        "init_from": init_from, "tokenizer": tokenizer, "data_glob": data_glob, "text_field": text_field,
+        "budget_scope": budget_scope, "corpus": corpus, "locate_lr": locate_lr})
     if study is None:  # the default name is SPACE-YYYYmmdd-HHMMSS: the space's name must make a safe one
         _check_default_study_name(space.name)
     elif problem := study_name_problem(study):  # it names folders: before Ray or the database
         raise StudyError(f"{problem}; pass another study name")
     launch = check_launch(trials, launch or Launch(), storage, repeats)
-    rec = load_recipe(recipe or space.recipe)
-    if locate_lr and not (rec.schedule == "wsd" and launch.early_stop is not False):
-        why = "--no-early-stop trains every trial to T" if rec.schedule == "wsd" else \
-            f"recipe {rec.name!r} has schedule {rec.schedule!r}"
-        raise StudyError(f"--locate-lr chooses each trial's rate at a rung of the promotion ladder, but {why}; "
-                         "use a recipe with schedule: wsd and early stopping, or drop --locate-lr")
+    rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or space.recipe)
+    if locate_lr and (problem := locate_lr_problem(rec, launch.early_stop)):
+        raise StudyError(problem)
     glob, text = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
     source = data or rec.data
     if corpus is None and not is_bundled(source):
