@@ -57,13 +57,14 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
     of that name. Given a `Space`, the plan is first built from `options` (`plan_search`'s keywords:
     trials, study, storage, recipe, data, budget, sampler, seed, launch, repeats, init_from, tokenizer,
     data_glob, text_field, budget_scope, corpus, locate_lr), with every check run there, once. A plan
-    given whole (built by hand, or altered with `dataclasses.replace`) has its cheap checks run again
+    built by hand or altered with `dataclasses.replace` (not `plan.checked`) has its cheap checks run
     here, before Ray or the database (`plan_checks.check_plan`)."""
     if isinstance(plan, SearchPlan):
         if options:
             raise ArgumentError(f"search(plan) takes no other options, got {sorted(options)}; pass them to "
                                 "npas.plan_search, or search(space, **options)")
-        plan = dataclasses.replace(plan, launch=check_plan(plan))
+        if not plan.checked:
+            plan = dataclasses.replace(plan, launch=check_plan(plan))
     else:
         check_space(plan, "search")
         check_keywords("search", options, plan_search)

@@ -58,6 +58,9 @@ class SearchPlan:
     data: str | None = None  # the --data given (a join or resume reads the study's corpus from it)
     locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's rung at T/4 (located_rate)
     given: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # set by `plan_search` once its checks ran; a plan built by hand or altered with `dataclasses.replace`
+    # (which resets a field outside __init__) is checked again by `search` (`plan_checks.check_plan`)
+    checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def cpus_per_trial(self) -> float:
@@ -164,12 +167,14 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
         init = describe_source(init_from, space.reference_chassis, corpus)
     given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
              "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None, "locate_lr": locate_lr}
-    return SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
+    plan = SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
                       launch=launch, storage=storage, trials=trials, sampler=sampler or DEFAULT_SAMPLER,
                       seed=DEFAULT_SEED if seed is None else seed,
                       repeats=DEFAULT_REPEATS if repeats is None else repeats,
                       tokenizer=str(tokenizer or DEFAULT_TOKENIZER), init=init, data=data,
                       given=MappingProxyType(given), locate_lr=bool(locate_lr))
+    object.__setattr__(plan, "checked", True)  # frozen: only plan_search marks a plan as checked
+    return plan
 
 
 def check_space_change(name: str, record: StudyRecord, space_text: str | None,
