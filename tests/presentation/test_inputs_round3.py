@@ -252,6 +252,16 @@ CASES: dict[str, Case] = {
     "recipe-wsd-decay-fraction-zero": recipe("decay_fraction: must be in (0, 1]", "schedule: wsd\ndecay_fraction: 0\n"),
     "recipe-wsd-decay-shape-typo": recipe("did you mean '1-sqrt'", "schedule: wsd\ndecay_shape: sqrt\n"),
     "recipe-horizon-float": recipe("horizon: expected an integer", "horizon: 400.5\n"),
+    # ---- joining a ladder study with a changed recipe or settings ({db}: a set-up study "{study}") --
+    "join-with-another-recipe": Case(["search", TINY, "--recipe", "smoke-wsd", "--study", "{study}", "--storage",
+                                      "{db}"], "was created with other settings: --recipe 'smoke-wsd'"),
+    "join-with-another-sampler": Case([*SEARCH, "--sampler", "random", "--study", "{study}", "--storage", "{db}"],
+                                      "--sampler 'random' (the study's is 'tpe')"),
+    "join-with-locate-lr": Case(["search", TINY, "--recipe", "{in}/r.yaml", "--locate-lr", "--study", "{study}",
+                                 "--storage", "{db}"], "was created with other settings",
+                                files={"r.yaml": FAST_TEXT + "schedule: wsd\nrungs: [10, 40]\n"}),
+    "join-with-another-budget": Case([*SEARCH, "--budget", "0.5x", "--study", "{study}", "--storage", "{db}"],
+                                     "with a different space, budget or data"),
     # ---- --locate-lr -----------------------------------------------------------------------------
     "locate-lr-one-rung": recipe("one rung only", WSD_ONE_RUNG, "--locate-lr"),
     "locate-lr-only-the-top-rung": recipe("one rung only", "schedule: wsd\nrungs: [40]\n", "--locate-lr"),
@@ -283,7 +293,8 @@ FAILED_BEFORE = {
     "ckpt-s3-no-bucket", "ckpt-hdfs-unopenable", "ckpt-s3-endpoint-never-answers", "resume-ckpt-is-a-file",
     "resume-study-missing-new-db", "recipe-cosine-decay-fraction", "recipe-cosine-decay-shape",
     "train-recipe-cosine-decay-fraction", "locate-lr-one-rung", "locate-lr-only-the-top-rung", "lr-factor-1e300",
-    "lr-factor-5000", "lr-factor-1e-300", "lr-factor-stored-5000",
+    "lr-factor-5000", "lr-factor-1e-300", "lr-factor-stored-5000", "join-with-another-recipe",
+    "join-with-another-sampler", "join-with-locate-lr", "join-with-another-budget",
 }
 
 
@@ -306,8 +317,37 @@ def built(tmp_path_factory) -> dict:
     torch.manual_seed(0)
     save_trained(npas.build_model(cfg), cfg, corpus.tokenizer, root / "model")
     write_metrics(root / "model", result, recipe, corpus)
-    return {"model": root / "model", "ALLOC": cfg.to_yaml(),
+    db = f"sqlite:///{root / 'study.db'}"
+    set_up_study(npas.plan_search(npas.load_space(TINY), recipe=FAST, study="ladder-r3", storage=db))
+    return {"model": root / "model", "ALLOC": cfg.to_yaml(), "db": db, "study": "ladder-r3",
             "EXPORT 5000": json.dumps({"allocation": cfg.to_dict(), "lr_factor": 5000.0})}
+
+
+def set_up_study(plan) -> None:
+    """A study as `npas.search` leaves it once set up (its record, marked ready), of `plan`, no trial run."""
+    import optuna
+
+    from npas.service.study.record import StudyRecord
+    from npas.service.study.studies import mark_ready, write_record
+
+    space = plan.space
+    study = optuna.create_study(study_name=plan.study_name, storage=plan.storage, directions=["minimize"] * 2)
+    write_record(study, StudyRecord(
+        version=npas.__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
+        space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
+        reference_params=space.reference_params, recipe=plan.recipe.to_dict(), data_source=None,
+        data_fingerprint=plan.corpus.fingerprint, vocab_size=plan.corpus.vocab_size, objectives=tuple(space.objectives),
+        overrides=dict(space.overrides), tokenizer_fingerprint=plan.corpus.tokenizer.fingerprint))
+    mark_ready(study)
+
+
+def _study_state(url: str, name: str) -> tuple[int, dict]:
+    """(trials, attributes) of the set-up study, read through npas's cached read-only handle."""
+    from npas.service.study.storage import open_storage
+
+    storage = open_storage(url, read_only=True).storage
+    sid = storage.get_study_id_from_name(name)
+    return len(storage.get_all_trials(sid, deepcopy=False)), dict(storage.get_study_user_attrs(sid))
 
 
 @pytest.fixture
@@ -347,8 +387,11 @@ def test_round_three_input_is_one_line_exit_2_nothing_written(case: Case, built:
             monkeypatch.setenv(k, v)
         s3 = f"s3://npas-test/ck?endpoint_override=127.0.0.1:{request.getfixturevalue('silent_port')}&scheme=http"
     before = _tree(guarded)
-    argv = [a.replace("{in}", str(inputs)).replace("{s3}", s3) for a in case.argv]
+    study = _study_state(built["db"], built["study"])
+    argv = [a.replace("{in}", str(inputs)).replace("{s3}", s3).replace("{db}", built["db"])
+            .replace("{study}", built["study"]) for a in case.argv]
     assert_refused_in_one_line(argv, case.fragment, capsys, guarded, before)
+    assert _study_state(built["db"], built["study"]) == study  # the study is as it was
 
 
 # ---- the Python API -------------------------------------------------------------------------------
@@ -420,14 +463,21 @@ API_CASES: dict[str, tuple[Callable[[Any, str], Any], str]] = {
     "resume-trials-string": (lambda p, db: npas.resume("x", trials="3", storage=db), "trials must be an int"),
     "resume-launch-string": (lambda p, db: npas.resume("x", launch="local", storage=db), "launch must be an"),
     "resume-missing-study": (lambda p, db: npas.resume("x", storage=db), "no database"),
+    "search-joins-with-another-sampler": (lambda p, db: npas.search(p.space, recipe=FAST, sampler="random",
+                                                                    study=JOINED[1], storage=JOINED[0]),
+                                          "was created with other settings: --sampler 'random'"),
 }
+JOINED = ["", "ladder-r3"]  # the set-up study of `built`: its storage URL, set by the test, and its name
 # all but the plan's repeats, checked by type and range before this corpus
 API_FAILED_BEFORE = set(API_CASES) - {"plan-repeats-string"}
 
 
 @pytest.mark.parametrize("name", list(API_CASES))
-def test_the_python_api_refuses_in_one_npas_error_before_ray_and_the_database(name: str, plan, guarded: Path):  # noqa: F811
+def test_the_python_api_refuses_in_one_npas_error_before_ray_and_the_database(name: str, plan, built: dict,
+                                                                               guarded: Path):  # noqa: F811
     call, fragment = API_CASES[name]
+    JOINED[0] = built["db"]
+    study = _study_state(built["db"], built["study"])
     db = guarded / "api.db"
     before = _tree(guarded)
     with pytest.raises(NpasError) as info:
@@ -436,3 +486,4 @@ def test_the_python_api_refuses_in_one_npas_error_before_ray_and_the_database(na
     assert fragment in message and "\n" not in message, message
     assert not db.exists()
     assert _tree(guarded) == before, f"files written: {sorted(_tree(guarded) - before)}"
+    assert _study_state(built["db"], built["study"]) == study

@@ -269,6 +269,9 @@ def run_search(args: argparse.Namespace) -> int:
                        launch=_launch(args), repeats=args.repeats, init_from=args.init_from,
                        tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
                        budget_scope=args.budget_scope, locate_lr=args.locate_lr)
+    from npas.service.search.join import check_join
+
+    check_join(plan)  # a --study that exists with other settings: one line, before Ray and the notes
     _sampler_note(plan.space, plan.sampler)
     if plan.fidelity == "ladder":
         from npas.service.search.ladder import DEFAULT_ETA

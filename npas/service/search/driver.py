@@ -15,7 +15,6 @@ the creating driver (`npas.service.search.learned`), and every later driver read
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from typing import Any
@@ -27,6 +26,7 @@ from npas.allocation.space import Space
 from npas.errors import ArgumentError, Interrupted, StudyError
 from npas.service.search import faults
 from npas.service.search import learned as groups
+from npas.service.search.join import check_join, join_problem
 from npas.service.search.launch import Launch
 from npas.service.search.plan import (
     DEFAULT_TRIALS,
@@ -71,6 +71,7 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
         plan = plan_search(plan, **options)
     space, rec, corpus = plan.space, plan.recipe, plan.corpus
     chosen = make_sampler(plan.sampler, plan.seed, len(space.objectives))
+    check_join(plan)  # read-only, before Ray
     cpus = _prove_ray(plan)  # before the first write
     handle = open_storage(plan.storage)
     try:
@@ -114,30 +115,13 @@ def _join(plan: SearchPlan, handle: StorageHandle) -> optuna.Study:
     name = plan.study_name
     existing = _await_setup(name, handle)
     record = read_record(existing)
-    if record.space_hash != plan.space.hash:
-        raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
-                         f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
-    stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
-              "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint, "locate_lr": record.locate_lr}
-    mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in plan.given.items()
-                if v is not None and _plain(v) != stored[k]]
-    if mismatch:
-        raise StudyError(f"study {name!r} was created with other settings: {'; '.join(mismatch)}; drop the "
-                         f"option to use the study's, or pick another --study name")
+    if problem := join_problem(plan, record, handle.redacted):
+        raise StudyError(problem)
     from npas.conversion.init_from import check_same_source
 
     check_same_source(name, record.init_from, plan.init)
     return _continue(handle, existing, record, trials=plan.trials, data=plan.data, launch=plan.launch,
                      init_from=plan.init["dir"] if plan.init else None)
-
-
-def _plain(value: object) -> object:
-    """As stored: JSON turns tuples into lists."""
-    return json.loads(json.dumps(value))
-
-
-def _show(value: object) -> str:
-    return repr(value["name"]) if isinstance(value, dict) and "name" in value else repr(value)
 
 
 def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
