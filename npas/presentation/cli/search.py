@@ -107,7 +107,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
                    "ladder for a wsd recipe, no ASHA for a cosine one)")
     p.add_argument("--checkpoint-storage", metavar="PATH_OR_URI",
                    help="where trials' checkpoints go (the promotion ladder resumes paused trials from them): a "
-                        "path or an s3:// / gs:// URI every Ray node can reach (default: trials/runs/ray here)")
+                        "absolute path or an s3:// / gs:// URI every Ray node can reach, checked before the study "
+                        "is written (default: trials/runs/ray here)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 

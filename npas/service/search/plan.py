@@ -124,7 +124,8 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     """The checked plan of a new (or joined) study on `space`; each check runs here, once.
 
     Options left as None take the study's stored value when joining, and the defaults above when
-    creating. `corpus` is that corpus already loaded with these settings, if the caller has it."""
+    creating. `recipe` is a name, a YAML path or a `Recipe`; `corpus` is that corpus already loaded
+    with these settings, if the caller has it. Every argument's type is checked first (`plan_checks`)."""
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
     from npas.training.data import is_bundled, load_corpus
     from npas.training.recipe import Recipe, load_recipe

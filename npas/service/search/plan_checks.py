@@ -23,7 +23,11 @@ from typing import Any
 from npas.allocation.knobs import closest
 from npas.allocation.space import Space
 from npas.errors import ArgumentError, StudyError
+from npas.service.search.launch import check_inputs
+from npas.service.search.outcome import check_repeats
 from npas.service.search.samplers import SAMPLERS
+from npas.service.study.names import study_name_problem
+from npas.training.recipe import Recipe
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
 
@@ -41,8 +45,6 @@ def _path(v: Any) -> bool:
 
 
 def _recipe(v: Any) -> bool:
-    from npas.training.recipe import Recipe  # the recipe module reads YAML: loaded with the plan, not the CLI
-
     return _path(v) or isinstance(v, Recipe)
 
 
@@ -53,9 +55,11 @@ def _corpus(v: Any) -> bool:
 
 
 def _tokenizer(v: Any) -> bool:
-    from npas.training.tokenizers import Tokenizer, TokenizerSpec  # torch, as above
+    if _path(v):
+        return True
+    from npas.training.tokenizers import Tokenizer, TokenizerSpec  # torch, as above: only for an object given
 
-    return _path(v) or isinstance(v, Tokenizer | TokenizerSpec)
+    return isinstance(v, Tokenizer | TokenizerSpec)
 
 
 # plan_search's keyword -> (its test, what it must be); trials, launch, storage and repeats are checked
@@ -161,15 +165,10 @@ def locate_lr_problem(recipe: Any, early_stop: bool | None) -> str | None:
 
 def check_plan(plan: Any) -> Any:
     """A SearchPlan as `search` runs it, checked again (cheap checks only, nothing touched); returns its
-    launch as `check_launch` returns it."""
-    from npas.service.search.outcome import check_repeats
-    from npas.service.study.names import study_name_problem
-
+    launch as `check_inputs` returns it."""
     _check("search(plan)", PLAN_FIELDS, {name: getattr(plan, name) for name in PLAN_FIELDS})
     if problem := study_name_problem(plan.study_name):
         raise StudyError(f"{problem}; pass another study name")
-    from npas.service.search.launch import check_inputs
-
     launch = check_inputs(plan.trials, plan.launch, plan.storage)
     check_repeats(plan.repeats)
     check_choices(plan.sampler, plan.seed)
