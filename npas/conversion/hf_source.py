@@ -2,9 +2,10 @@
 
 `npas convert HF_DIR` and `npas search --init-from HF_DIR` both start here. A directory is a Hugging
 Face checkpoint when it holds `config.json` and no npas `config.yaml`. Its chassis is read from
-config.json, whose fields' JSON types are checked first (`hf_fields`: a string where a number belongs is
-refused in one line, never truncated or compared): every field that changes the forward pass is either honoured (head_dim, grouped K/V heads,
-rms_norm_eps, rope_theta, rope_scaling default/linear/llama3, tie_word_embeddings) or refused in one line
+config.json, each field's JSON type checked first (`hf_fields`: a string where a number belongs is
+refused in one line, never truncated or compared): every field that changes the forward pass is either
+honoured (head_dim, grouped K/V heads, rms_norm_eps, rope_theta, rope_scaling default/linear/llama3,
+tie_word_embeddings) or refused in one line
 (attention or MLP biases, an activation other than SiLU, a sliding window shorter than the context, other
 rope types); fields that change nothing npas computes (dropout, token ids, initializer_range,
 pretraining_tp -- which only slices the same matmuls) are ignored. Weights come from safetensors only
