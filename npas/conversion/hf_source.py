@@ -94,10 +94,10 @@ def hf_chassis(config: dict, where: str) -> Chassis:
     check_fields(config, where)  # first: every conversion below trusts the fields' JSON types
     archs = config.get("architectures") or []
     if "NpasForCausalLM" in archs:
-        raise ConfigError(f"{where}: this is npas's own Hugging Face model type (`--format hf`), which npas "
-                          "reads only through transformers (`import npas`, then AutoModelForCausalLM); to train or "
-                          "convert a model further, write it with --format npas (the default), or as a stock "
-                          "LlamaForCausalLM (--format hf --unroll)")
+        raise ConfigError(f"{where}: this is npas's own Hugging Face model type (NpasForCausalLM, from "
+                          "`--format hf`), which npas reads only through transformers (`import npas`, then "
+                          "AutoModelForCausalLM); to train or convert a model further, write it with --format npas "
+                          "(the default), or as a stock LlamaForCausalLM (--format hf --unroll)")
     bad = [a for a in archs if a not in ACCEPTED_ARCHITECTURES]
     if not archs or bad:
         raise ConfigError(f"{where}: architecture {', '.join(map(str, bad or archs)) or '(none given)'} is not "

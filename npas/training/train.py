@@ -226,8 +226,8 @@ def _hf_dir_hint(d: Path) -> str:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         npas_type = False
     if npas_type:
-        return (f"{d} is npas's Hugging Face model type (written with --format hf), which npas loads only through "
-                f"transformers (AutoModelForCausalLM after `import npas`); {NPAS_HF_WAY_OUT}")
+        return (f"{d} is npas's Hugging Face model type (NpasForCausalLM, written with --format hf), which npas "
+                f"loads only through transformers (AutoModelForCausalLM after `import npas`); {NPAS_HF_WAY_OUT}")
     return (f"{d} is a Hugging Face checkpoint (config.json), not an npas model directory; convert it first with "
             f"`npas convert {d} --out DIR` (its identity allocation), then use DIR")
 

@@ -112,7 +112,8 @@ def check_space(space: Any, where: str) -> None:
 def check_choices(sampler: str | None, seed: int | None) -> None:
     """The values the CLI's parser limits: a sampler Optuna has, a seed numpy takes."""
     if sampler is not None and sampler not in SAMPLERS:
-        raise StudyError(f"unknown sampler {sampler!r}{closest(sampler, SAMPLERS)}; choose one of {', '.join(SAMPLERS)}")
+        raise StudyError(f"unknown sampler {sampler!r}{closest(sampler, SAMPLERS)}; choose one of "
+                         f"{', '.join(SAMPLERS)}")
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise StudyError(f"seed {seed} is out of range; give a whole number from 0 to {SEED_MAX:,}, e.g. 0")
 
