@@ -17,6 +17,12 @@ class NpasError(Exception):
     exit_code = 2  # a user mistake; distinct from a crash (1)
 
 
+class ArgumentError(NpasError, TypeError):
+    """A Python API argument of the wrong type (`npas.search(space, trials="3")`, an unknown keyword):
+    an NpasError in one line, as the CLI gives for the same mistake, and a TypeError, as Python callers
+    expect of a wrong type."""
+
+
 class ConfigError(NpasError):
     """An allocation (ArchConfig) or recipe that is malformed or internally inconsistent."""
 

@@ -8,9 +8,10 @@ source's dtype (bf16 weights are upcast only for the fits) unless `dtype` says o
 A checkpoint has no npas record of its training text, so the loss pass reads `data` (default: the
 bundled corpus) with the checkpoint's own tokenizer.json, at the `smoke` recipe's windows, scoring the
 source and the converted model on the same batches; MLP narrowing is calibrated on its training split.
-Without a usable tokenizer.json (only tokenizer.model, none, or more tokens than the model has rows;
-fewer is a padded vocabulary and fine) the conversion runs without a loss pass and says so in
-`ConvertResult.note`.
+Without a tokenizer.json (only tokenizer.model, or none) the conversion runs without a loss pass and
+says so in `ConvertResult.note`. A tokenizer.json with more tokens than the model has embedding rows is
+refused before anything is written: the output would carry it, and npas refuses to train or sample a
+model that cannot embed its tokenizer's ids (fewer tokens is a padded vocabulary and fine).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from npas.conversion.convert import Conversion, convert_model, convertible_probl
 from npas.conversion.directory import PROVENANCE_FILE, ConvertResult, read_allocation
 from npas.conversion.hf_source import fingerprint_hf_weights, read_hf_dir, require_transformers
 from npas.conversion.tying import TieInit
-from npas.errors import ConfigError, NpasError
+from npas.errors import ConfigError, DataError, NpasError
 
 LOSS_RECIPE = "smoke"  # the loss pass's windows: 4 batches of 16 x 64 tokens
 FORMATS = ("npas", "hf")
@@ -44,6 +45,16 @@ def check_format(fmt: str, unroll: bool) -> None:
         raise ConfigError("--unroll writes a stock LlamaForCausalLM; pass it with --format hf")
     if fmt == "hf":
         require_transformers("--format hf")
+
+
+def check_output(cfg: ArchConfig, fmt: str, unroll: bool) -> None:
+    """Refuse an output `cfg` cannot be written as, before any training or conversion writes the
+    directory: `--unroll` of an allocation a stock LlamaForCausalLM cannot express."""
+    if fmt == "hf" and unroll:
+        from npas.conversion.hf_export import unroll_problems
+
+        if problems := unroll_problems(cfg):
+            raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(problems))
 
 
 def _target(src_cfg: ArchConfig, alloc: str | Path | ArchConfig | None, dtype: str | None,
@@ -103,15 +114,15 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
     if (out / MODEL_FILE).exists() and not force:
         raise NpasError(f"{out} already holds a model; pass --force to overwrite or choose another --out")
     ck = read_hf_dir(hf_dir)
+    if ck.tokenizer is not None and ck.tokenizer_note is not None:  # more tokens than embedding rows
+        raise DataError(f"{ck.tokenizer_note}: the converted model could not read its own tokenizer (npas train "
+                        "and npas sample refuse it); put the model's own tokenizer.json beside config.json, or "
+                        "remove tokenizer.json to convert the weights alone")
     cfg = _target(ck.cfg, alloc, dtype, ck.dtype)
     problems = convertible_problems(ck.cfg, cfg)
     if problems:
         raise ConfigError(f"cannot convert {hf_dir}: " + "; ".join(problems))
-    if fmt == "hf" and unroll:
-        from npas.conversion.hf_export import unroll_problems
-
-        if unroll_problems(cfg):
-            raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(unroll_problems(cfg)))
+    check_output(cfg, fmt, unroll)
     note = ck.tokenizer_note
     recipe = corpus = None
     source_val = val = math.nan
@@ -174,4 +185,4 @@ def reformat_dir(model_dir: str | Path, unroll: bool) -> dict[str, Any]:
     return written
 
 
-__all__ = ["FORMATS", "check_format", "convert_hf_dir", "reformat_dir"]
+__all__ = ["FORMATS", "check_format", "check_output", "convert_hf_dir", "reformat_dir"]

@@ -2,8 +2,10 @@
 
 `npas convert HF_DIR` and `npas search --init-from HF_DIR` both start here. A directory is a Hugging
 Face checkpoint when it holds `config.json` and no npas `config.yaml`. Its chassis is read from
-config.json: every field that changes the forward pass is either honoured (head_dim, grouped K/V heads,
-rms_norm_eps, rope_theta, rope_scaling default/linear/llama3, tie_word_embeddings) or refused in one line
+config.json, each field's JSON type checked first (`hf_fields`: a string where a number belongs is
+refused in one line, never truncated or compared): every field that changes the forward pass is either
+honoured (head_dim, grouped K/V heads, rms_norm_eps, rope_theta, rope_scaling default/linear/llama3,
+tie_word_embeddings) or refused in one line
 (attention or MLP biases, an activation other than SiLU, a sliding window shorter than the context, other
 rope types); fields that change nothing npas computes (dropout, token ids, initializer_range,
 pretraining_tp -- which only slices the same matmuls) are ignored. Weights come from safetensors only
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.allocation.transformer import LLAMA_HF_NAMES, TransformerLM, build_model
+from npas.conversion.hf_fields import check_fields
 from npas.errors import ConfigError, DataError
 
 HF_CONFIG = "config.json"
@@ -102,7 +105,13 @@ def attention_window(config: dict) -> Any:
 
 def hf_chassis(config: dict, where: str) -> Chassis:
     """The llama chassis a Hugging Face config.json describes, or a one-line refusal naming the field."""
+    check_fields(config, where)  # first: every conversion below trusts the fields' JSON types
     archs = config.get("architectures") or []
+    if "NpasForCausalLM" in archs:
+        raise ConfigError(f"{where}: this is npas's own Hugging Face model type (NpasForCausalLM, from "
+                          "`--format hf`), which npas reads only through transformers (`import npas`, then "
+                          "AutoModelForCausalLM); to train or convert a model further, write it with --format npas "
+                          "(the default), or as a stock LlamaForCausalLM (--format hf --unroll)")
     bad = [a for a in archs if a not in ACCEPTED_ARCHITECTURES]
     if not archs or bad:
         raise ConfigError(f"{where}: architecture {', '.join(map(str, bad or archs)) or '(none given)'} is not "
@@ -148,8 +157,11 @@ def weight_files(d: Path) -> list[Path]:
         try:
             index = json.loads((d / HF_INDEX).read_text(encoding="utf-8"))
             shards = sorted(set(index["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as err:
             raise DataError(f"{d / HF_INDEX} is not a safetensors index ({err}); re-save the model") from None
+        if bad := [s for s in shards if not _is_shard_name(s)]:
+            raise DataError(f"{d / HF_INDEX}: weight_map must map each tensor to a file name in {d}, got "
+                            f"{bad[0]!r}; re-save the model with save_pretrained")
         missing = [s for s in shards if not (d / s).is_file()]
         if missing:
             raise DataError(f"{d}: shards {missing[:3]} named in {HF_INDEX} are missing; copy the whole directory")
@@ -162,6 +174,15 @@ def weight_files(d: Path) -> list[Path]:
                         "because loading a pickle runs arbitrary code; re-save it with "
                         "save_pretrained(dir, safe_serialization=True)")
     raise DataError(f"{d} has no {HF_WEIGHTS} or {HF_INDEX}; pass a directory written by save_pretrained")
+
+
+def _is_shard_name(name: object) -> bool:
+    """A file name inside the checkpoint's directory: a string, relative, never climbing out of it (an
+    index naming /etc/passwd or ../other/model.safetensors would read a file the directory does not hold)."""
+    if not isinstance(name, str) or not name.strip():
+        return False
+    p = Path(name)
+    return not p.is_absolute() and ".." not in p.parts and p.name not in ("", ".")
 
 
 def fingerprint_hf_weights(d: str | Path) -> str:
@@ -251,6 +272,10 @@ def read_hf_dir(path: str | Path) -> HFCheckpoint:
     if unknown or missing:
         raise DataError(f"{d}: the weights are not the LLaMA layout its config.json describes (unexpected "
                         f"{unknown[:3]}, missing {missing[:3]}); re-save it with save_pretrained")
+    if ints := sorted(k for k in names if not state[k].is_floating_point()):
+        raise DataError(f"{d}: {ints[0]} is stored as {str(state[ints[0]].dtype).removeprefix('torch.')}, not "
+                        "floating point (a quantized checkpoint?); npas reads float32, bfloat16 and float16 "
+                        "weights: save the model dequantized")
     dtypes = {str(state[k].dtype).removeprefix("torch.") for k in names}
     dtype = "float32" if len(dtypes) > 1 or not dtypes <= set(_DTYPES) else dtypes.pop()
     cfg = reference_config(chassis, dtype)  # type: ignore[arg-type]

@@ -90,9 +90,19 @@ def read_state(directory: str | Path) -> dict[str, Any]:
                         "interrupted); resume from an earlier checkpoint or restart the trial") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    if not isinstance(state, dict):
+        raise DataError(f"{path} holds a JSON {type(state).__name__}, not a checkpoint's state; the checkpoint is "
+                        "damaged: restart the trial")
     if state.get("format") != FORMAT:
         raise DataError(f"{path} has checkpoint format {state.get('format')!r}; this npas reads {FORMAT}")
+    if missing := [k for k in _STATE_KEYS if k not in state]:
+        raise DataError(f"{path} lacks {', '.join(missing)}; the checkpoint is damaged: restart the trial")
     return state
+
+
+# what `load` reads from state.json (written by every `save`)
+_STATE_KEYS = ("step", "recipe", "stream_block", "param_groups", "opt_scalars", "rung_losses", "fork_steps",
+               "lr_factor")
 
 
 def load(directory: str | Path, cfg: Any, corpus: Corpus, device: str | torch.device | None = None,

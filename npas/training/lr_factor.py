@@ -45,14 +45,19 @@ LOCATED = "located"  # `--lr-factor located`: the stored factor, whichever recip
 # the search itself carries a factor from T/4 to T), and seed, threads, evaluation, data and split.
 RATE_FIELDS = ("lr", "min_lr", "warmup_steps", "schedule", "decay_fraction", "decay_shape", "seq_len", "batch_size",
                "weight_decay", "betas", "grad_clip", "parameterization")
+# the factors a run can use: the located grid reaches x1/8..x16; a thousand times the fair rate diverges
+# within steps and a thousandth of it barely moves the weights, so a factor past these is a typo, refused
+# before a run writes anything (1e300 once trained, diverged at its first evaluation and left its --out)
+LR_FACTOR_MIN, LR_FACTOR_MAX = 2.0**-10, 2.0**10
+LR_FACTOR_RANGE = "a finite number > 0, from 1/1024 to 1024 (a factor of the recipe's fair learning rate, e.g. 2)"
 
 
 def check_lr_factor(value: Any, where: str) -> float:
-    """A learning-rate factor as a float, refused in one line unless a finite number > 0."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """A learning-rate factor as a float, refused in one line unless a number in the range above."""
+    ok = (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+          and LR_FACTOR_MIN <= value <= LR_FACTOR_MAX)
     if not ok:
-        raise ConfigError(f"{where} must be a finite number > 0 (a factor of the recipe's fair learning rate, "
-                          f"e.g. 2), got {value!r}; export it again or pass --lr-factor")
+        raise ConfigError(f"{where} must be {LR_FACTOR_RANGE}, got {value!r}; export it again or pass --lr-factor")
     return float(value)
 
 

@@ -296,6 +296,11 @@ def _schedule_problems(get: Any, ints: dict[str, int], floats: dict[str, float])
                         f"{closest(str(shape), DECAY_SHAPES)}")
     if "decay_fraction" in floats and not 0 < floats["decay_fraction"] <= 1:
         problems.append(f"decay_fraction: must be in (0, 1] (0.1-0.2 is usual), got {floats['decay_fraction']}")
+    if schedule == "cosine":  # the wsd decay's own keys: a cosine run decays over its whole length, ignoring them
+        changed = [k for k, v in (("decay_fraction", floats.get("decay_fraction")), ("decay_shape", shape))
+                   if v is not None and v != _FIELDS[k].default and (k != "decay_shape" or v in DECAY_SHAPES)]
+        problems += [f"{k}: only a wsd schedule has a decay phase (a cosine run decays over its whole length); "
+                     f"add schedule: wsd or remove {k}" for k in changed]
     rungs = get("rungs")
     if rungs is None:
         return problems

@@ -237,6 +237,24 @@ def read_metrics(model_dir: str | Path) -> dict:
         raise DataError(f"{path} is not valid JSON ({err}); train again") from None
 
 
+# what to do with npas's own Hugging Face model type, which only transformers loads
+NPAS_HF_WAY_OUT = ("to train or convert a model further, write it with --format npas (the default), or as a stock "
+                   "LlamaForCausalLM (--format hf --unroll), which `npas convert` reads")
+
+
+def _hf_dir_hint(d: Path) -> str:
+    """Why a Hugging Face checkpoint directory is not an npas model directory, and the way out."""
+    try:
+        npas_type = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type") == "npas"
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        npas_type = False
+    if npas_type:
+        return (f"{d} is npas's Hugging Face model type (NpasForCausalLM, written with --format hf), which npas "
+                f"loads only through transformers (AutoModelForCausalLM after `import npas`); {NPAS_HF_WAY_OUT}")
+    return (f"{d} is a Hugging Face checkpoint (config.json), not an npas model directory; convert it first with "
+            f"`npas convert {d} --out DIR` (its identity allocation), then use DIR")
+
+
 def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer, Any]:
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
     from npas.allocation.config import ArchConfig
@@ -245,6 +263,8 @@ def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> t
     d = Path(model_dir)
     if not d.is_dir():
         raise DataError(f"trained-model directory {d} does not exist; pass the --out of `npas train`")
+    if (d / "config.json").is_file() and not (d / CONFIG_FILE).is_file():
+        raise DataError(_hf_dir_hint(d))
     tok_file = TOKENIZER_FILE if (d / TOKENIZER_FILE).is_file() or not (d / VOCAB_FILE).is_file() else VOCAB_FILE
     missing = [name for name in (MODEL_FILE, tok_file, CONFIG_FILE) if not (d / name).is_file()]
     if missing:

@@ -1,7 +1,7 @@
 """Padded vocabularies (issue 37, gap b): a checkpoint whose embedding has more rows than its
 tokenizer.json has tokens (padded to a multiple of 64 for speed, as many are) converts with its loss
 pass, its npas directory loads with `load_trained`, and npas's sampler never emits a padding row; a
-tokenizer with more tokens than the model has rows converts without a loss pass, saying why.
+tokenizer with more tokens than the model has rows is refused before anything is written, saying why.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from npas.conversion.hf_convert import convert_hf_dir  # noqa: E402
 from npas.conversion.hf_source import read_hf_dir  # noqa: E402
+from npas.errors import DataError  # noqa: E402
 from npas.presentation.cli import main  # noqa: E402
 from npas.training.train import load_trained, sample  # noqa: E402
 from tests.conversion.test_hf import (  # noqa: E402
@@ -70,13 +71,16 @@ def test_a_padded_vocabulary_writes_hf_and_converts_from_the_cli(tmp_path, token
         assert (back(x).logits - res.conversion.model(x)[0]).abs().max().item() <= 1e-5
 
 
-def test_more_tokens_than_rows_converts_without_a_loss_pass(tmp_path, tokenizer):  # noqa: F811
+def test_more_tokens_than_rows_is_refused_before_anything_is_written(tmp_path, tokenizer):  # noqa: F811
+    """Once converted without a loss pass, into a directory `npas train` and `npas sample` then refused
+    (the tokenizer's ids past the embedding): now refused up front, naming both ways out."""
     src = tmp_path / "src"
     make_llama(src, tokenizer, vocab=256)
     ck = read_hf_dir(src)
     assert "has 300 tokens but the model's vocab_size is only 256" in ck.tokenizer_note
-    res = convert_hf_dir(src, None, tmp_path / "out")
-    assert res.note is not None and "only 256" in res.note and math.isnan(res.val_loss)
+    with pytest.raises(DataError, match="only 256.*remove tokenizer.json"):
+        convert_hf_dir(src, None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_training_continues_from_a_padded_conversion_but_not_from_scratch(tmp_path, tokenizer, capsys):  # noqa: F811

@@ -3,6 +3,9 @@ ladder trial recorded by one driver resumes on another node or under a later dri
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 from pyarrow.fs import LocalFileSystem, S3FileSystem
 
@@ -24,9 +27,48 @@ def test_a_checkpoint_is_recorded_as_a_path_here_and_as_a_uri_on_cloud_storage()
     assert checkpoint_uri(Unknown(), "x") is None  # not recorded: a later driver could not read it
 
 
-@pytest.mark.parametrize("where", ["s3://bucket/npas", "gs://b/x", "/shared/npas/runs", "file:///tmp/x"])
-def test_paths_and_known_uris_are_accepted(where):
-    assert check_inputs(2, Launch(checkpoint_storage=where), None).checkpoint_storage == where
+class _EmptyBucket(BaseHTTPRequestHandler):
+    """An S3 endpoint holding one empty bucket: no object (HEAD 404), no key under any prefix."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/'
+                b'2006-03-01/"><Name>bucket</Name><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated>'
+                b"</ListBucketResult>")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch):
+    """host:port of an S3 endpoint on this machine (pyarrow's real S3 client talks to it; no network)."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "npas-test", "AWS_SECRET_ACCESS_KEY": "npas-test",
+                 "AWS_EC2_METADATA_DISABLED": "true"}.items():  # no credential lookup over the network
+        monkeypatch.setenv(k, v)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyBucket)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_paths_and_reachable_uris_are_accepted(tmp_path, s3_endpoint):
+    """An absolute path (created by Tune when missing), a file:// URI and a bucket that answers pass;
+    what cannot work (relative, a file, an endpoint that never answers) is tests/presentation/
+    test_inputs_round3.py's."""
+    for where in (str(tmp_path / "shared" / "npas" / "runs"), f"file://{tmp_path}/x",
+                  f"s3://bucket/npas?endpoint_override={s3_endpoint}&scheme=http"):
+        assert check_inputs(2, Launch(checkpoint_storage=where), None).checkpoint_storage == where
 
 
 @pytest.mark.parametrize("where, fragment", [("ftp://h/x", "ftp:// is not a storage"), ("  ", "is empty")])

@@ -107,7 +107,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
                    "ladder for a wsd recipe, no ASHA for a cosine one)")
     p.add_argument("--checkpoint-storage", metavar="PATH_OR_URI",
                    help="where trials' checkpoints go (the promotion ladder resumes paused trials from them): a "
-                        "path or an s3:// / gs:// URI every Ray node can reach (default: trials/runs/ray here)")
+                        "absolute path or an s3:// / gs:// URI every Ray node can reach, checked before the study "
+                        "is written (default: trials/runs/ray here)")
     p.add_argument("--dashboard", nargs="?", const="", default=None, metavar="DIR",
                    help="refresh the HTML report as trials complete (default DIR: dashboards/STUDY)")
 
@@ -269,6 +270,9 @@ def run_search(args: argparse.Namespace) -> int:
                        launch=_launch(args), repeats=args.repeats, init_from=args.init_from,
                        tokenizer=args.tokenizer, data_glob=args.data_glob, text_field=args.text_field,
                        budget_scope=args.budget_scope, locate_lr=args.locate_lr)
+    from npas.service.search.join import check_join
+
+    check_join(plan)  # a --study that exists with other settings: one line, before Ray and the notes
     _sampler_note(plan.space, plan.sampler)
     if plan.fidelity == "ladder":
         from npas.service.search.ladder import DEFAULT_ETA
@@ -310,8 +314,12 @@ def run_resume(args: argparse.Namespace) -> int:
         from npas.training.corpora import check_source
 
         check_source(args.data)  # it exists; the driver reads it with the study's glob and text field
-    if text is not None:  # a changed space is checked against the study's record, read-only, before Ray
-        _check_space_change(args, text)
+    study = _load(args)  # read-only, before Ray: a study that is not there is one line, nothing created
+    if text is not None:  # a changed space is checked against the study's record, before Ray
+        from npas.service.search.plan import check_space_change
+        from npas.service.study.studies import read_record
+
+        check_space_change(args.name, read_record(study), text, args.allow_space_change)
     _start_ray(launch.ray_address)
     from npas.service.search.driver import resume_checked
 
@@ -323,15 +331,6 @@ def run_resume(args: argparse.Namespace) -> int:
     _print_ladder(study)
     _final_report(study, args)
     return 0
-
-
-def _check_space_change(args: argparse.Namespace, text: str) -> None:
-    from npas.service.search.plan import check_space_change
-    from npas.service.study.storage import open_storage
-    from npas.service.study.studies import load, read_record
-
-    study = load(args.name, open_storage(args.storage, read_only=True))  # never creates a database
-    check_space_change(args.name, read_record(study), text, args.allow_space_change)
 
 
 def run_studies(args: argparse.Namespace) -> int:

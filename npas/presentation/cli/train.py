@@ -57,15 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def lr_factor_arg(text: str) -> float | str:
-    from npas.training.lr_factor import LOCATED, check_lr_factor
+    from npas.training.lr_factor import LOCATED, LR_FACTOR_RANGE, check_lr_factor
 
     if text == LOCATED:
         return LOCATED
     try:
         return check_lr_factor(float(text), "--lr-factor")
     except (ValueError, NpasError):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (a factor of the recipe's fair learning "
-                                         f"rate, e.g. 2) or `located`, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {LR_FACTOR_RANGE}, or `located`, got {text!r}") from None
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -92,6 +91,9 @@ def run_train(args: argparse.Namespace) -> int:
     from npas.training.proxy import check_compatible
 
     check_compatible(cfg, recipe, corpus, padded=start is not None)  # one line before the progress bar and --out
+    from npas.conversion.hf_convert import check_output
+
+    check_output(cfg, getattr(args, "fmt", "npas"), getattr(args, "unroll", False))  # not after training
     out = Path(args.out) if args.out else RUNS_DIR / f"train-{cfg.hash}"
     if start is not None and not args.out:  # never the source's own default directory: keep what it continues
         from npas.conversion.directory import fingerprint_weights
@@ -138,9 +140,10 @@ def run_train(args: argparse.Namespace) -> int:
 
         written = reformat_dir(out, args.unroll)
         kind = "stock LlamaForCausalLM" if written["kind"] == "llama" else "npas model type (import npas first)"
+        further = f", or convert it with `npas convert {out} --out DIR`" if written["kind"] == "llama" else ""
         print(f"wrote {out}/ as a Hugging Face checkpoint ({kind}): {written['params']:,} stored params, "
               f"{written['bytes'] / 2**20:.2f} MiB of weights; load it with "
-              f"AutoModelForCausalLM.from_pretrained({str(out)!r}), or convert it with `npas convert {out} --out DIR`")
+              f"AutoModelForCausalLM.from_pretrained({str(out)!r}){further}")
         return 0
     print(f"wrote {out}/ (model.safetensors, tokenizer.json, config.yaml, metrics.json); try "
           f"`npas sample {out} --prompt 'ROMEO:'`")

@@ -15,7 +15,6 @@ the creating driver (`npas.service.search.learned`), and every later driver read
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from typing import Any
@@ -24,9 +23,10 @@ import optuna
 
 from npas import __version__
 from npas.allocation.space import Space
-from npas.errors import Interrupted, StudyError
+from npas.errors import ArgumentError, Interrupted, StudyError
 from npas.service.search import faults
 from npas.service.search import learned as groups
+from npas.service.search.join import check_join, join_problem
 from npas.service.search.launch import Launch
 from npas.service.search.plan import (
     DEFAULT_TRIALS,
@@ -36,6 +36,7 @@ from npas.service.search.plan import (
     plan_resume,
     plan_search,
 )
+from npas.service.search.plan_checks import check_keywords, check_plan, check_resume_arguments, check_space
 from npas.service.search.runner import check_resources, init_ray, run_trials
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
@@ -55,17 +56,26 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
     """Run a `SearchPlan`: create its study and run it to its target of proxy runs, or join the study
     of that name. Given a `Space`, the plan is first built from `options` (`plan_search`'s keywords:
     trials, study, storage, recipe, data, budget, sampler, seed, launch, repeats, init_from, tokenizer,
-    data_glob, text_field, budget_scope, corpus, locate_lr), with every check run there, once.
+    data_glob, text_field, budget_scope, corpus, locate_lr), with every check run there, once. A plan
+    built by hand or altered with `dataclasses.replace` (not `plan.checked`) has its cheap checks run
+    here, before Ray or the database (`plan_checks.check_plan`).
 
     It may run in any thread. On the main thread SIGTERM stops it like Ctrl-C (running trials are
     recorded and re-enqueued, `resume` continues); elsewhere no signal handler can be installed, so
     none is, and the calling program's own SIGTERM handling applies."""
-    if not isinstance(plan, SearchPlan):
+    if isinstance(plan, SearchPlan):
+        if options:
+            raise ArgumentError(f"search(plan) takes no other options, got {sorted(options)}; pass them to "
+                                "npas.plan_search, or search(space, **options)")
+        if not plan.checked:
+            plan = dataclasses.replace(plan, launch=check_plan(plan))
+    else:
+        check_space(plan, "search")
+        check_keywords("search", options, plan_search)
         plan = plan_search(plan, **options)
-    elif options:
-        raise TypeError(f"search(plan) takes no other options, got {sorted(options)}")
     space, rec, corpus = plan.space, plan.recipe, plan.corpus
     chosen = make_sampler(plan.sampler, plan.seed, len(space.objectives))
+    check_join(plan)  # read-only, before Ray
     cpus = _prove_ray(plan)  # before the first write
     handle = open_storage(plan.storage)
     try:
@@ -109,30 +119,13 @@ def _join(plan: SearchPlan, handle: StorageHandle) -> optuna.Study:
     name = plan.study_name
     existing = _await_setup(name, handle)
     record = read_record(existing)
-    if record.space_hash != plan.space.hash:
-        raise StudyError(f"study {name!r} already exists in {handle.redacted} with a different space, budget or "
-                         f"data; pick another --study name, or `npas resume {name}` to continue it as it was")
-    stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
-              "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint, "locate_lr": record.locate_lr}
-    mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in plan.given.items()
-                if v is not None and _plain(v) != stored[k]]
-    if mismatch:
-        raise StudyError(f"study {name!r} was created with other settings: {'; '.join(mismatch)}; drop the "
-                         f"option to use the study's, or pick another --study name")
+    if problem := join_problem(plan, record, handle.redacted):
+        raise StudyError(problem)
     from npas.conversion.init_from import check_same_source
 
     check_same_source(name, record.init_from, plan.init)
     return _continue(handle, existing, record, trials=plan.trials, data=plan.data, launch=plan.launch,
                      init_from=plan.init["dir"] if plan.init else None)
-
-
-def _plain(value: object) -> object:
-    """As stored: JSON turns tuples into lists."""
-    return json.loads(json.dumps(value))
-
-
-def _show(value: object) -> str:
-    return repr(value["name"]) if isinstance(value, dict) and "name" in value else repr(value)
 
 
 def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
@@ -167,8 +160,12 @@ def resume(name: str, *, trials: int | None = None, storage: str | None = None, 
     of seeds would not rank against the trials already run. A study whose trials start from a
     trained model reloads it from its recorded directory, or from `init_from` (same weights required).
     The study's stored tokenizer is loaded, not retrained; a `tokenizer` given here must produce that
-    very tokenizer (same fingerprint), or the resume is refused."""
+    very tokenizer (same fingerprint), or the resume is refused. Nothing is written, and Ray is not
+    started, for a study that is not there."""
+    check_resume_arguments(name, space_text=space_text, allow_space_change=allow_space_change, data=data,
+                           init_from=init_from, tokenizer=tokenizer)
     launch = check_launch(trials, launch or Launch(), storage, repeats)
+    load(name, open_storage(storage, read_only=True))  # it exists: a missing SQLite file is not created
     return resume_checked(name, trials=trials, storage=storage, space_text=space_text,
                           allow_space_change=allow_space_change, data=data, launch=launch, repeats=repeats,
                           init_from=init_from, tokenizer=tokenizer)

@@ -21,6 +21,7 @@ from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
 from npas.service.search.launch import Launch, check_inputs
 from npas.service.search.outcome import check_repeats
+from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ class SearchPlan:
     data: str | None = None  # the --data given (a join or resume reads the study's corpus from it)
     locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's rung at T/4 (located_rate)
     given: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # set by `plan_search` once its checks ran; a plan built by hand or altered with `dataclasses.replace`
+    # (which resets a field outside __init__) is checked again by `search` (`plan_checks.check_plan`)
+    checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def cpus_per_trial(self) -> float:
@@ -121,22 +125,24 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     """The checked plan of a new (or joined) study on `space`; each check runs here, once.
 
     Options left as None take the study's stored value when joining, and the defaults above when
-    creating. `corpus` is that corpus already loaded with these settings, if the caller has it."""
+    creating. `recipe` is a name, a YAML path or a `Recipe`; `corpus` is that corpus already loaded
+    with these settings, if the caller has it. Every argument's type is checked first (`plan_checks`)."""
     from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
     from npas.training.data import is_bundled, load_corpus
-    from npas.training.recipe import load_recipe
+    from npas.training.recipe import Recipe, load_recipe
 
+    check_plan_search_arguments(space, {  # the Python API's types, as the CLI's parser gives them
+        "study": study, "recipe": recipe, "data": data, "budget": budget, "sampler": sampler, "seed": seed,
+        "init_from": init_from, "tokenizer": tokenizer, "data_glob": data_glob, "text_field": text_field,
+        "budget_scope": budget_scope, "corpus": corpus, "locate_lr": locate_lr})
     if study is None:  # the default name is SPACE-YYYYmmdd-HHMMSS: the space's name must make a safe one
         _check_default_study_name(space.name)
     elif problem := study_name_problem(study):  # it names folders: before Ray or the database
         raise StudyError(f"{problem}; pass another study name")
     launch = check_launch(trials, launch or Launch(), storage, repeats)
-    rec = load_recipe(recipe or space.recipe)
-    if locate_lr and not (rec.schedule == "wsd" and launch.early_stop is not False):
-        why = "--no-early-stop trains every trial to T" if rec.schedule == "wsd" else \
-            f"recipe {rec.name!r} has schedule {rec.schedule!r}"
-        raise StudyError(f"--locate-lr chooses each trial's rate at a rung of the promotion ladder, but {why}; "
-                         "use a recipe with schedule: wsd and early stopping, or drop --locate-lr")
+    rec = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or space.recipe)
+    if locate_lr and (problem := locate_lr_problem(rec, launch.early_stop)):
+        raise StudyError(problem)
     glob, text = data_glob or DEFAULT_GLOB, text_field or DEFAULT_TEXT_FIELD
     source = data or rec.data
     if corpus is None and not is_bundled(source):
@@ -164,12 +170,14 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
         init = describe_source(init_from, space.reference_chassis, corpus)
     given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
              "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None, "locate_lr": locate_lr}
-    return SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
+    plan = SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
                       launch=launch, storage=storage, trials=trials, sampler=sampler or DEFAULT_SAMPLER,
                       seed=DEFAULT_SEED if seed is None else seed,
                       repeats=DEFAULT_REPEATS if repeats is None else repeats,
                       tokenizer=str(tokenizer or DEFAULT_TOKENIZER), init=init, data=data,
                       given=MappingProxyType(given), locate_lr=bool(locate_lr))
+    object.__setattr__(plan, "checked", True)  # frozen: only plan_search marks a plan as checked
+    return plan
 
 
 def check_space_change(name: str, record: StudyRecord, space_text: str | None,

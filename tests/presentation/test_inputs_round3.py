@@ -1,0 +1,549 @@
+"""Adversarial inputs aimed at round three's features: Hugging Face checkpoints, `--format hf`, the
+promotion ladder's recipes, `--locate-lr`, `--checkpoint-storage`, `npas train --lr-factor`, and the
+Python API (`npas.plan_search`, `npas.search`, `npas.resume`).
+
+Every CLI case ends like the first two corpora (tests/presentation/test_inputs.py, whose `guarded`
+fixture this reuses): exit code 2, exactly one line on stderr that names the problem and the fix, no
+traceback, nothing written under the test's folder, and Ray never started. Every API case raises an
+`NpasError` in one line (never a bare TypeError, KeyError or AttributeError from deep inside), writes
+no database and starts no Ray. Hugging Face checkpoints are written here by hand (a config.json and
+safetensors in the LLaMA layout, no transformers import, nothing downloaded), then damaged.
+`FAILED_BEFORE` lists the cases that failed on the code before this corpus's fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import npas
+from npas.errors import NpasError
+from npas.service.search.launch import Launch
+from tests.conftest import ROOT
+from tests.presentation.test_inputs import (
+    _tree,
+    assert_refused_in_one_line,
+    guarded,  # noqa: F401 (a fixture: no Ray, the working folder watched)
+)
+
+TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
+FAST = str(ROOT / "tests" / "data" / "fast.yaml")
+FAST_TEXT = Path(FAST).read_text()
+SEARCH = ["search", TINY, "--recipe", FAST]
+
+# ---- Hugging Face checkpoints, by hand ------------------------------------------------------------
+HF = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 68, "hidden_size": 16,
+      "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+      "tie_word_embeddings": False, "rope_theta": 10000.0}
+
+
+def hf_state() -> dict[str, torch.Tensor]:
+    """A LlamaForCausalLM state dict of `HF`'s shapes (small random weights, unit norms)."""
+    g = torch.Generator().manual_seed(0)
+    d, hd, ff = HF["hidden_size"], HF["head_dim"], HF["intermediate_size"]
+    q, kv = HF["num_attention_heads"] * hd, HF["num_key_value_heads"] * hd
+
+    def r(*shape: int) -> torch.Tensor:
+        return 0.02 * torch.randn(*shape, generator=g)
+
+    state = {"model.embed_tokens.weight": r(HF["vocab_size"], d), "model.norm.weight": torch.ones(d),
+             "lm_head.weight": r(HF["vocab_size"], d)}
+    for i in range(HF["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        state |= {p + "self_attn.q_proj.weight": r(q, d), p + "self_attn.k_proj.weight": r(kv, d),
+                  p + "self_attn.v_proj.weight": r(kv, d), p + "self_attn.o_proj.weight": r(d, q),
+                  p + "mlp.gate_proj.weight": r(ff, d), p + "mlp.up_proj.weight": r(ff, d),
+                  p + "mlp.down_proj.weight": r(d, ff), p + "input_layernorm.weight": torch.ones(d),
+                  p + "post_attention_layernorm.weight": torch.ones(d)}
+    return state
+
+
+def write_hf(d: Path, config: dict | None = None, shards: int = 1) -> None:
+    """A save_pretrained-style directory: `HF` changed by `config` ("DEL" removes a key), weights of `HF`."""
+    d.mkdir(parents=True, exist_ok=True)
+    conf = {k: v for k, v in (HF | (config or {})).items() if v != "DEL"}
+    (d / "config.json").write_text(json.dumps(conf), encoding="utf-8")
+    state = hf_state()
+    if shards == 1:
+        save_file(state, str(d / "model.safetensors"))
+        return
+    keys, weight_map = sorted(state), {}
+    for j in range(shards):
+        name = f"model-{j + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({k: state[k] for k in keys[j::shards]}, str(d / name))
+        weight_map |= {k: name for k in keys[j::shards]}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _index(change: Callable[[dict], Any]) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        path = d / "model.safetensors.index.json"
+        index = json.loads(path.read_text())
+        change(index["weight_map"])
+        path.write_text(json.dumps(index))
+
+    return damage
+
+
+def _weights(change: Callable[[dict], Any]) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        state = load_file(str(d / "model.safetensors"))
+        change(state)
+        save_file(state, str(d / "model.safetensors"))
+
+    return damage
+
+
+def _big_tokenizer(d: Path) -> None:
+    """A tokenizer.json of 300 tokens beside a 68-row embedding."""
+    from npas.training.data import bundled_text
+    from npas.training.tokenizers import train_bpe
+
+    (d / "tokenizer.json").write_text(train_bpe(bundled_text()[:20_000], 300).to_json(), encoding="utf-8")
+
+
+def _npas_hf_export(d: Path) -> None:
+    """What `--format hf` writes for an allocation a stock LLaMA cannot express: npas's own model type."""
+    shutil.rmtree(d)
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["NpasForCausalLM"], "model_type": "npas",
+                                               "allocation": {}, "vocab_size": 68}))
+    save_file({"npas.wte.weight": torch.zeros(68, 16)}, str(d / "model.safetensors"))
+
+
+@dataclass
+class Case:
+    argv: list[str]  # "{in}": the inputs' folder
+    fragment: str  # must appear in the error line
+    files: dict[str, str | bytes] = field(default_factory=dict)  # name -> content, under the inputs' folder
+    hf: dict | None = None  # config.json changes of a checkpoint written at {in}/m (None: no checkpoint)
+    shards: int = 1
+    damage: Callable[[Path], None] | None = None  # applied to {in}/m after it is written
+    model: bool = False  # an `npas train`-style model directory of the tiny chassis at {in}/d
+    silent_s3: bool = False  # "{s3}": a local TCP port that accepts and never answers (no network used)
+
+
+def convert(fragment: str, config: dict | None = None, **kw: Any) -> Case:
+    return Case(["convert", "{in}/m", "--out", "{in}/o"], fragment, hf=config or {}, **kw)
+
+
+def search(fragment: str, *flags: str, **kw: Any) -> Case:
+    return Case([*SEARCH, *flags], fragment, **kw)
+
+
+def recipe(fragment: str, extra: str, *flags: str) -> Case:
+    return Case(["search", TINY, "--recipe", "{in}/r.yaml", *flags], fragment, files={"r.yaml": FAST_TEXT + extra})
+
+
+def train(fragment: str, *flags: str, files: dict | None = None) -> Case:
+    return Case(["train", "{in}/a.yaml", "--recipe", FAST, "--steps", "1", "--out", "{in}/o", *flags], fragment,
+                files={"a.yaml": "ALLOC", **(files or {})})
+
+
+WSD_ONE_RUNG = "schedule: wsd\n"  # fast.yaml's 40 steps, horizon 4000: no default rung below steps
+CASES: dict[str, Case] = {
+    # ---- config.json fields of the wrong type (npas convert) -----------------------------------
+    "hf-hidden-size-string": convert("hidden_size must be an integer, got '16'", {"hidden_size": "16"}),
+    "hf-hidden-size-float": convert("hidden_size must be an integer, got 16.5", {"hidden_size": 16.5}),
+    "hf-layers-bool": convert("num_hidden_layers must be an integer, got True", {"num_hidden_layers": True}),
+    "hf-vocab-null": convert("vocab_size must be an integer, got null", {"vocab_size": None}),
+    "hf-context-string-beside-a-window": convert("max_position_embeddings must be an integer",
+                                                 {"max_position_embeddings": "64", "sliding_window": 32}),
+    "hf-sliding-window-string": convert("sliding_window must be an integer", {"sliding_window": "full"}),
+    "hf-use-sliding-window-string": convert("use_sliding_window must be true or false",
+                                            {"sliding_window": 32, "use_sliding_window": "no"}),
+    "hf-rope-scaling-string": convert("rope_scaling must be a JSON object", {"rope_scaling": "linear"}),
+    "hf-rope-scaling-list": convert("rope_scaling must be a JSON object", {"rope_scaling": [1, 2]}),
+    "hf-rope-parameters-string": convert("rope_parameters must be a JSON object", {"rope_parameters": "x"}),
+    "hf-rope-theta-word": convert("rope_theta must be a number", {"rope_theta": "big"}),
+    "hf-rope-type-list": convert("rope_scaling.rope_type must be a string",
+                                 {"rope_scaling": {"rope_type": ["linear"], "factor": 2.0}}),
+    "hf-rope-factor-string": convert("factor", {"rope_scaling": {"rope_type": "linear", "factor": "2"}}),
+    "hf-rope-type-unknown": convert("'dynamic' is not supported", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}),
+    "hf-architectures-string": convert("architectures must be a list", {"architectures": "LlamaForCausalLM"}),
+    "hf-architecture-npas-type": convert("npas's own Hugging Face model type", {"architectures": ["NpasForCausalLM"]}),
+    "hf-tie-embeddings-string": convert("tie_word_embeddings must be true or false", {"tie_word_embeddings": "false"}),
+    "hf-attention-bias-string": convert("attention_bias must be true or false", {"attention_bias": "false"}),
+    "hf-kv-heads-string": convert("num_key_value_heads must be an integer", {"num_key_value_heads": "1"}),
+    "hf-head-dim-float": convert("head_dim must be an integer", {"head_dim": 8.0}),
+    "hf-rms-eps-word": convert("rms_norm_eps must be a number", {"rms_norm_eps": "tiny"}),
+    "hf-hidden-act-list": convert("hidden_act", {"hidden_act": ["silu"]}),
+    "hf-missing-vocab-size": convert("'vocab_size'", {"vocab_size": "DEL"}),
+    # ---- index, shards, weights, tokenizer -------------------------------------------------------
+    "hf-index-maps-to-numbers": convert("weight_map must map each tensor to a file name", shards=2,
+                                        damage=_index(lambda m: m.update(dict.fromkeys(m, 1)))),
+    "hf-index-absolute-path": convert("weight_map must map each tensor to a file name", shards=2,
+                                      damage=_index(lambda m: m.update(dict.fromkeys(m, "/etc/hostname")))),
+    "hf-index-climbs-out": convert("weight_map must map each tensor to a file name", shards=2,
+                                   damage=_index(lambda m: m.update(dict.fromkeys(m, "../m2/model.safetensors")))),
+    "hf-index-mixed-types": convert("not a safetensors index", shards=2,
+                                    damage=_index(lambda m: m.update({next(iter(m)): 3}))),
+    "hf-index-list": convert("not a safetensors index", shards=2,
+                             damage=lambda d: (d / "model.safetensors.index.json").write_text("[1, 2]")),
+    "hf-shard-missing": convert("are missing", shards=2, damage=lambda d: (d / "model-00002-of-00002.safetensors")
+                                .unlink()),
+    "hf-weights-truncated": convert("the file is damaged", damage=lambda d: (d / "model.safetensors").write_bytes(
+        (d / "model.safetensors").read_bytes()[:200])),
+    "hf-integer-weights": convert("not floating point", damage=_weights(
+        lambda s: s.update({"model.norm.weight": s["model.norm.weight"].long()}))),
+    "hf-weights-shape-against-config": convert("shape does not match", {"intermediate_size": 48}),
+    "hf-weights-missing-a-tensor": convert("not the LLaMA layout", damage=_weights(
+        lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))),
+    "hf-nan-weights": convert("non-finite weights", damage=_weights(
+        lambda s: s["model.norm.weight"].__setitem__(0, float("nan")))),
+    "hf-pickle-only": convert("pickled weights", damage=lambda d: (d / "model.safetensors").rename(
+        d / "pytorch_model.bin")),
+    "hf-tokenizer-larger-than-embedding": convert("has 300 tokens but the model's vocab_size is only 68",
+                                                  damage=_big_tokenizer),
+    "hf-tokenizer-not-json": convert("not valid JSON", damage=lambda d: (d / "tokenizer.json").write_text("{no")),
+    # ---- a Hugging Face directory where npas's own is expected ------------------------------------
+    "train-of-a-hf-dir": Case(["train", "{in}/m", "--recipe", FAST, "--out", "{in}/o"], "npas convert", hf={}),
+    "sample-of-a-hf-dir": Case(["sample", "{in}/m"], "npas convert", hf={}),
+    "train-of-npas-hf-export": Case(["train", "{in}/m", "--recipe", FAST, "--out", "{in}/o"],
+                                    "only through transformers", hf={}, damage=_npas_hf_export),
+    "convert-of-npas-hf-export": Case(["convert", "{in}/m", "--out", "{in}/o"], "npas's own Hugging Face model type",
+                                      hf={}, damage=_npas_hf_export),
+    # ---- --format hf -----------------------------------------------------------------------------
+    "train-unroll-classic-chassis": train("cannot write a stock LlamaForCausalLM", "--format", "hf", "--unroll"),
+    "convert-unroll-classic-chassis": Case(["convert", "{in}/d", "--to", "{in}/a.yaml", "--out", "{in}/o", "--format",
+                                            "hf", "--unroll"], "cannot write a stock LlamaForCausalLM",
+                                           files={"a.yaml": "ALLOC"}, model=True),
+    "convert-hf-unroll-without-format": Case(["convert", "{in}/m", "--out", "{in}/o", "--unroll"],
+                                             "pass it with --format hf", hf={}),
+    "train-unroll-without-format": train("pass it with --format hf", "--unroll"),
+    # ---- --checkpoint-storage --------------------------------------------------------------------
+    "ckpt-is-a-file": search("is a file", "--checkpoint-storage", "{in}/f", files={"f": "x"}),
+    "ckpt-below-a-file": search("nothing can be created below it", "--checkpoint-storage", "{in}/f/ck",
+                                files={"f": "x"}),
+    "ckpt-relative": search("is a relative path", "--checkpoint-storage", "ck/runs"),
+    "ckpt-dot": search("is a relative path", "--checkpoint-storage", "."),
+    "ckpt-file-uri-relative": search("a file:// URI takes an absolute path", "--checkpoint-storage", "file://ck/x"),
+    "ckpt-nul-byte": search("NUL byte", "--checkpoint-storage", "/tmp/a\0b"),
+    "ckpt-s3-no-bucket": search("names no bucket", "--checkpoint-storage", "s3://"),
+    "ckpt-hdfs-unopenable": search("cannot be opened", "--checkpoint-storage", "hdfs://127.0.0.1:9/npas"),
+    "ckpt-s3-endpoint-never-answers": search("did not answer within", "--checkpoint-storage", "{s3}",
+                                             silent_s3=True),
+    "ckpt-unknown-scheme": search("is not a storage Ray Tune reads", "--checkpoint-storage", "ftp://h/x"),
+    "ckpt-empty": search("--checkpoint-storage is empty", "--checkpoint-storage", " "),
+    "resume-ckpt-is-a-file": Case(["resume", "x", "--checkpoint-storage", "{in}/f"], "is a file", files={"f": "x"}),
+    "resume-study-missing-new-db": Case(["resume", "x", "--storage", "sqlite:///{in}/new/x.db"], "no database"),
+    # ---- recipes ---------------------------------------------------------------------------------
+    "recipe-cosine-decay-fraction": recipe("decay_fraction: only a wsd schedule", "decay_fraction: 0.1\n"),
+    "recipe-cosine-decay-shape": recipe("decay_shape: only a wsd schedule", "decay_shape: linear\n"),
+    "train-recipe-cosine-decay-fraction": Case(["train", "{in}/a.yaml", "--recipe", "{in}/r.yaml", "--steps", "1",
+                                                "--out", "{in}/o"], "decay_fraction: only a wsd schedule",
+                                               files={"a.yaml": "ALLOC",
+                                                      "r.yaml": FAST_TEXT + "decay_fraction: 0.5\n"}),
+    "recipe-rungs-on-cosine": recipe("only a wsd schedule is scored at rungs", "rungs: [10, 20]\n"),
+    "recipe-wsd-rungs-empty": recipe("rungs: expected a list", "schedule: wsd\nrungs: []\n"),
+    "recipe-wsd-rungs-bool": recipe("rungs: expected a list", "schedule: wsd\nrungs: [true]\n"),
+    "recipe-wsd-rungs-past-steps": recipe("at most steps", "schedule: wsd\nrungs: [10, 80]\n"),
+    "recipe-wsd-rung-inside-warmup": recipe("past the warmup", "schedule: wsd\nrungs: [2, 20]\n"),
+    "recipe-wsd-decay-fraction-zero": recipe("decay_fraction: must be in (0, 1]", "schedule: wsd\ndecay_fraction: 0\n"),
+    "recipe-wsd-decay-shape-typo": recipe("did you mean '1-sqrt'", "schedule: wsd\ndecay_shape: sqrt\n"),
+    "recipe-horizon-float": recipe("horizon: expected an integer", "horizon: 400.5\n"),
+    # ---- joining a ladder study with a changed recipe or settings ({db}: a set-up study "{study}") --
+    "join-with-another-recipe": Case(["search", TINY, "--recipe", "smoke-wsd", "--study", "{study}", "--storage",
+                                      "{db}"], "was created with other settings: --recipe 'smoke-wsd'"),
+    "join-with-another-sampler": Case([*SEARCH, "--sampler", "random", "--study", "{study}", "--storage", "{db}"],
+                                      "--sampler 'random' (the study's is 'tpe')"),
+    "join-with-locate-lr": Case(["search", TINY, "--recipe", "{in}/r.yaml", "--locate-lr", "--study", "{study}",
+                                 "--storage", "{db}"], "was created with other settings",
+                                files={"r.yaml": FAST_TEXT + "schedule: wsd\nrungs: [10, 40]\n"}),
+    "join-with-another-budget": Case([*SEARCH, "--budget", "0.5x", "--study", "{study}", "--storage", "{db}"],
+                                     "with a different space, budget or data"),
+    # ---- --locate-lr -----------------------------------------------------------------------------
+    "locate-lr-one-rung": recipe("one rung only", WSD_ONE_RUNG, "--locate-lr"),
+    "locate-lr-only-the-top-rung": recipe("one rung only", "schedule: wsd\nrungs: [40]\n", "--locate-lr"),
+    "locate-lr-cosine": search("has schedule 'cosine'", "--locate-lr"),
+    "locate-lr-no-early-stop": recipe("--no-early-stop trains every trial to T", "schedule: wsd\nrungs: [10, 40]\n",
+                                      "--locate-lr", "--no-early-stop"),
+    # ---- npas train --lr-factor ------------------------------------------------------------------
+    "lr-factor-1e300": train("from 1/1024 to 1024", "--lr-factor", "1e300"),
+    "lr-factor-5000": train("from 1/1024 to 1024", "--lr-factor", "5000"),
+    "lr-factor-1e-300": train("from 1/1024 to 1024", "--lr-factor", "1e-300"),
+    "lr-factor-zero": train("--lr-factor", "--lr-factor", "0"),
+    "lr-factor-nan": train("--lr-factor", "--lr-factor", "nan"),
+    "lr-factor-stored-5000": Case(["train", "{in}/best.yaml", "--recipe", FAST, "--steps", "1", "--out", "{in}/o"],
+                                  "lr_factor must be", files={"best.yaml": "EXPORT 5000"}),
+}
+
+# Cases that failed on the code before this corpus's fixes (a traceback, exit 0 with a directory
+# written, Ray started for an input that can never run, or a message that named the wrong problem).
+FAILED_BEFORE = {
+    "hf-hidden-size-string", "hf-hidden-size-float", "hf-layers-bool", "hf-vocab-null",
+    "hf-context-string-beside-a-window", "hf-sliding-window-string", "hf-use-sliding-window-string",
+    "hf-rope-scaling-string", "hf-rope-scaling-list", "hf-rope-parameters-string", "hf-rope-theta-word",
+    "hf-rope-type-list", "hf-architectures-string", "hf-architecture-npas-type", "hf-tie-embeddings-string",
+    "hf-attention-bias-string", "hf-kv-heads-string", "hf-head-dim-float", "hf-rms-eps-word",
+    "hf-index-maps-to-numbers", "hf-index-absolute-path", "hf-index-climbs-out", "hf-integer-weights",
+    "hf-tokenizer-larger-than-embedding", "train-of-a-hf-dir", "sample-of-a-hf-dir", "train-of-npas-hf-export",
+    "convert-of-npas-hf-export", "train-unroll-classic-chassis", "convert-unroll-classic-chassis",
+    "ckpt-is-a-file", "ckpt-below-a-file", "ckpt-relative", "ckpt-dot", "ckpt-file-uri-relative", "ckpt-nul-byte",
+    "ckpt-s3-no-bucket", "ckpt-hdfs-unopenable", "ckpt-s3-endpoint-never-answers", "resume-ckpt-is-a-file",
+    "resume-study-missing-new-db", "recipe-cosine-decay-fraction", "recipe-cosine-decay-shape",
+    "train-recipe-cosine-decay-fraction", "locate-lr-one-rung", "locate-lr-only-the-top-rung", "lr-factor-1e300",
+    "lr-factor-5000", "lr-factor-1e-300", "lr-factor-stored-5000", "join-with-another-recipe",
+    "join-with-another-sampler", "join-with-locate-lr", "join-with-another-budget",
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    """The tiny chassis's allocation and an `npas train`-style directory of it (untrained), built once."""
+    from npas.allocation.config import reference_config
+    from npas.training.data import load_corpus
+    from npas.training.proxy import ProxyResult
+    from npas.training.recipe import load_recipe
+    from npas.training.train import save_trained, write_metrics
+
+    root = tmp_path_factory.mktemp("round3")
+    cfg = reference_config(npas.load_space(TINY).reference_chassis)
+    recipe = load_recipe(FAST)
+    corpus = load_corpus(None, recipe.val_fraction, recipe.test_fraction)
+    result = ProxyResult(status="ok", val_loss=4.0, val_bpc=5.8, train_loss=4.0, steps_done=1, stored_params=1,
+                         param_bytes=4, peak_memory_bytes=1, memory_source="analytic", rss_delta_bytes=0,
+                         flops_per_token=1, tokens_per_s=1.0, wall_s=1.0)
+    torch.manual_seed(0)
+    save_trained(npas.build_model(cfg), cfg, corpus.tokenizer, root / "model")
+    write_metrics(root / "model", result, recipe, corpus)
+    db = f"sqlite:///{root / 'study.db'}"
+    set_up_study(npas.plan_search(npas.load_space(TINY), recipe=FAST, study="ladder-r3", storage=db))
+    return {"model": root / "model", "ALLOC": cfg.to_yaml(), "db": db, "study": "ladder-r3",
+            "EXPORT 5000": json.dumps({"allocation": cfg.to_dict(), "lr_factor": 5000.0})}
+
+
+def set_up_study(plan) -> None:
+    """A study as `npas.search` leaves it once set up (its record, marked ready), of `plan`, no trial run."""
+    import optuna
+
+    from npas.service.study.record import StudyRecord
+    from npas.service.study.studies import mark_ready, write_record
+
+    space = plan.space
+    study = optuna.create_study(study_name=plan.study_name, storage=plan.storage, directions=["minimize"] * 2)
+    write_record(study, StudyRecord(
+        version=npas.__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
+        space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
+        reference_params=space.reference_params, recipe=plan.recipe.to_dict(), data_source=None,
+        data_fingerprint=plan.corpus.fingerprint, vocab_size=plan.corpus.vocab_size, objectives=tuple(space.objectives),
+        overrides=dict(space.overrides), tokenizer_fingerprint=plan.corpus.tokenizer.fingerprint))
+    mark_ready(study)
+
+
+def _study_state(url: str, name: str) -> tuple[int, dict]:
+    """(trials, attributes) of the set-up study, read through npas's cached read-only handle."""
+    from npas.service.study.storage import open_storage
+
+    storage = open_storage(url, read_only=True).storage
+    sid = storage.get_study_id_from_name(name)
+    return len(storage.get_all_trials(sid, deepcopy=False)), dict(storage.get_study_user_attrs(sid))
+
+
+@pytest.fixture
+def silent_port():
+    """A TCP port on this machine that accepts connections and never answers: an endpoint that hangs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s.getsockname()[1]
+
+
+def test_the_round_three_corpus_is_large_enough():
+    assert len(CASES) + len(API_CASES) + len(CHECKPOINT_CASES) >= 60
+    assert FAILED_BEFORE <= set(CASES) and API_FAILED_BEFORE <= set(API_CASES)
+    assert CHECKPOINT_FAILED_BEFORE <= set(CHECKPOINT_CASES)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=k) for k, c in CASES.items()])
+def test_round_three_input_is_one_line_exit_2_nothing_written(case: Case, built: dict, guarded: Path,  # noqa: F811
+                                                              monkeypatch, capsys, request):
+    inputs = guarded / "in"
+    inputs.mkdir()
+    for name, content in case.files.items():
+        (inputs / name).write_text(built.get(content, content), encoding="utf-8")
+    if case.hf is not None:
+        write_hf(inputs / "m", case.hf, case.shards)
+        if case.damage is not None:
+            case.damage(inputs / "m")
+    if case.model:
+        shutil.copytree(built["model"], inputs / "d")
+    s3 = ""
+    if case.silent_s3:
+        import npas.service.search.launch as launch
+
+        monkeypatch.setattr(launch, "PROBE_S", 0.5)
+        for k, v in {"AWS_ACCESS_KEY_ID": "npas-test", "AWS_SECRET_ACCESS_KEY": "npas-test",
+                     "AWS_EC2_METADATA_DISABLED": "true"}.items():  # no credential lookup over the network
+            monkeypatch.setenv(k, v)
+        s3 = f"s3://npas-test/ck?endpoint_override=127.0.0.1:{request.getfixturevalue('silent_port')}&scheme=http"
+    before = _tree(guarded)
+    study = _study_state(built["db"], built["study"])
+    argv = [a.replace("{in}", str(inputs)).replace("{s3}", s3).replace("{db}", built["db"])
+            .replace("{study}", built["study"]) for a in case.argv]
+    assert_refused_in_one_line(argv, case.fragment, capsys, guarded, before)
+    assert _study_state(built["db"], built["study"]) == study  # the study is as it was
+
+
+# ---- the Python API -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """One checked plan of the tiny space (nothing written: planning touches no database)."""
+    db = tmp_path_factory.mktemp("round3-plan") / "never.db"
+    made = npas.plan_search(npas.load_space(TINY), recipe=FAST, study="r3", storage=f"sqlite:///{db}")
+    assert not db.exists()
+    return made
+
+
+def _replace(**changes: Any) -> Callable[[Any, str], Any]:
+    return lambda p, db: npas.search(dataclasses.replace(p, storage=db, **changes))
+
+
+def _plan_search(**kw: Any) -> Callable[[Any, str], Any]:
+    return lambda p, db: npas.plan_search(**({"space": p.space, "recipe": FAST, "storage": db} | kw))
+
+
+def _recipe_of(p: Any, **changes: Any) -> Any:
+    return dataclasses.replace(p.recipe, **changes)
+
+
+# name -> (call(plan, storage URL), fragment of the one-line NpasError)
+API_CASES: dict[str, tuple[Callable[[Any, str], Any], str]] = {
+    "plan-space-a-path": (lambda p, db: npas.plan_search(TINY, recipe=FAST, storage=db), "must be an npas Space"),
+    "plan-trials-string": (_plan_search(trials="3"), "trials must be an int"),
+    "plan-trials-bool": (_plan_search(trials=True), "trials must be an int"),
+    "plan-trials-float": (_plan_search(trials=2.5), "trials must be an int"),
+    "plan-study-int": (_plan_search(study=5), "study must be"),
+    "plan-storage-a-path": (_plan_search(storage=Path("x.db")), "storage must be a URL string"),
+    "plan-launch-a-dict": (_plan_search(launch={"workers": 2}), "launch must be an"),
+    "plan-workers-string": (_plan_search(launch=Launch(workers="2")), "Launch.workers must be an int"),
+    "plan-gpus-string": (_plan_search(launch=Launch(gpus_per_trial="1")), "Launch.gpus_per_trial must be a number"),
+    "plan-early-stop-string": (_plan_search(launch=Launch(early_stop="no")), "Launch.early_stop must be"),
+    "plan-checkpoint-storage-int": (_plan_search(launch=Launch(checkpoint_storage=5)), "Launch.checkpoint_storage"),
+    "plan-seed-negative": (_plan_search(seed=-1), "seed -1 is out of range"),
+    "plan-seed-string": (_plan_search(seed="0"), "seed must be an int"),
+    "plan-sampler-unknown": (_plan_search(sampler="cmaes"), "unknown sampler 'cmaes'"),
+    "plan-tokenizer-int": (_plan_search(tokenizer=5), "tokenizer must be"),
+    "plan-corpus-a-string": (_plan_search(corpus="shakespeare.txt"), "corpus must be a Corpus"),
+    "plan-locate-lr-string": (_plan_search(locate_lr="yes"), "locate_lr must be True, False or None"),
+    "plan-data-int": (_plan_search(data=5), "data must be a corpus path"),
+    "plan-budget-list": (_plan_search(budget=[1]), "budget must be"),
+    "plan-repeats-string": (_plan_search(repeats="2"), "--repeats must be a whole number"),
+    "search-space-a-path": (lambda p, db: npas.search(TINY, recipe=FAST, storage=db), "must be an npas Space"),
+    "search-misspelt-option": (lambda p, db: npas.search(p.space, trails=3, storage=db), "did you mean 'trials'"),
+    "search-plan-and-options": (lambda p, db: npas.search(dataclasses.replace(p, storage=db), trials=3),
+                                "takes no other options"),
+    "replaced-trials-zero": (_replace(trials=0), "--trials must be >= 1"),
+    "replaced-trials-string": (_replace(trials="4"), "trials must be an int"),
+    "replaced-study-name-traversal": (_replace(study_name="../x"), "may hold only letters"),
+    "replaced-seed-negative": (_replace(seed=-1), "seed -1 is out of range"),
+    "replaced-repeats-zero": (_replace(repeats=0), "--repeats must be a whole number"),
+    "replaced-workers-zero": (_replace(launch=Launch(workers=0)), "--workers must be >= 1"),
+    "replaced-locate-lr-on-cosine": (_replace(locate_lr=True), "has schedule 'cosine'"),
+    "replaced-recipe-a-name": (_replace(recipe="smoke"), "recipe must be a Recipe"),
+    "replaced-recipe-longer-than-context": (lambda p, db: _replace(recipe=_recipe_of(p, seq_len=128))(p, db),
+                                            "seq_len=128 > the space's context 64"),
+    "replaced-space-narrower-vocabulary": (lambda p, db: _replace(space=p.space.bind(vocab_size=32))(p, db),
+                                           "the corpus's tokenizer has 68 tokens"),
+    "replaced-storage-in-memory": (lambda p, db: npas.search(dataclasses.replace(p, storage="sqlite://")),
+                                   "in-memory"),
+    "replaced-space-none": (_replace(space=None), "space must be a Space"),
+    "replaced-given-none": (_replace(given=None), "given must be a mapping"),
+    "replaced-checkpoint-storage-relative": (_replace(launch=Launch(checkpoint_storage="ck")), "relative path"),
+    "resume-name-int": (lambda p, db: npas.resume(5, storage=db), "the study name must be a string"),
+    "resume-trials-string": (lambda p, db: npas.resume("x", trials="3", storage=db), "trials must be an int"),
+    "resume-launch-string": (lambda p, db: npas.resume("x", launch="local", storage=db), "launch must be an"),
+    "resume-missing-study": (lambda p, db: npas.resume("x", storage=db), "no database"),
+    "search-joins-with-another-sampler": (lambda p, db: npas.search(p.space, recipe=FAST, sampler="random",
+                                                                    study=JOINED[1], storage=JOINED[0]),
+                                          "was created with other settings: --sampler 'random'"),
+}
+JOINED = ["", "ladder-r3"]  # the set-up study of `built`: its storage URL, set by the test, and its name
+# all but the plan's repeats, checked by type and range before this corpus
+API_FAILED_BEFORE = set(API_CASES) - {"plan-repeats-string"}
+
+
+@pytest.mark.parametrize("name", list(API_CASES))
+def test_the_python_api_refuses_in_one_npas_error_before_ray_and_the_database(name: str, plan, built: dict,
+                                                                               guarded: Path):  # noqa: F811
+    call, fragment = API_CASES[name]
+    JOINED[0] = built["db"]
+    study = _study_state(built["db"], built["study"])
+    db = guarded / "api.db"
+    before = _tree(guarded)
+    with pytest.raises(NpasError) as info:
+        call(plan, f"sqlite:///{db}")
+    message = str(info.value)
+    assert fragment in message and "\n" not in message, message
+    assert not db.exists()
+    assert _tree(guarded) == before, f"files written: {sorted(_tree(guarded) - before)}"
+    assert _study_state(built["db"], built["study"]) == study
+
+
+# ---- a damaged ladder checkpoint, as a resumed trial reads it -------------------------------------
+def _state(change: Callable[[dict], Any]) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        state = json.loads((d / "state.json").read_text())
+        change(state)
+        (d / "state.json").write_text(json.dumps(state))
+
+    return damage
+
+
+CHECKPOINT_CASES: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "state-a-json-list": (lambda d: (d / "state.json").write_text("[]"), "holds a JSON list"),
+    "state-without-its-recipe": (_state(lambda s: s.pop("recipe")), "lacks recipe"),
+    "state-without-rung-losses": (_state(lambda s: s.pop("rung_losses")), "lacks rung_losses"),
+    "state-not-json": (lambda d: (d / "state.json").write_text("{step: 8"), "not valid JSON"),
+    "state-missing": (lambda d: (d / "state.json").unlink(), "is missing"),
+    "state-other-format": (_state(lambda s: s.update(format=99)), "checkpoint format 99"),
+    "tensors-truncated": (lambda d: (d / "tensors.safetensors").write_bytes(b"\0" * 12), "the checkpoint is damaged"),
+    "other-allocation": (_state(lambda s: s.update(config_hash="0123456789ab")), "not of"),
+}
+CHECKPOINT_FAILED_BEFORE = {"state-a-json-list", "state-without-its-recipe", "state-without-rung-losses"}
+
+
+@pytest.fixture(scope="module")
+def climb_checkpoint(tmp_path_factory):
+    """A ladder climb of the tiny reference, paused at its first rung and saved (a few steps)."""
+    from npas.allocation.config import reference_config
+    from npas.training import checkpoint, climb
+    from npas.training.data import load_corpus
+    from npas.training.recipe import Recipe
+
+    recipe = Recipe(name="wsd-r3", seq_len=16, batch_size=2, steps=8, lr=1e-2, min_lr=1e-3, warmup_steps=1,
+                    eval_every=4, eval_batches=1, threads=1, schedule="wsd", horizon=8, rungs=(4, 8))
+    cfg = reference_config(npas.load_space(TINY).reference_chassis)
+    corpus = load_corpus()
+    paused = climb.start(cfg, recipe, corpus, device="cpu")
+    paused.step_up()
+    d = checkpoint.save(paused, tmp_path_factory.mktemp("climb") / "ckpt")
+    return d, cfg, corpus
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINT_CASES))
+def test_a_damaged_ladder_checkpoint_is_one_data_error(name: str, climb_checkpoint, tmp_path):
+    """What a resumed ladder trial reports as its failure: a DataError naming the file, never a KeyError
+    or AttributeError from inside the restore."""
+    from npas.errors import DataError
+    from npas.training import checkpoint
+
+    source, cfg, corpus = climb_checkpoint
+    d = tmp_path / "ckpt"
+    shutil.copytree(source, d)
+    damage, fragment = CHECKPOINT_CASES[name]
+    damage(d)
+    with pytest.raises(DataError) as info:
+        checkpoint.load(d, cfg, corpus, device="cpu")
+    assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
