@@ -28,15 +28,19 @@ CPU thread with deterministic algorithms, each from a fixed seed:
   scaled rate): cheap, and they see a schedule edit acting past the trained lengths.
 
 Each run yields floats (float64): its losses (training, validation, the curve, the rungs, the test
-split's, for a conversion the converted model's before uptraining) and three positive moments of every
-tensor of its state (sum of absolute values, of squares, and of absolute values under fixed cosine
-weights, which see a permutation). Positive terms only, so a relative tolerance means something.
+split's, for a conversion the converted model's before uptraining) and three positive moments of its
+tensors (sum of absolute values, of squares, and of absolute values under fixed cosine weights, which
+see a permutation; positive terms only, so a relative tolerance means something): per tensor for a
+short run, of the whole model for a full-length one, where 200 steps amplify a rounding-sized
+difference (every initial weight moved by 1e-7) to 1.5e-4 in single tensors' moments but to at most
+2.2e-6 in the whole model's and 2.7e-6 in the losses.
 
 Tolerance: another CPU's kernels round differently. Between an AMD EPYC and an Intel Xeon host the same
-training's values differed by 1.9e-8 relative (median) after two steps, a few by up to 4.1e-5 (Adam's
-update ``m / sqrt(v)`` flips sign where a gradient is near zero); a changed rule (one group's rate
-multiplier x 1.001) put 41% of them beyond 1e-5. So two recordings are equal when at most
-``OUTLIER_FRACTION`` of their values differ by more than ``RTOL`` and none by more than ``RTOL_MAX``.
+2-step trainings' moments differed by 1.9e-8 relative (median), a few by up to 4.1e-5 (Adam's update
+``m / sqrt(v)`` flips sign where a gradient is near zero); one parameter group's rate multiplier x 1.001
+put 41% of them beyond 1e-5. So a run's moments match when at most ``OUTLIER_FRACTION`` of them (rounded
+up) differ by more than ``RTOL`` and none by more than ``RTOL_MAX``; its losses and the schedules, which
+have no such outliers, match when every value is within ``RTOL``.
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ import json
 import math
 import platform
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +81,10 @@ LLAMA = Chassis(vocab_size=68, context=64, d_model=16, n_layers=2, n_heads=2, d_
 SMOKE = Recipe(name="golden-smoke", seq_len=64, batch_size=16, steps=200, horizon=200, lr=2.5e-3, min_lr=2.5e-4,
                warmup_steps=10, weight_decay=0.1, betas=(0.9, 0.95), grad_clip=1.0, eval_every=50, eval_batches=4,
                seed=0, threads=1, parameterization="fair")
-SMOKE_WSD = Recipe(**{**SMOKE.__dict__, "name": "golden-smoke-wsd", "schedule": "wsd"})
+SMOKE_WSD = replace(SMOKE, name="golden-smoke-wsd", schedule="wsd")
 SHORT = Recipe(name="golden-short", seq_len=32, batch_size=4, steps=12, horizon=12, lr=1e-2, min_lr=1e-3,
                warmup_steps=3, eval_every=6, eval_batches=1, seed=1, threads=1, parameterization="fair")
-SHORT_WSD = Recipe(**{**SHORT.__dict__, "name": "golden-short-wsd", "schedule": "wsd", "rungs": (6, 12),
-                      "decay_shape": "linear"})
+SHORT_WSD = replace(SHORT, name="golden-short-wsd", schedule="wsd", rungs=(6, 12), decay_shape="linear")
 LONG_COSINE = Recipe(name="golden-long", seq_len=64, batch_size=48, steps=1600, horizon=1600, lr=6e-3, min_lr=6e-4,
                      warmup_steps=100)
 
@@ -97,6 +100,7 @@ class GoldenRun:
     recipe: Recipe
     reference: Chassis
     convert_from: str | None = None
+    per_tensor: bool = True  # moments per tensor; False: of the whole model (a long run's, see module doc)
 
 
 def golden_runs() -> tuple[GoldenRun, ...]:
@@ -117,10 +121,10 @@ def golden_runs() -> tuple[GoldenRun, ...]:
     llama_dense = reference_config(LLAMA)
     converted = ArchConfig(chassis=LLAMA, mlp_widths=(f, f // 2), block_of_layer=(0, 0), lora_attn=(2, 2),
                            lora_mlp=(2, 2))
-    uniform = Recipe(**{**SHORT.__dict__, "parameterization": "uniform"})
+    uniform = replace(SHORT, parameterization="uniform")
     return (
-        GoldenRun("cosine-smoke", reference_config(CHASSIS), SMOKE, CHASSIS),
-        GoldenRun("wsd-smoke", reference_config(CHASSIS), SMOKE_WSD, CHASSIS),
+        GoldenRun("cosine-smoke", reference_config(CHASSIS), SMOKE, CHASSIS, per_tensor=False),
+        GoldenRun("wsd-smoke", reference_config(CHASSIS), SMOKE_WSD, CHASSIS, per_tensor=False),
         GoldenRun("untied-uniform", reference_config(CHASSIS), uniform, CHASSIS),
         GoldenRun("tied-lora", tied_lora, SHORT, CHASSIS),
         GoldenRun("banks", banks, SHORT, CHASSIS),
@@ -132,11 +136,15 @@ def golden_runs() -> tuple[GoldenRun, ...]:
     )
 
 
+def golden_names() -> list[str]:
+    return [r.name for r in golden_runs()]
+
+
 def golden_schedules() -> dict[str, Recipe]:
     """Long recipes whose learning rate at every step is part of the numerics (module docstring)."""
-    wsd = Recipe(**{**LONG_COSINE.__dict__, "schedule": "wsd", "rungs": (100, 400, 1600)})
+    wsd = replace(LONG_COSINE, schedule="wsd", rungs=(200, 400, 1600))
     return {"cosine-1600": LONG_COSINE, "cosine-1600-x2": LONG_COSINE.with_lr_factor(2.0),
-            "wsd-1600-1-sqrt": wsd, "wsd-1600-linear": Recipe(**{**wsd.__dict__, "decay_shape": "linear"})}
+            "wsd-1600-1-sqrt": wsd, "wsd-1600-linear": replace(wsd, decay_shape="linear")}
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -176,7 +184,10 @@ def _train(run: GoldenRun, corpus: Corpus, trained: dict[str, torch.nn.Module]) 
     if rungs is not None:
         losses["rungs"] = {str(t): _loss(v) for t, v in sorted(rungs.items())}
         losses["steps_trained"] = float(res.steps_trained)
-    return {"losses": losses, "tensors": tensor_moments(model.state_dict())}
+    moments = tensor_moments(model.state_dict())
+    if run.per_tensor:
+        return {"losses": losses, "tensors": moments}
+    return {"losses": losses, "model": [math.fsum(m[i] for m in moments.values()) for i in range(3)]}
 
 
 def schedule_values(recipe: Recipe) -> list[float]:
@@ -187,16 +198,19 @@ def schedule_values(recipe: Recipe) -> list[float]:
             *(lr[int(q * (len(lr) - 1))] for q in (0.0, 0.1, 0.5, 0.8, 0.9, 1.0))]
 
 
-def measure(corpus: Corpus | None = None) -> dict[str, Any]:
-    """Every golden run's and schedule's values, on one CPU thread with deterministic algorithms (the
-    thread count and determinism flag are restored after)."""
+def measure(corpus: Corpus | None = None, only: Collection[str] | None = None) -> dict[str, Any]:
+    """Every golden run's and schedule's values (``only``: those runs alone, with the runs a conversion
+    among them starts from), on one CPU thread with deterministic algorithms (the thread count and
+    determinism flag are restored after)."""
     corpus = corpus if corpus is not None else load_corpus()
+    wanted = set(golden_names() if only is None else only)
+    wanted |= {r.convert_from for r in golden_runs() if r.name in wanted and r.convert_from}
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     trained: dict[str, torch.nn.Module] = {}
     try:
-        runs = {run.name: _train(run, corpus, trained) for run in golden_runs()}
+        runs = {run.name: _train(run, corpus, trained) for run in golden_runs() if run.name in wanted}
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(det)
@@ -205,10 +219,10 @@ def measure(corpus: Corpus | None = None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ matching
-def _leaves(v: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+def _leaves(v: Any, path: str) -> Iterator[tuple[str, Any]]:
     if isinstance(v, dict):
         for k in sorted(v):
-            yield from _leaves(v[k], f"{path}.{k}" if path else str(k))
+            yield from _leaves(v[k], f"{path}.{k}")
     elif isinstance(v, list):
         for i, x in enumerate(v):
             yield from _leaves(x, f"{path}[{i}]")
@@ -216,12 +230,22 @@ def _leaves(v: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         yield path, v
 
 
-def differences(recorded: dict[str, Any], measured: dict[str, Any]) -> tuple[list[str], list[tuple[float, str]]]:
-    """(paths present on one side only or with unequal non-numbers, [(relative difference, path)] of every
-    number present on both sides): relative to the larger magnitude, 0 below ``ATOL``."""
-    a, b = dict(_leaves(recorded.get("runs", {}), "runs")), dict(_leaves(measured.get("runs", {}), "runs"))
-    a |= dict(_leaves(recorded.get("schedules", {}), "schedules"))
-    b |= dict(_leaves(measured.get("schedules", {}), "schedules"))
+def groups(values: dict[str, Any]) -> dict[str, tuple[bool, dict[str, Any]]]:
+    """The recording's values by group, each with whether it tolerates outliers: every run's losses and
+    the schedules must all match within ``RTOL`` (aggregates: another machine's rounding moves them by
+    ~1e-6 at most); every run's moments may have the outliers of ``mismatch``."""
+    out: dict[str, tuple[bool, dict[str, Any]]] = {}
+    for name, run in values.get("runs", {}).items():
+        out[f"runs.{name}.losses"] = (False, dict(_leaves(run.get("losses"), f"runs.{name}.losses")))
+        moments = {k: v for k, v in run.items() if k != "losses"}
+        out[f"runs.{name}.moments"] = (True, dict(_leaves(moments, f"runs.{name}")))
+    out["schedules"] = (False, dict(_leaves(values.get("schedules", {}), "schedules")))
+    return out
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[tuple[float, str]]]:
+    """Of two groups' leaves: (paths on one side only or with unequal non-numbers, [(relative difference,
+    path)] of every number on both sides), relative to the larger magnitude, 0 below ``ATOL``."""
     unmatched = sorted(set(a) ^ set(b))
     rel: list[tuple[float, str]] = []
     for path in sorted(set(a) & set(b)):
@@ -236,16 +260,25 @@ def differences(recorded: dict[str, Any], measured: dict[str, Any]) -> tuple[lis
 
 def mismatch(recorded: dict[str, Any], measured: dict[str, Any]) -> str | None:
     """None when ``measured`` is ``recorded`` up to another machine's rounding (module docstring), else
-    one line saying what moved."""
-    unmatched, rel = differences(recorded, measured)
-    if unmatched:
-        return f"{len(unmatched)} values present or finite on one side only (first: {unmatched[0]})"
-    beyond = sorted((r for r in rel if r[0] > RTOL), reverse=True)
-    if len(beyond) <= math.ceil(OUTLIER_FRACTION * len(rel)) and (not beyond or beyond[0][0] <= RTOL_MAX):
+    what moved: a group (``groups``) missing on one side, a value beyond ``RTOL`` in a group of losses or
+    schedules, or in a run's moments more than ``OUTLIER_FRACTION`` of them (rounded up) beyond ``RTOL``
+    or one beyond ``RTOL_MAX``."""
+    ga, gb = groups(recorded), groups(measured)
+    problems = [f"{g}: recorded on one side only" for g in sorted(set(ga) ^ set(gb))]
+    for g in sorted(set(ga) & set(gb)):
+        outliers, a = ga[g]
+        unmatched, rel = differences(a, gb[g][1])
+        if unmatched:
+            problems.append(f"{g}: {len(unmatched)} values present or finite on one side only ({unmatched[0]})")
+            continue
+        beyond = sorted((r for r in rel if r[0] > RTOL), reverse=True)
+        allowed = math.ceil(OUTLIER_FRACTION * len(rel)) if outliers else 0
+        if len(beyond) > allowed or (beyond and beyond[0][0] > RTOL_MAX):
+            problems.append(f"{g}: {len(beyond)} of {len(rel)} beyond {RTOL:g} ({allowed} may be, none beyond "
+                            f"{RTOL_MAX:g}); largest {beyond[0][1]} by {beyond[0][0]:.1e}")
+    if not problems:
         return None
-    worst = ", ".join(f"{p} by {r:.1e}" for r, p in beyond[:3])
-    return (f"{len(beyond)} of {len(rel)} values differ by more than {RTOL:g} (at most "
-            f"{math.ceil(OUTLIER_FRACTION * len(rel))} may, none by more than {RTOL_MAX:g}); largest: {worst}")
+    return "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more groups" if len(problems) > 3 else "")
 
 
 def check(recorded: dict[str, Any], measured: dict[str, Any]) -> str | None:
