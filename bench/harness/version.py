@@ -70,11 +70,12 @@ def settings_digest(settings: Any) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def code_version(experiment: str, settings: Any = None, numerics: int = NUMERICS_VERSION, cache: str | None = None) -> str:
+def code_version(experiment: str, settings: Any = None, numerics: int | None = None, cache: str | None = None) -> str:
     """The version an experiment's runs are keyed by (10 hex digits): the pinned one for these numerics
-    and settings, else the hash of (``cache`` or ``experiment``, ``numerics``, ``settings``). Experiments
-    that share a cache and key each run by what it trains (the evidence pool) pass one ``cache`` name,
-    so a run two of them train is trained once."""
+    (default ``NUMERICS_VERSION``) and settings, else the hash of (``cache`` or ``experiment``,
+    ``numerics``, ``settings``). Experiments that share a cache and key each run by what it trains (the
+    evidence pool) pass one ``cache`` name, so a run two of them train is trained once."""
+    numerics = NUMERICS_VERSION if numerics is None else numerics
     pinned = PINNED.get(numerics, {}).get(experiment, {}).get(settings_digest(settings))
     if pinned is not None:
         return pinned
