@@ -1,9 +1,10 @@
 """A cache's code version: the training numerics' declared version and the settings every run of the
 experiment shares, never the bytes of the code that trained them.
 
-``npas.training.numerics.NUMERICS_VERSION`` names what a training computes; its golden runs define it
-and a fast test (tests/training/test_numerics_golden.py) fails when a change moves them. So a refactor
-keeps every cache, and a change of the numerics bumps the constant and starts fresh caches everywhere.
+``npas.NUMERICS_VERSION`` (``npas/training/numerics.py``) names what a training computes; its golden
+runs define it and a fast test (tests/training/test_numerics_golden.py) fails when a change moves them.
+So a refactor keeps every cache, and a change of the numerics bumps the constant and starts fresh
+caches everywhere.
 
 Numerics version 1 is the numerics the caches were made with while they were keyed on source bytes:
 ``PINNED[1]`` keeps, per experiment and settings, the version its cache was found under then (10 hex
@@ -25,7 +26,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from npas.training.numerics import NUMERICS_VERSION
+from npas import NUMERICS_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
