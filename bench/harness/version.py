@@ -95,9 +95,10 @@ def commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
-def stamp(recipe: Any, allocation: Any) -> dict[str, Any]:
-    """What a cached record says about what made it: the commit, the numerics version, and the full
-    recipe (every field, defaults included) and allocation."""
+def stamp(recipe: Any, allocation: Any, made_at: str | None = None) -> dict[str, Any]:
+    """What a cached record says about what made it: the commit (``made_at``: the one a lent GPU machine's
+    spec was exported at, its copy of the tree having no history; else this checkout's), the numerics
+    version, and the full recipe (every field, defaults included) and allocation."""
     alloc = allocation.to_dict() if hasattr(allocation, "to_dict") else allocation
     full = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(recipe).items()}
-    return {"commit": commit(), "numerics_version": NUMERICS_VERSION, "recipe": full, "allocation": alloc}
+    return {"commit": made_at or commit(), "numerics_version": NUMERICS_VERSION, "recipe": full, "allocation": alloc}

@@ -127,6 +127,9 @@ def test_a_cached_record_says_what_made_it():
     assert rec["commit"] == "unknown" or re.match(r"^[0-9a-f]{40}$", rec["commit"])
     assert rec["recipe"]["schedule"] == "cosine" and rec["recipe"]["rungs"] is None  # every field, defaults too
     assert Recipe.from_dict(rec["recipe"]) == recipe and rec["allocation"] == cfg.to_dict()
+    # a lent GPU machine's copy of the tree has no history: its spec carries the commit it was exported at
+    spec = {"config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": ch.__dict__, "meta": {}, "commit": "c0ffee"}
+    assert run_spec(spec)["commit"] == "c0ffee"
 
 
 def test_the_commit_is_unknown_outside_git(tmp_path, monkeypatch):
