@@ -21,9 +21,9 @@ CPU thread with deterministic algorithms, each from a fixed seed:
 - per mechanism family one short run (12 steps): untied under the ``uniform`` parameterization; tying
   with nested MLP slices and LoRA; banks of all four generators; attention atoms at a scaled learning
   rate (``Recipe.with_lr_factor``); an expert pool under WSD with a fork; the llama chassis (grouped-query
-  attention, SwiGLU, an untied head, shared values across layers); and a conversion of that trained
-  llama model into cycle tying + LoRA (MLP widths refit on calibration text), uptrained from the
-  converted weights;
+  attention, SwiGLU, an untied head), dense and with values shared across layers; and a conversion of
+  the trained dense llama model into tied blocks + LoRA (MLP widths refit on calibration text),
+  uptrained from the converted weights;
 - the learning-rate schedules of long recipes at every step (cosine, WSD with each decay shape, a
   scaled rate): cheap, and they see a schedule edit acting past the trained lengths.
 
