@@ -28,8 +28,8 @@ cycle U=4 + LoRA), so the two read side by side. Quick mode is a smoke test of t
 
 Cache, so the run spans sessions: every finished run is one record in `bench/results/convert_hf/`
 (`bench/harness/store.py`), keyed ``<arm>-x<lr multiple>-s<seed>-<steps>-<code version>.json``; the
-code version hashes the files that decide a run's numbers (training, the allocation, the LLaMA
-model, conversion, Hugging Face I/O) and the settings every run shares (`code_version`). The dense
+code version is that of the training numerics (`npas.training.numerics`, whose golden runs train a
+llama model and convert it) and the settings every run shares (`code_version`). The dense
 model is cached too, as the Hugging Face directory `write_hf` wrote (`dense-<version>/`, ~1.5 MB
 fp32, committed with the records) plus its record `dense-<version>.json`: trained once, only when a
 converted run is due, and read back with `read_hf_dir` by every converted run after it. Training
@@ -55,7 +55,8 @@ from bench.convert_hf_train import train_job
 from bench.harness import store
 from bench.harness.pool import run_pool
 from bench.harness.recipes import bench_recipe  # noqa: E402
-from bench.harness.version import NUMERICS_FILES, ROOT, files_version
+from bench.harness.version import ROOT, recipe_settings
+from bench.harness.version import code_version as harness_version
 from npas import (
     ArchConfig,
     Chassis,
@@ -75,15 +76,6 @@ MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
 # states 50 on a quiet one. The estimate uses the loaded figure and prints the quiet one beside it.
 CPU_FLOPS, QUIET_CPU_FLOPS = 2.0e10, 5.0e10
 OUT = ROOT / "bench" / "results" / "convert_hf"  # the full run's cache (quick: a temporary folder or --out)
-# Beyond the training loop and the allocation (NUMERICS_FILES, the LLaMA model and chassis among them):
-# what `write_hf` writes, what `read_hf_dir` reads back (weights and tokenizer) and what
-# `convert_model` does to the weights it read (cycle tying + LoRA, MLP width refit on calibration text).
-CONVERSION_FILES = ("npas/conversion/hf_export.py", "npas/conversion/hf_source.py", "npas/training/tokenizers.py",
-                    "npas/conversion/convert.py", "npas/conversion/align.py", "npas/conversion/atoms.py",
-                    "npas/conversion/banks.py", "npas/conversion/calibration.py", "npas/conversion/experts.py",
-                    "npas/conversion/lora.py", "npas/conversion/lowrank.py", "npas/conversion/residual.py",
-                    "npas/conversion/source.py", "npas/conversion/tying.py", "npas/conversion/widths.py")
-VERSIONED = (*NUMERICS_FILES, *CONVERSION_FILES)
 DENSE = ("dense", 1.0, 0)  # the dense model's job: trained once, by the pool like any run
 
 Job = tuple[str, float, int]  # (arm, lr multiple, seed)
@@ -234,12 +226,14 @@ def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t
 
 
 def code_version(mode: HFMode, cfg: ArchConfig) -> str:
-    """The cache's code version: ``VERSIONED``'s content and the settings every run shares (chassis,
-    recipes, the allocation, the grid and its extensions), so changing any of them starts a fresh cache.
-    The seeds are not in it: a run is keyed by its own seed, so adding seeds keeps the cached ones."""
-    settings = {"chassis": mode.chassis.to_dict(), "dense": mode.dense.to_dict(), "uptrain": mode.uptrain.to_dict(),
-                "allocation": cfg.hash, "grid": list(GRID), "max_extend": MAX_EXTEND}
-    return files_version(VERSIONED, settings)
+    """The cache's code version (``bench/harness/version.py``): the numerics and the settings every run
+    shares (chassis, recipes, the allocation, the grid and its extensions), so changing any of them starts
+    a fresh cache. The seeds are not in it: a run is keyed by its own seed, so adding seeds keeps the
+    cached ones."""
+    settings = {"chassis": mode.chassis.to_dict(), "dense": recipe_settings(mode.dense),
+                "uptrain": recipe_settings(mode.uptrain), "allocation": cfg.hash, "grid": list(GRID),
+                "max_extend": MAX_EXTEND}
+    return harness_version("convert_hf", settings)
 
 
 def run_key(arm: str, mult: float, seed: int, steps: int, version: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from bench.harness.version import stamp
 from npas import ArchConfig, Recipe, reference_config
 
 
@@ -82,7 +83,8 @@ def _train_arm(spec: dict[str, Any]) -> dict[str, Any]:
             "status": res.status, "val_loss": res.val_loss, **converted,
             "test_loss": _test_loss(model, corpus, recipe, dev) if res.status == "ok" else None,
             "failure_reason": res.failure_reason, "steps_done": res.steps_done, "wall_s": res.wall_s,
-            "tokens_per_s": res.tokens_per_s, "device": res.device, "code_version": spec["code_version"]}
+            "tokens_per_s": res.tokens_per_s, "device": res.device, "code_version": spec["code_version"],
+            **stamp(recipe, cfg)}
 
 
 def _train_dense(spec: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def _train_dense(spec: dict[str, Any]) -> dict[str, Any]:
     model, res = train_model(ref, dense, corpus, device=dev)
     rec = {"arm": "dense", "steps": dense.steps, "lr": dense.lr, "status": res.status,
            "train_val_loss": res.val_loss, "failure_reason": res.failure_reason, "steps_done": res.steps_done,
-           "device": res.device, "code_version": spec["code_version"]}
+           "device": res.device, "code_version": spec["code_version"], **stamp(dense, ref)}
     if res.status != "ok":
         return {**rec, "val_loss": None, "wall_s": time.perf_counter() - t}
     final = Path(spec["dense_dir"])

@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import store  # noqa: E402
 from bench.harness.jobs import run_spec  # noqa: E402  (the one training function)
+from bench.harness.version import commit  # noqa: E402
 
 JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
 GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
@@ -85,6 +86,7 @@ def export(groups: list[str], out: Path) -> list[dict]:
         missing = [s for s in mine if not store.exists(ROOT / s["dest"])]
         for s in missing:
             s["group"] = g
+            s["commit"] = commit()  # the lent machine's copy of the tree has no history: its records say this
         print(f"  {g}: {len(mine)} runs, {len(missing)} not cached yet", flush=True)
         specs.extend(missing)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,6 @@ from bench import proxy_fidelity as pf  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser  # noqa: E402
-from bench.harness.version import files_version  # noqa: E402
 from npas import (  # noqa: E402
     LR_GRID,
     LR_MAX_EXTENSIONS,
@@ -110,10 +109,10 @@ class Bench:
         self.rung = self.wsd.fork_rungs()[0] if first_rung else lr_locate_rung(self.wsd)
         self.held = hold_set(cands) if not first_rung else [c.name for c in cands[:N_HOLD]]
         self.fair_version = pf.code_version(setup)
-        # the proxy-fidelity bench's WSD code version: these are WSD runs of the same numerics (its probe
-        # keeps the version while they are unchanged) and fork/schedule code; the rule that picks factors
-        # is not in it: it decides which runs are due, not what a run computes
-        self.version = f"{self.fair_version}-{files_version(pf.WSD_VERSIONED)}"
+        # the proxy-fidelity bench's WSD code version: these are WSD runs of the same numerics and WSD
+        # recipe; the rule that picks factors is not in it: it decides which runs are due, not what a
+        # run computes
+        self.version = f"{self.fair_version}-{pf.wsd_version(setup)}"
 
     def path(self, j: Job) -> Path:
         return self.out / f"{j.key(self.wsd, self.version)}.json"

@@ -13,8 +13,8 @@ reference's.
 
 Finished runs are cached in ``bench/results/lr_transfer/`` (``bench/harness/store.py``) keyed by (arm, lr, seed,
 parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
-stopped; the code version hashes the npas files that decide the numbers plus the recipe and the
-reference chassis, so a change to any of them starts afresh (and editing this report does not).
+stopped; the code version is that of the training numerics (``npas.training.numerics``), the recipe and
+the reference chassis, so a change to any of them starts afresh (and editing this report does not).
 
     python bench/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing
     nice -n 10 python bench/lr_transfer.py    run what is missing (2 workers), then print the table
@@ -40,15 +40,13 @@ import npas  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
 from bench.harness.report import Columns, cost_table  # noqa: E402
-from bench.harness.version import NUMERICS_FILES  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
+from bench.harness.version import recipe_settings  # noqa: E402
 from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
 SEEDS = (10, 11)  # fresh seeds: the parameterization's exponents were chosen looking at seeds 0 and 1
-# Files whose content decides a run's loss; their hash is the cache's code version.
-VERSIONED = NUMERICS_FILES
 CPU_FLOPS = 5e10  # training FLOP/s of one thread, measured here: d_model 64-128 runs reach 50-70 GFLOP/s
 
 REFERENCE = Chassis(vocab_size=68, context=64, d_model=64, n_layers=4, n_heads=4, d_ff=256)
@@ -111,15 +109,13 @@ def arms(ref: Chassis, lora_ranks: tuple[int, ...]) -> dict[str, ArchConfig]:
 
 # ------------------------------------------------------------------------------------------ runs
 def version_settings(setup: Setup) -> list[dict]:
-    """What every run shares besides the files: the base recipe and the reference chassis."""
-    return [setup.recipe.to_dict(), setup.reference.__dict__]
+    """What every run shares: the base recipe and the reference chassis."""
+    return [recipe_settings(setup.recipe), setup.reference.__dict__]
 
 
 def code_version(setup: Setup) -> str:
-    from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
-
-    return harness_version("lr_transfer", VERSIONED, version_settings(setup),
-                           lambda: numerics.lr_transfer_runs(sys.modules[__name__], setup))
+    """The cache's code version (``bench/harness/version.py``): the numerics and ``version_settings``."""
+    return harness_version("lr_transfer", version_settings(setup))
 
 
 def recipe_for(setup: Setup, job: Job) -> Recipe:

@@ -28,13 +28,13 @@ recipe's ``schedule: wsd``, ``npas.training.forks``), whose cooldown forks give 
 at T/16 and T/4 and whose own end gives WSD at T; and the ceiling. Each row: Kendall tau with its
 bootstrap interval, tau over the pairs the long runs resolve (gap > 2 sigma), top-3 recall. Their
 target: the paired bootstrap interval of tau(fork at T/4) - tau(proxy) lies above 0. A WSD run's
-cache key adds the hash of forks.py and recipe.py, so the cosine runs keep their keys.
+cache key adds a second version, of the WSD recipe, so the cosine runs keep their keys.
 
 Every finished run is cached in ``bench/results/proxy_fidelity/`` (``bench/harness/store.py``) keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
-never reruns. The code version hashes the npas files that decide a loss plus the base recipe, so a
-change to either starts afresh; the frozen space keeps later edits of the shipped one from moving
-the candidates.
+never reruns. The code version is that of the training numerics (``npas.training.numerics``) and the
+base recipe (``bench/harness/version.py``), so a change to either starts afresh; the frozen space keeps
+later edits of the shipped one from moving the candidates.
 
     python bench/proxy_fidelity.py --plan              runs x tokens -> estimated CPU-hours (measures tokens/s)
     nice -n 10 python bench/proxy_fidelity.py --max-minutes 40   train what is missing, cheapest first
@@ -63,8 +63,8 @@ from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
 from bench.harness.recipes import bench_recipe  # noqa: E402
 from bench.harness.report import Columns, cost_table  # noqa: E402
-from bench.harness.version import NUMERICS_FILES, files_version  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
+from bench.harness.version import recipe_settings  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
 from npas import (  # noqa: E402
     PARAMETERIZATIONS,
@@ -79,17 +79,12 @@ from npas import (  # noqa: E402
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
 RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
 RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
-# Files whose content decides a run's loss; their hash (with the base recipe) is the code version.
-VERSIONED = NUMERICS_FILES
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
 SAMPLER_SEED = 0
 N_FULL = 12  # the first 12 candidates carry the original table (both parameterizations, repeats, 2x row)
 N_CANDIDATES = 24  # the horizon rows (fair only) run over 24: 12 more samples of the same seeded sampler
-# WSD runs train through npas.training.forks and take their schedule from recipe.py: those files key
-# the WSD runs' cache as well (on top of VERSIONED), and only theirs, so the cosine runs keep their keys
-WSD_VERSIONED = ("npas/training/forks.py", "npas/training/recipe.py")
 
 
 @dataclass(frozen=True)
@@ -127,8 +122,8 @@ class Job:
 
     def key(self, setup: Setup, version: str) -> str:
         r = self.recipe(setup)
-        if self.kind == "wsd":  # also keyed on the fork and schedule code (a cosine run's key is as it was)
-            version = f"{version}-{files_version(WSD_VERSIONED)}"
+        if self.kind == "wsd":  # also keyed on the WSD recipe (a cosine run's key is as it was)
+            version = f"{version}-{wsd_version(setup)}"
         return f"{self.cand.config.hash}-{r.name}-{r.steps}-s{self.seed}-{self.parameterization}-{version}"
 
     def tokens(self, setup: Setup) -> int:
@@ -216,15 +211,19 @@ def _table_jobs(setup: Setup, cands: list[Candidate]) -> list[Job]:
 
 
 def version_settings(setup: Setup) -> dict[str, Any]:
-    """What every run shares besides the files: the base recipe, less what varies per run."""
-    return {k: v for k, v in setup.proxy.to_dict().items() if k not in ("seed", "parameterization")}
+    """What every run shares: the base recipe, less what varies per run."""
+    return recipe_settings(setup.proxy, leave_out=("seed", "parameterization"))
 
 
 def code_version(setup: Setup) -> str:
-    from bench import numerics  # the version stays while the numerics do (bench/numerics.py)
+    """The cosine runs' code version (``bench/harness/version.py``): the numerics and the base recipe."""
+    return harness_version("proxy_fidelity", version_settings(setup))
 
-    return harness_version("proxy_fidelity", VERSIONED, version_settings(setup),
-                           lambda: numerics.proxy_fidelity_runs(sys.modules[__name__], setup))
+
+def wsd_version(setup: Setup) -> str:
+    """A WSD run's second version, after ``code_version``: its recipe's (the schedule, decay and rungs)."""
+    assert setup.wsd is not None
+    return harness_version("proxy_fidelity/wsd", recipe_settings(setup.wsd, leave_out=("seed", "parameterization")))
 
 
 # ------------------------------------------------------------------------------------------ runs

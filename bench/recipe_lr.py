@@ -16,10 +16,10 @@ half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are 
 sub-grid position from a parabola in log2(lr) is printed beside it.
 
 Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
-factor, seed, code version); the code version hashes the npas files that decide a loss plus the
-recipe, so editing the frozen proxy starts a fresh cache. A shipped recipe's sweep (``--recipe NAME``)
-keys its runs by the rate they train at and leaves the base rate out of its version, so re-tuning
-that rate keeps the grid it was re-tuned from.
+factor, seed, code version); the code version is that of the training numerics (``npas.training.numerics``)
+and the recipe, so editing the frozen proxy starts a fresh cache. A shipped recipe's sweep (``--recipe
+NAME``) keys its runs by the rate they train at and leaves the base rate out of its version, so
+re-tuning that rate keeps the grid it was re-tuned from.
 
     python bench/recipe_lr.py --plan          runs x tokens -> estimated CPU-hours
     nice -n 10 python bench/recipe_lr.py      train what is missing (2 workers), then the table
@@ -41,6 +41,8 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
+from bench.harness.version import code_version as harness_version  # noqa: E402
+from bench.harness.version import recipe_settings  # noqa: E402
 from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
 from bench.proxy_fidelity import (  # noqa: E402
     Candidate,
@@ -72,16 +74,12 @@ def shipped(name: str) -> Recipe:
 
 
 def shipped_version(recipe: Recipe) -> str:
-    """The cache version of a shipped recipe's sweep: proxy_fidelity's files and this recipe bar its rate
-    (no numerics probe: that table holds the frozen proxy recipe's version only). The rate is left out
-    and each run keyed by the rate it trains at (``key``), so re-tuning the recipe's base rate -- what
-    this sweep is for -- keeps every run: x1 at the new rate is the old grid's run at that rate. The
-    cosine floor stays in as its ratio to the peak (``with_lr_factor`` scales both)."""
-    from bench.harness.version import files_version
-    from bench.proxy_fidelity import VERSIONED
-
-    d = {k: v for k, v in recipe.to_dict().items() if k not in ("seed", "parameterization", "threads", "lr", "min_lr")}
-    return files_version(VERSIONED, {**d, "floor_ratio": round(recipe.min_lr / recipe.lr, 9)})
+    """The cache version of a shipped recipe's sweep: the numerics and this recipe bar its rate. The rate
+    is left out and each run keyed by the rate it trains at (``key``), so re-tuning the recipe's base
+    rate -- what this sweep is for -- keeps every run: x1 at the new rate is the old grid's run at that
+    rate. The cosine floor stays in as its ratio to the peak (``with_lr_factor`` scales both)."""
+    d = recipe_settings(recipe, leave_out=("seed", "parameterization", "threads", "lr", "min_lr"))
+    return harness_version("recipe_lr", {**d, "floor_ratio": round(recipe.min_lr / recipe.lr, 9)})
 
 
 def key(c: Candidate, factor: float, seed: int, version: str, base_lr: float | None = None) -> str:

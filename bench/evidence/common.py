@@ -33,7 +33,6 @@ import yaml
 from report import format_table
 
 import npas
-from bench.harness.version import NUMERICS_FILES  # report (above) put the checkout on sys.path
 from npas import ArchConfig, Chassis, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +54,6 @@ FULL_RECIPE = Recipe(name="evidence-v2", seq_len=64, batch_size=48, steps=1000, 
 FULL_SEEDS = 5
 LR_CHECK_SEED, LR_CHECK_FACTORS = 99, (0.5, 1.0, 2.0)
 RUNS_DIR = RESULTS_DIR / "runs"
-# Files whose content decides a run's loss; their hash is the cache's code version.
-VERSIONED = (*NUMERICS_FILES, "npas/allocation/atoms.py")
 CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)

@@ -90,21 +90,10 @@ def weights_dir(setup: common.Setup) -> Path:
     return (setup.cache / "conversion_weights") if setup.cache else setup.out_dir / "conversion_weights"
 
 
-_VERSION: list[str] = []  # set once by main (`set_version`): every phase of the experiment keys its runs alike
-
-
-def set_version(setup: common.Setup, dense_cfg: ArchConfig, cfg: ArchConfig, up: Recipe) -> str:
-    """The experiment's code version, from the numerics probe of its two allocations (the dense parent
-    at the recipe, the tied + LoRA model at the uptraining recipe), fixed for the whole run: its phases
-    (dense, converted, scratch, the learning-rate check) train in separate calls, and a version per
-    call's job list would key them apart."""
-    _VERSION[:] = [runs.code_version(dense_jobs(setup, dense_cfg, list(setup.seeds)[:1])
-                                     + [_job(setup, CONVERTED, cfg, up, list(setup.seeds)[0], 1.0)])]
-    return _VERSION[0]
-
-
 def version() -> str:
-    return _VERSION[0] if _VERSION else runs.code_version()
+    """The experiment's code version (``runs.code_version``), one for every phase (dense, converted,
+    scratch, the learning-rate check) and for ``--best-rates``, whose runs are the same kind."""
+    return runs.code_version("conversion")
 
 
 def stem(job: dict[str, Any]) -> str:
@@ -200,7 +189,6 @@ def main() -> None:
     ch = setup.chassis
     dense_cfg, cfg = reference_config(ch), relaxed_config(ch)
     up, lineage = recipes(setup.recipe)
-    set_version(setup, dense_cfg, cfg, up)
     acc = {DENSE: common.accounting_row(DENSE, dense_cfg, dense_cfg)}
     for name in (CONVERTED, SCRATCH_UP, SCRATCH_LINEAGE):
         acc[name] = common.accounting_row(name, cfg, dense_cfg)
@@ -238,7 +226,7 @@ def main() -> None:
                     + checks.get(arm, []) for arm in (SCRATCH_UP, SCRATCH_LINEAGE)}
     if setup.plan_only:  # every phase's runs in one plan, from the cache; nothing trains, nothing is written
         scratch = [j for jobs in scratch_jobs.values() for j in jobs]
-        runs.run_jobs(djobs + cjobs + scratch, setup.workers, setup.cache, plan_only=True, version=version())
+        runs.run_jobs(djobs + cjobs + scratch, setup.workers, version(), setup.cache, plan_only=True)
         again = _forget_dense_without_weights(setup, djobs, cjobs, cfg, dry=True)
         if again:
             print(f"plus {len(again)} dense run(s) cached but retrained first, their weights being gone (seeds "
@@ -246,7 +234,7 @@ def main() -> None:
                   "tokens more")
         raise SystemExit(0)
     _forget_dense_without_weights(setup, djobs, cjobs, cfg)
-    dense = runs.run_jobs(djobs, setup.workers, setup.cache, version=version())
+    dense = runs.run_jobs(djobs, setup.workers, version(), setup.cache)
     ok = {r["seed"] for r in dense if r.get("status") == "ok"}
     missing = [s for s in dseeds if s not in ok]
     if missing:
@@ -257,8 +245,8 @@ def main() -> None:
         weights[j["recipe"]["seed"]], at0[j["recipe"]["seed"]] = convert(setup, j, cfg, up)
     for j in cjobs:
         j["init_weights"] = weights[j["recipe"]["seed"]]
-    converted = runs.run_jobs(cjobs, setup.workers, setup.cache, version=version())
-    scratch = {arm: runs.run_jobs(jobs, setup.workers, setup.cache, version=version())
+    converted = runs.run_jobs(cjobs, setup.workers, version(), setup.cache)
+    scratch = {arm: runs.run_jobs(jobs, setup.workers, version(), setup.cache)
                for arm, jobs in scratch_jobs.items()}
     main_seeds = set(setup.seeds)
     results = [r for r in dense + converted + scratch[SCRATCH_UP] + scratch[SCRATCH_LINEAGE]

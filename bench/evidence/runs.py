@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import CPU_FLOPS, LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, VERSIONED, Setup, cpu_seconds
+from common import CPU_FLOPS, LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, Setup, cpu_seconds
 from report import format_table
 from stats import optimum_words, paired_interval, summarize
 
 import npas
 from bench.harness.jobs import Runs, run_missing, run_spec
 from bench.harness.version import code_version as code_version_of
+from bench.harness.version import recipe_settings
 from npas import ArchConfig, Chassis, Recipe
 
 
@@ -55,17 +56,16 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
             for name, cfg in configs.items()]
 
 
-def code_version(jobs: Sequence[dict[str, Any]] = ()) -> str:
-    """The legacy file-hash version, kept as the recorded one while the probe of ``jobs`` (the experiment's
-    runs; none: the file hash alone) finds its numerics unchanged (bench/numerics.py)."""
-    from bench import numerics
-
-    return code_version_of("evidence", VERSIONED, None, lambda: numerics.evidence_runs(jobs))
+def code_version(experiment: str) -> str:
+    """The code version of an experiment's runs (``bench/harness/version.py``): the numerics. Every run is
+    keyed by what it trains (allocation, recipe, seed, device), so the experiments share one version and
+    one cache: a run two of them train (the reference) trains once."""
+    return code_version_of(f"evidence/{experiment}", cache="evidence")
 
 
 def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str) -> Path:
     recipe = Recipe.from_dict(job["recipe"])
-    rhash = hashlib.sha256(json.dumps({**recipe.to_dict(), "seed": 0}, sort_keys=True).encode()).hexdigest()[:8]
+    rhash = hashlib.sha256(json.dumps({**recipe_settings(recipe), "seed": 0}, sort_keys=True).encode()).hexdigest()[:8]
     chash = ArchConfig.from_dict(job["config"]).hash[:12]
     return cache / f"{job['name']}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
 
@@ -93,15 +93,14 @@ def cached(jobs: list[dict[str, Any]], cache: Path | None, version: str) -> dict
     return dict(runs_of(jobs, cache, device_kind(), version).cached())
 
 
-def run_jobs(jobs: list[dict[str, Any]], workers: int, cache: Path | None = None,
-             plan_only: bool = False, version: str | None = None) -> list[dict[str, Any]]:
+def run_jobs(jobs: list[dict[str, Any]], workers: int, version: str, cache: Path | None = None,
+             plan_only: bool = False) -> list[dict[str, Any]]:
     """Train the jobs on `workers` spawned processes (1 torch thread each); results in job order.
 
     With a ``cache`` folder, finished runs are read from it and every new one is written the moment
     it arrives, so only what is missing trains. ``plan_only`` (or NPAS_EVIDENCE_EXPORT) trains
-    nothing and returns what is cached. ``version``: the experiment's code version when it runs its
-    jobs in several calls (conversion.py: dense, then converted) and keys them all alike."""
-    version, kind = version or code_version(jobs), device_kind()  # an experiment in phases passes its one version
+    nothing and returns what is cached. ``version``: the experiment's code version (``code_version``)."""
+    kind = device_kind()
     runs = runs_of(jobs, cache, kind, version)
     out = dict(runs.cached())
     todo = [i for i in runs.jobs if i not in out]
@@ -144,7 +143,7 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         configs = {a: configs[a] for a in setup.only}
     jobs, checks = arm_jobs(configs, setup, recipe, lr_check)
     base = recipe or setup.recipe
-    results = run_jobs(jobs + checks, setup.workers, setup.cache, setup.plan_only)
+    results = run_jobs(jobs + checks, setup.workers, code_version(setup.name), setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
     main = [r for r in results if r.get("seed") != LR_CHECK_SEED or not checks]

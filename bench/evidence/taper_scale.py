@@ -38,7 +38,7 @@ import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
 
 from bench.harness.jobs import Runs  # noqa: E402  (common put the checkout on sys.path)
-from bench.harness.version import files_version  # noqa: E402
+from bench.harness.version import code_version, recipe_settings  # noqa: E402
 from npas import ArchConfig, Chassis, Recipe
 
 ROOT = common.ROOT
@@ -53,8 +53,6 @@ ARMS = {"uniform": {"taper": "uniform"}, "cosine": {"taper": "cosine", "taper_ra
         "reverse": {"taper": "reverse", "taper_ratio": 3.0}, "hourglass": {"taper": "hourglass", "taper_ratio": 3.0}}
 REF = "uniform"
 CLAIMS = {"cosine": -1, "reverse": +1}  # the paper's direction of (arm - uniform)
-VERSIONED = ("npas/training/parameterization.py", "npas/training/proxy.py", "npas/training/data.py",
-             "npas/allocation/transformer.py", "npas/allocation/config.py")
 
 
 @functools.cache
@@ -63,7 +61,8 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    return files_version(VERSIONED, [RECIPE.to_dict(), CHASSIS.__dict__])
+    """The runs' code version (``bench/harness/version.py``): the numerics, the recipe and the chassis."""
+    return code_version("taper_scale", [recipe_settings(RECIPE), CHASSIS.__dict__])
 
 
 def runs() -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The bench harness: what every experiment shares, so an experiment script only declares its jobs
 and its report.
 
-- ``version``: the code version a cache is keyed by (``files_version``; ``bench/numerics.py`` keeps a
-  recorded version while the probed numerics are unchanged);
+- ``version``: the code version a cache is keyed by (``code_version``: the declared training numerics,
+  ``npas.training.numerics.NUMERICS_VERSION``, and the experiment's settings) and the stamp every
+  cached record carries (commit, numerics version, full recipe and allocation);
 - ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
   both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);
 - ``jobs``: what an experiment declares (``Runs``: its jobs, their run files, what each trains, its

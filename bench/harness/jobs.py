@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.harness import store
 from bench.harness.pool import run_pool
+from bench.harness.version import stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 _CORPUS: dict[tuple, Any] = {}
@@ -68,8 +69,7 @@ def run_spec(spec: dict) -> dict:
     except Exception as err:  # a run that breaks is a failed record, not a dead pool
         return {**spec["meta"], "status": "failed", "val_loss": None, "test_loss": None,
                 "failure_reason": f"{type(err).__name__}: {err}"[:500], "steps": 0, "tokens": 0,
-                "wall_s": time.perf_counter() - t, "device": "?", "allocation": cfg.to_dict(),
-                "recipe": recipe.to_dict()}
+                "wall_s": time.perf_counter() - t, "device": "?", **stamp(recipe, cfg, spec.get("commit"))}
     if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
         from safetensors.torch import save_file
 
@@ -88,7 +88,7 @@ def run_spec(spec: dict) -> dict:
             "wall_s": res.wall_s, "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
             "peak_memory_bytes": res.peak_memory_bytes, "device": res.device,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "curve": list(res.curve), "allocation": cfg.to_dict(), "recipe": recipe.to_dict(), **_forked(res, recipe)}
+            "curve": list(res.curve), **stamp(recipe, cfg, spec.get("commit")), **_forked(res, recipe)}
 
 
 def _forked(res, recipe) -> dict:

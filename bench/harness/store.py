@@ -12,7 +12,7 @@ writing the legacy files while the committed cache is compacted:
 
 ``compact(folder)`` folds the legacy files into the compacted files and deletes them; it is
 idempotent (a key already compacted is overwritten by its legacy file, the newer write). Records
-come back exactly as ``json.loads`` of the legacy file gave them, so reports are byte-identical.
+come back exactly as ``json.loads`` of the legacy file gave them, so reports print the same.
 """
 
 from __future__ import annotations

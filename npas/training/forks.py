@@ -14,8 +14,7 @@ the forks' decays (Hägele et al. 2024; MiniCPM's WSD).
 The pieces are kept apart so a promotion ladder can drive them: ``Trainer`` is one run's state,
 ``advance`` trains it stable from its step to a given step, ``fork_loss`` scores the WSD run of
 length ``t`` from a trainer at ``decay_start(t)``. ``train_model`` / ``run_proxy`` here are the
-entry points every caller uses: a ``cosine`` recipe goes to ``npas.training.proxy`` unchanged (that
-module is left byte-identical, since the benches' caches are keyed on its bytes), a ``wsd`` recipe
+entry points every caller uses: a ``cosine`` recipe goes to ``npas.training.proxy``, a ``wsd`` recipe
 runs the loop below, which shares the proxy's helpers (optimizer, evaluation, checks) and its data
 order (offsets drawn ``OFFSET_BLOCK`` steps at a time from ``seed + 1``; always whole blocks here, so
 the batch of step s does not depend on the run's length -- CPU ``randint`` draws prefix-consistently,

@@ -18,14 +18,13 @@ under the recipe its ``metrics.json`` records.
 
 Why the recipe's rates and not each group's multiplier, as the search's climb does
 (``climb.scale_rates``): ``forks.train_model`` and ``proxy.train_model`` build their optimizer
-themselves, and neither may change (the benches' caches are keyed on their bytes). The two are the
-same numbers bit for bit when the factor is a power of two -- scaling by one is exact in floating
-point, so ``(f * lr) * mult == lr * (mult * f)`` at every step -- and every factor the located-rate grid
-can choose is one (x0.5, x1, x2, x4 and x2 steps past them: ``npas.training.located_rate``). So
-``npas train`` of an export reproduces its WSD trial's loss at T exactly
-(tests/training/test_train_lr_factor.py); another factor (``--lr-factor 1.5``) agrees to the rounding
-of the last bit. Factor 1 changes nothing and is not written anywhere: an export or a model directory
-from before located rates trains exactly as it did.
+themselves, from the recipe. The two are the same numbers bit for bit when the factor is a power of two
+-- scaling by one is exact in floating point, so ``(f * lr) * mult == lr * (mult * f)`` at every step --
+and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2 steps past them:
+``npas.training.located_rate``). So ``npas train`` of an export reproduces its WSD trial's loss at T
+exactly (tests/training/test_train_lr_factor.py); another factor (``--lr-factor 1.5``) agrees to the
+rounding of the last bit. Factor 1 changes nothing and is not written anywhere: an export or a model
+directory from before located rates trains exactly as it did.
 """
 
 from __future__ import annotations

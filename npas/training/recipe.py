@@ -54,8 +54,7 @@ class Recipe:
     data: str | None = None  # corpus path; None = bundled Shakespeare (--data overrides)
     version: int = RECIPE_VERSION
     # The fields below came after version 2. Each is left out of ``to_dict`` at its default, so a recipe
-    # that does not set them serializes exactly as before: studies resume unchanged and the benches'
-    # caches, keyed on the serialized recipe, keep their keys.
+    # that does not set them serializes exactly as before: studies resume unchanged.
     horizon: int = 4000  # target length: the steps (at this batch) the user trains a winner for (`long`)
     schedule: Schedule = "cosine"  # "wsd": warmup-stable-decay, scored by cooldown forks (npas.training.forks)
     decay_fraction: float = 0.2  # wsd: the last fraction of a run of length t that decays to min_lr

@@ -125,7 +125,7 @@ def test_the_converted_model_is_compared_with_its_parent_at_the_parents_best_rat
     setup.cache.mkdir()
     dense = reference_config(setup.chassis)
     assert conv.dense_at_its_best(setup, dense) == (None, dict.fromkeys(GRID), [])  # nothing cached
-    version, kind = runs.code_version(), runs.device_kind()
+    version, kind = conv.version(), runs.device_kind()
 
     def plant(factor: float, seed: int, loss: float) -> None:
         job = runs.make_jobs({conv.DENSE_TWIN: dense}, setup, setup.recipe.with_lr_factor(factor), seeds=[seed])[0]

@@ -217,7 +217,7 @@ def test_horizon_rows_add_24_candidates_fair_only_and_leave_the_table_as_it_was(
     keys = [j.key(setup, "v") for j in jobs]
     assert len(set(keys)) == len(keys)
     wsd = next(j for j in horizon if j.kind == "wsd")
-    assert wsd.key(setup, "v").endswith(f"-proxy-wsd-1600-s0-fair-v-{pf.files_version(pf.WSD_VERSIONED)}")
+    assert wsd.key(setup, "v").endswith(f"-proxy-wsd-1600-s0-fair-v-{pf.wsd_version(setup)}")
     # a WSD run costs its T steps plus its two forks' decays (20 + 80 steps)
     assert wsd.tokens(setup) == (1600 + 20 + 80) * setup.proxy.tokens_per_step
 
