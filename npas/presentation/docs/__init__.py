@@ -39,7 +39,7 @@ def _sections() -> dict[str, dict[str, Callable[[], str]]]:
 
     return {
         "cli.md": {"commands": cli_page.render},
-        "search-spaces.md": {"file-keys": space_page.render_file_keys, "knobs": space_page.render_knobs,
+        "search-spaces.md": {"example": space_page.render_example, "file-keys": space_page.render_file_keys, "knobs": space_page.render_knobs,
                              "settings": space_page.render_settings, "shipped-spaces": space_page.render_shipped},
         "recipes.md": {"recipe-keys": recipe_page.render_keys, "shipped-recipes": recipe_page.render_shipped},
         "python-api.md": {"api": api_page.render},
@@ -73,10 +73,10 @@ def render_page(page: str, text: str) -> str:
     return out
 
 
-def stale_pages(docs: Path = DOCS) -> list[str]:
+def stale_pages(docs: Path = DOCS, pages: tuple[str, ...] = PAGES) -> list[str]:
     """The pages whose committed text differs from a fresh rendering."""
     stale = []
-    for page in PAGES:
+    for page in pages:
         text = (docs / page).read_text(encoding="utf-8")
         if render_page(page, text) != text:
             stale.append(page)
@@ -85,10 +85,13 @@ def stale_pages(docs: Path = DOCS) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description="Regenerate the generated sections of docs/.")
+    p.add_argument("pages", nargs="*", metavar="PAGE", help=f"some of {', '.join(PAGES)} (default: all)")
     p.add_argument("--check", action="store_true", help="only report stale pages (exit 1 if any)")
     p.add_argument("--docs", type=Path, default=DOCS, help=f"the docs folder (default: {DOCS})")
     args = p.parse_args(argv)
-    stale = stale_pages(args.docs)
+    if unknown := [page for page in args.pages if page not in PAGES]:
+        p.error(f"unknown page(s) {', '.join(unknown)}; the generated pages are {', '.join(PAGES)}")
+    stale = stale_pages(args.docs, tuple(args.pages) or PAGES)
     if args.check:
         for page in stale:
             print(f"docs/{page} is stale: run `{COMMAND}`", file=sys.stderr)

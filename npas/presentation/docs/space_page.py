@@ -33,6 +33,13 @@ FILE_KEYS: dict[str, str] = {
 }
 
 
+def render_example() -> str:
+    """The smallest shipped space, as its file holds it (the header's commands left out)."""
+    text = shipped("spaces")["taper"].read_text(encoding="utf-8")
+    body = [line for line in text.splitlines() if not line.startswith(("# Run:", "# Count:"))]
+    return "```yaml\n" + "\n".join(body) + "\n```"
+
+
 def render_file_keys() -> str:
     unknown = [k for k in TOP_KEYS if k not in FILE_KEYS]
     if unknown or len(FILE_KEYS) != len(TOP_KEYS):
