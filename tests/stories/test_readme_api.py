@@ -23,6 +23,6 @@ def test_the_readme_python_api_searches_exports_and_builds(tmp_path, monkeypatch
         exec(compile(block(README_API), "README.md", "exec"), scope)  # noqa: S102 - the project's own README
     study, best = scope["study"], scope["best"]
     assert study.study_name == "api" and len(study.trials) >= 4
-    assert best.hash in {t.user_attrs.get("hash") for t in study.best_trials}
+    assert best.hash in {t.user_attrs.get("allocation_hash") for t in study.best_trials}  # a front point
     stored, budget = map(int, out.getvalue().split()[:2])
     assert stored == 1_600_128 and budget == 400_032  # full.yaml's reference and its 0.25x budget
