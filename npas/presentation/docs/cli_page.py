@@ -60,8 +60,12 @@ def _default(action: argparse.Action) -> str:
         f"`{action.default}`"
 
 
+# what an argument declared without help means, where the name alone does not say it
+UNSAID = {"name": "the study's name (as given to `npas search --study`)"}
+
+
 def _meaning(action: argparse.Action) -> str:
-    text = (action.help or "").replace("%%", "%")
+    text = (action.help or UNSAID.get(action.dest, "")).replace("%%", "%")
     if action.choices is not None and action.option_strings:
         text = (text + "; " if text else "") + "one of " + ", ".join(f"`{c}`" for c in action.choices)
     if action.required and action.option_strings:
