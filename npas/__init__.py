@@ -12,7 +12,18 @@ from typing import Any
 
 from npas.allocation.budget import Accounting, count, parse_budget
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
-from npas.errors import NpasError
+from npas.errors import (
+    BudgetError,
+    ConfigError,
+    DataError,
+    Interrupted,
+    NpasError,
+    RayError,
+    SampleError,
+    SpaceError,
+    StorageError,
+    StudyError,
+)
 
 __version__ = "0.1.0"
 
@@ -90,14 +101,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'npas' has no attribute {name!r}")
 
 
+# The user-facing API, documented in docs/python-api.md (generated from these names' docstrings by
+# `python -m npas.presentation.docs`); the wider table for tools is `npas.api.ENTRY_POINTS`.
 __all__ = [
-    "Accounting",
-    "ArchConfig",
-    "Bank",
-    "Chassis",
-    "NpasError",
-    "count",
-    "parse_budget",
-    "reference_config",
-    *_LAZY,
+    # search spaces and allocations: what a candidate is and costs
+    "load_space", "Space", "Candidate", "count", "Accounting", "parse_budget", "build_model",
+    "ArchConfig", "Chassis", "Bank", "reference_config",
+    # training
+    "load_recipe", "Recipe", "load_corpus", "run_proxy",
+    # searching: plan, run, continue, pick
+    "plan_search", "SearchPlan", "Launch", "search", "resume", "export",
+    # the studies a search leaves
+    "open_storage", "front_trials", "TrialAttr", "StudyAttr",
+    # the fidelity certificate (npas validate)
+    "certify", "CertifyOptions",
+    # trained models in and out: conversion, Hugging Face checkpoints
+    "convert_model", "read_hf_dir", "write_hf",
+    # errors: every refusal is an NpasError with one line
+    "NpasError", "ConfigError", "SpaceError", "SampleError", "BudgetError", "DataError", "StorageError",
+    "StudyError", "RayError", "Interrupted",
 ]

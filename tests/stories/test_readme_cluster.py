@@ -24,6 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT
+from tests.docs.blocks import CLUSTER, block, commands
 from tests.service.test_faults import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]  # one at a time: see pyproject
@@ -34,11 +35,7 @@ FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 
 def cluster_block() -> list[str]:
     """The commands of the README's cluster block, continuation lines joined, comments dropped."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("### On a Ray cluster with PostgreSQL", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    joined = block.replace("\\\n", " ")
-    return [" ".join(shlex.split(line, comments=True)) for line in joined.splitlines()
-            if shlex.split(line, comments=True)]
+    return [" ".join(shlex.split(line, comments=True)) for line in commands(block(CLUSTER))]
 
 
 def as_run(line: str, port: int, db: Path, first_driver: bool) -> tuple[dict[str, str], list[str]]:

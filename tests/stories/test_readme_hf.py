@@ -1,4 +1,4 @@
-"""README "Compress a Hugging Face model": its commands run offline as written (issue 37)."""
+"""docs/models.md "Compress a Hugging Face model": its commands run offline as written."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.docs.blocks import HF, block
 
 pytest.importorskip("transformers")
 
 
 def hf_block() -> str:
-    text = (ROOT / "README.md").read_text()
-    body = text.split("### Compress a Hugging Face model", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return "\n".join(line for line in body.splitlines() if not line.startswith("pip install"))
+    """The block without its `pip install` line: the test runs in the venv that has the extra."""
+    return "\n".join(line for line in block(HF).splitlines() if not line.startswith("pip install"))
 
 
 @pytest.mark.slow

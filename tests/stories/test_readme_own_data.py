@@ -1,4 +1,5 @@
-"""The README's "Search your own data" section runs as written, on a small generated JSONL corpus."""
+"""The README's "Search your own data" block runs as written, on a small generated JSONL corpus: a search
+with a BPE tokenizer, export, train, sample and the dashboard report."""
 
 from __future__ import annotations
 
@@ -12,19 +13,18 @@ import pytest
 
 from npas.training.corpora import bundled_text
 from tests.conftest import ROOT
+from tests.docs.blocks import OWN_DATA, block, commands
 
 
 def own_data_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Search your own data", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [line for line in block.splitlines() if line.strip()]
+    return commands(block(OWN_DATA))
 
 
-@pytest.mark.slow  # the README's own-data story: four `npas` subprocesses, BPE, a search and a training
+@pytest.mark.slow  # the README's own-data story: five `npas` subprocesses, BPE, a search and a training
 def test_the_readme_searches_a_users_jsonl_with_bpe(tmp_path):
     commands = own_data_commands()
     assert [shlex.split(c)[:2] for c in commands] == [["npas", "search"], ["npas", "export"], ["npas", "train"],
-                                                       ["npas", "sample"]]
+                                                       ["npas", "sample"], ["npas", "dashboard"]]
     assert "--tokenizer bpe:" in commands[0] and "my_corpus.jsonl" in commands[0]
     paragraphs = [p for p in bundled_text()[:150_000].split("\n\n") if p.strip()]
     with open(tmp_path / "my_corpus.jsonl", "w", encoding="utf-8") as fh:
@@ -43,5 +43,7 @@ def test_the_readme_searches_a_users_jsonl_with_bpe(tmp_path):
     assert (tmp_path / "my_model" / "tokenizer.json").read_text() == (tmp_path / "best.tokenizer.json").read_text()
     metrics = json.loads((tmp_path / "my_model" / "metrics.json").read_text())
     assert metrics["data"]["tokenizer_fingerprint"] and metrics["result"]["val_bpb"] > 0
-    sample = outputs[-1]
+    report = tmp_path / "report" / "index.html"
+    assert report.is_file() and "mine" in report.read_text(encoding="utf-8")  # the dashboard of the study
+    sample = outputs[-2]
     assert sample.startswith("The ") and len(sample) > len("The ") + 20  # 40 BPE tokens decoded back to text
