@@ -198,13 +198,15 @@ class Fit:
     stored: int = 0
     step: int = 0  # params the next increment of the free size would add
     capped: bool = False  # the free size hit its upper bound below the budget
+    short: str | None = None  # why a feasible fit stores under npas.allocation.fill.FILL_TARGET of the budget
 
 
-def _widths(base: list[float], scale: float) -> tuple[int, ...]:
+def scaled_widths(base: list[float], scale: float) -> tuple[int, ...]:
+    """Each layer's MLP width at a scale of its unrounded width: round(scale x width), at least 1."""
     return tuple(max(1, math.floor(scale * x + 0.5)) for x in base)
 
 
-def _largest(f: Callable[[float], int], lo: float, hi: float, budget: int) -> float:
+def largest_within(f: Callable[[float], int], lo: float, hi: float, budget: int) -> float:
     """Largest x in [lo, hi] with f(x) <= budget, f monotone non-decreasing and f(lo) <= budget."""
     for _ in range(64):
         mid = (lo + hi) / 2
@@ -215,7 +217,7 @@ def _largest(f: Callable[[float], int], lo: float, hi: float, budget: int) -> fl
     return lo
 
 
-def _next_breakpoint(base: list[float], scale: float) -> float:
+def next_breakpoint(base: list[float], scale: float) -> float:
     """Smallest scale above `scale` at which some width changes."""
     return min((math.floor(scale * x + 0.5) + 0.5) / x for x in base) + 1e-12
 
@@ -229,7 +231,7 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
     d, H = chassis.d_model, chassis.width_step  # n_heads (2 x n_heads on llama: even head_dim)
 
     def at(ch: Chassis, scale: float) -> ArchConfig:
-        return make(ch, _widths([ch.d_ff * p for p in profile], scale))
+        return make(ch, scaled_widths([ch.d_ff * p for p in profile], scale))
 
     def params(ch: Chassis, scale: float) -> int:
         return stored_params(at(ch, scale)) - (embedding_params(ch) if scope == "non_embedding" else 0)
@@ -248,10 +250,10 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
     base = [ch.d_ff * p for p in profile]
     if params(ch, max_scale) <= budget:
         return Fit(at(ch, max_scale), free="width_scale", stored=params(ch, max_scale), capped=True)
-    s = _largest(lambda x: params(ch, x), lo, max_scale, budget)
+    s = largest_within(lambda x: params(ch, x), lo, max_scale, budget)
     cfg = at(ch, s)
     stored = params(ch, s)
-    step = params(ch, _next_breakpoint(base, s)) - stored
+    step = params(ch, next_breakpoint(base, s)) - stored
     return Fit(cfg, free="width_scale", stored=stored, step=step)
 
 
