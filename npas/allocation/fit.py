@@ -9,6 +9,8 @@ as closely as the shapes allow:
 Stored parameters are monotone in each of these, so the largest size with `stored <= budget` is
 found exactly; `step` records what the next increment would have cost, which is how close to the
 budget the shapes allow (`budget - stored < step` unless the size hit its cap).
+When a pooled candidate's banks cannot take the whole budget, `npas.allocation.fill` then grows its
+MLP widths into the rest (the fill order is stated there).
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ class Fit:
 
     config: ArchConfig | None
     reason: str | None = None
-    free: str = ""  # which size was solved: width_scale | bank_size | templates
+    free: str = ""  # which size was solved: width_scale | bank_size | templates | d_expert (+width_scale: grown)
     stored: int = 0
     step: int = 0  # params the next increment of the free size would add
     capped: bool = False  # the free size hit its upper bound below the budget

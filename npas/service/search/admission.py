@@ -51,15 +51,21 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
         log.warning("sampling trial %d failed: %s", trial.number, e)
         return Skip("sample_error", f"sampling raised {type(e).__name__}: {e}"[:2000])
     trial.set_user_attr(TrialAttr.KNOBS, cand.values)
-    if not cand.feasible:
+    kept = trial.user_attrs.get(TrialAttr.ALLOC)  # a re-run keeps the allocation it was fitted with (faults.requeue)
+    if kept is None and not cand.feasible:
         return Skip("infeasible", cand.reason or "does not fit the budget")
-    cfg = cand.config
+    cfg = ArchConfig.from_dict(kept) if kept is not None else cand.config
+    version = int(trial.user_attrs.get(TrialAttr.FIT_VERSION, 1)) if kept is not None else cand.fit_version
     acc = count(cfg, batch_size=recipe["batch_size"], seq_len=recipe["seq_len"])
     key = trial_key(cfg, recipe, fingerprint)
+    fill = space.budgeted(acc) / space.budget_params
     for attr, value in ((TrialAttr.ALLOC, cfg.to_dict()), (TrialAttr.HASH, cfg.hash),
                         (TrialAttr.ACCOUNTING, acc.to_dict()), (TrialAttr.KEY, key),
-                        (TrialAttr.FILL, round(cand.fill, 6)), (TrialAttr.MAX_FIDELITY, recipe["steps"])):
+                        (TrialAttr.FILL, round(fill, 6)), (TrialAttr.FIT_VERSION, version),
+                        (TrialAttr.MAX_FIDELITY, recipe["steps"])):
         trial.set_user_attr(attr, value)
+    if kept is None and cand.short:
+        trial.set_user_attr(TrialAttr.SHORT, cand.short)
     trial.set_constraint(Constraint.BUDGET, float(space.budgeted(acc) - space.budget_params))
     if (reason := cannot_run(cfg, recipe)) is not None:
         return Skip("infeasible", reason)
