@@ -103,16 +103,28 @@ def grow_pooled(fit: Fit, profile_widths: list[float], budget: int, max_scale: f
 
 
 def shortfall(fit: Fit, budget: int, max_scale: float) -> str | None:
-    """Why a feasible candidate stores under FILL_TARGET of its budget, or None when it does not."""
+    """Why a feasible candidate stores under FILL_TARGET of its budget (the cause, for a line that
+    already gives the fill), or None when it does not."""
     if fit.config is None or fit.stored >= FILL_TARGET * budget:
         return None
-    fill = fit.stored / budget
     if fit.capped and fit.free.startswith("templates") and not fit.free.endswith("width_scale"):
-        return (f"fills {fill:.1%} of the budget: T reached fit.max_templates and the MLP cannot widen "
-                f"further; raise fit.max_templates or lower the budget")
+        return ("T reached fit.max_templates and the MLP cannot widen further; raise fit.max_templates or "
+                "lower the budget")
     if fit.capped:
         what = "the expert width" if fit.free == "d_expert" else "the MLP widths"
-        return (f"fills {fill:.1%} of the budget: {what} reached fit.max_width_scale ({max_scale:g}x d_ff); "
-                f"raise fit.max_width_scale or lower the budget")
-    return (f"fills {fill:.1%} of the budget: the next step of its free size ({fit.free}) adds "
-            f"{fit.step:,} params, more than the {budget - fit.stored:,} left")
+        return (f"{what} reached fit.max_width_scale ({max_scale:g}x d_ff); raise fit.max_width_scale or "
+                f"lower the budget")
+    return (f"the next step of its free size ({fit.free}) adds {fit.step:,} params, more than the "
+            f"{budget - fit.stored:,} left")
+
+
+def fill_note(fill: float | None, version: int, short: str = "") -> str | None:
+    """Why a recorded trial stores under FILL_TARGET of its budget, for the front and the dashboard:
+    the reason its fit gave, or the older fit that sampled it (None when it does not fall short)."""
+    if fill is None or fill >= FILL_TARGET:
+        return None
+    if short:
+        return short
+    if version < FIT_VERSION:
+        return f"sampled by fit version {version}, which left the spare budget of pooled banks unused"
+    return "its shapes hold no more"

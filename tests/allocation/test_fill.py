@@ -104,7 +104,7 @@ def test_every_feasible_sample_of_a_shipped_space_fills_its_budget(path):
         fills.append(cand.fill)
         assert cand.fill <= 1.0
         if cand.fill < FILL_TARGET:
-            assert cand.short and f"{cand.fill:.1%}" in cand.short, (cand.fill, cand.values)
+            assert cand.short, (cand.fill, cand.values)
             reasons.append(cand.short)
         else:
             assert cand.short is None
@@ -124,7 +124,7 @@ knobs:
 """
     cand = parse_space(text, "capped").sample(optuna.create_study().ask())
     assert cand.feasible and cand.fill < FILL_TARGET and cand.fit.capped
-    assert "max_width_scale" in cand.short and f"{cand.fill:.1%}" in cand.short
+    assert "max_width_scale" in cand.short
     grown = parse_space(text.replace("max_width_scale: 1.0", "max_width_scale: 4.0"), "free").sample(
         optuna.create_study().ask())
     assert grown.fill >= FILL_TARGET and grown.short is None  # the same knobs fill once the MLP may widen
@@ -135,7 +135,7 @@ def test_shortfall_names_the_step_that_does_not_fit():
     cfg = _candidate(_space("shapeshifter"), UNDER_FILLED["shapeshifter-tie-one-bank"][1]).config
     fit = Fit(cfg, free="d_expert", stored=900, step=300)
     why = shortfall(fit, 1000, 4.0)
-    assert why and "90.0%" in why and "300" in why and "100" in why
+    assert why and "(d_expert) adds 300 params, more than the 100 left" in why
     assert shortfall(Fit(cfg, free="d_expert", stored=980, step=300), 1000, 4.0) is None
 
 
