@@ -2,22 +2,24 @@
 
 A search compares candidates at one budget, so each must store (nearly) all of it: a pooled
 candidate holding a third of its budget would be judged with parameters it was never given. The
-fit grows sizes in this order, each step only as far as the budget allows, and never changes a
-sampled knob:
+fit grows sizes in this order, each only as far as the budget allows, and never changes a sampled
+knob:
 
   1. the candidate's free size at its sampled shapes (`npas.allocation.fit`): the MLP width scale
      (and d_model in `all` mode), the bank sizes of `slice` / `tile` pools, the template count T of
      `template_mix` pools, or the expert width;
-  2. the MLP widths of a pooled candidate whose banks cannot take the rest of the budget: `tie`
-     banks (they have no free size), `slice` / `tile` banks at their members' full length, and
-     full-length `template_mix` templates (T kept). The widths scale together, in the proportions
-     of the taper, by bisection on one width scale up to `fit.max_width_scale`; every bank keeps its
-     members' full length at the new widths (`at_widths`), so the banks grow with the MLP slots
-     they generate.
+  2. `template_mix` only: when T full-length templates store under FILL_TARGET of the budget, one
+     more template, all of them shortened (and tiled) to take the budget: the bank count grows,
+     then the bank size is free, and the architecture and its FLOPs stay as sampled;
+  3. the MLP widths of a pooled candidate whose banks can take no more: `tie` banks (no free size),
+     `slice` / `tile` banks at their members' full length, `template_mix` at fit.max_templates
+     full-length templates. The widths scale together, in the proportions of the taper, by
+     bisection on one width scale up to fit.max_width_scale; every bank keeps its members' full
+     length at the new widths (`at_widths`), so the banks grow with the MLP slots they generate.
 
-LoRA ranks, bank counts, the least template count, and expert counts are knobs: sampled, never
-grown. A candidate still under `FILL_TARGET` of its budget records why (`shortfall`), so the
-front can mark it and say so.
+LoRA ranks, bank counts (`pools.banks`), the least template count and expert counts are knobs:
+sampled, never grown. A candidate still under FILL_TARGET of its budget records why (`shortfall`),
+so the front can mark it and say so.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from npas.allocation.fit import Fit, next_breakpoint, scaled_widths
 # Which fit sampled an allocation. Stored on every trial (`fit_version`; absent = 1) because a resumed
 # study keeps the allocations it stored: trials sampled under an older fit stay as they were.
 #   1: the free size alone; pooled candidates could leave their banks' spare budget unused
-#   2: then the MLP widths of pooled candidates grow into what the banks cannot take
+#   2: then one more, shortened template_mix template, or the MLP widths of pooled candidates whose
+#      banks can take no more, fill what the free size left
 FIT_VERSION = 2
 FILL_TARGET = 0.98  # the least fill (stored / budget) a candidate reaches unless its shapes cannot
 
@@ -63,15 +66,15 @@ def at_widths(cfg: ArchConfig, widths: tuple[int, ...]) -> ArchConfig:
 
 
 def grow_pooled(fit: Fit, profile_widths: list[float], budget: int, max_scale: float) -> Fit:
-    """Step 2: widen the MLP of a pooled candidate whose banks are at full length and below budget.
+    """Step 3: widen the MLP of a pooled candidate whose banks can take no more (`fit.capped`).
 
     `profile_widths` are the sampled MLP widths before rounding (d_ff x taper profile): scale s
     gives each layer round(s x width), never below the width the candidate already has. Stored
     parameters are monotone in s (direct MLP slots, full-length banks and MLP LoRA all widen), so
     the largest s within budget is found by bisection; `step` is what the next change of any
-    width would add. A candidate whose banks took the budget (shortened banks) is returned as is."""
+    width would add. A candidate whose banks took the budget is returned as is."""
     cfg = fit.config
-    if cfg is None or not cfg.banks or any(b.size != full_length(cfg, b) for b in cfg.banks):
+    if cfg is None or not cfg.banks or not fit.capped:
         return fit
     base = cfg.mlp_widths
 

@@ -260,8 +260,11 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
 
 
 def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], generator: str,
-              budget: int, min_templates: int = 2, max_templates: int = 64) -> Fit:
-    """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T)."""
+              budget: int, min_templates: int = 2, max_templates: int = 64, floor: int = 0) -> Fit:
+    """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T).
+
+    `floor`: the least stored params full-length template_mix templates must reach before one
+    more, shortened, template takes the budget instead (0: T full-length templates whenever they fit)."""
     probe = replace(cfg, banks=tuple(
         Bank(m, generator, size=max(cfg.member_numels(Bank(m, "tie", 1))), templates=1) for m in members))
     numels = [probe.member_numels(b) for b in probe.banks]
@@ -271,7 +274,7 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
             return Fit(None, f"tied banks need {stored:,} params > budget {budget:,}")
         return Fit(probe, free="none", stored=stored, capped=True)
     if generator == "template_mix":
-        return _fit_templates(probe, numels, budget, min_templates, max_templates)
+        return _fit_templates(probe, numels, budget, min_templates, max_templates, floor)
     caps = [sum(n) if generator == "slice" else max(n) for n in numels]
     fixed = stored_params(replace(probe, banks=tuple(replace(b, size=1) for b in probe.banks))) - len(caps)
     avail = budget - fixed
@@ -284,9 +287,14 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
     return Fit(out, free="bank_size", stored=stored, step=1, capped=sizes == caps)
 
 
-def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_min: int, t_max: int) -> Fit:
+def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_min: int, t_max: int,
+                   floor: int = 0) -> Fit:
     """template_mix: T >= t_min templates of full length if they fit (then T is the free size),
-    else t_min templates shortened in proportion and tiled to each member (then length is free)."""
+    else t_min templates shortened in proportion and tiled to each member (then length is free).
+
+    Full-length templates store a whole block's slots each, so the largest T that fits can leave up
+    to one template unused; when T full ones store under `floor`, T + 1 templates, shortened the
+    same way, take the budget instead (the architecture and its FLOPs stay those sampled)."""
     caps = [max(n) for n in numels]
     coefs = sum(len(n) for n in numels)
     fixed = stored_params(replace(probe, banks=())) - sum(
@@ -294,8 +302,10 @@ def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_mi
     per_t = sum(caps) + coefs
     if fixed + t_min * per_t <= budget:
         T = min(t_max, (budget - fixed) // per_t)
-        out = replace(probe, banks=tuple(replace(b, templates=T) for b in probe.banks))
-        return Fit(out, free="templates", stored=fixed + T * per_t, step=per_t, capped=T == t_max)
+        if fixed + T * per_t >= floor or T == t_max:
+            out = replace(probe, banks=tuple(replace(b, templates=T) for b in probe.banks))
+            return Fit(out, free="templates", stored=fixed + T * per_t, step=per_t, capped=T == t_max)
+        t_min = T + 1  # (T + 1 full-length templates do not fit: shortened, they fill the budget)
     avail = (budget - fixed - t_min * coefs) // t_min
     if avail < len(caps):
         return Fit(None, f"template_mix with {t_min} templates leaves no room after the fixed {fixed:,} params "

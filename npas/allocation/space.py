@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -20,7 +21,7 @@ import optuna
 
 from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget, reference_params
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
-from npas.allocation.fill import FIT_VERSION, grow_pooled, shortfall
+from npas.allocation.fill import FILL_TARGET, FIT_VERSION, grow_pooled, shortfall
 from npas.allocation.fit import (
     Fit,
     Similarity,
@@ -313,7 +314,7 @@ class Space:
             return Candidate(values, Fit(None, str(e)), budget)
         excluded = self._excluded(chassis)  # pools keep d_model: the scope shifts the cap by a constant
         fit = fit_banks(base, members, value(values, "generator"), budget + excluded, int(value(values, "templates")),
-                        self.max_templates)
+                        self.max_templates, floor=math.ceil(FILL_TARGET * budget) + excluded)
         fit = grow_pooled(fit, [chassis.d_ff * p for p in profile], budget + excluded, self.max_width_scale)
         if excluded and fit.config is not None:
             fit = replace(fit, stored=fit.stored - excluded)

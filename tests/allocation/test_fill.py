@@ -69,17 +69,22 @@ def test_pooled_candidate_fills_its_budget(which, monkeypatch):
     assert FILL_TARGET <= cand.fill <= 1.0, (which, before, cand.fill)
     assert cand.short is None and cand.fit_version == FIT_VERSION
     check_exact(space, cand)  # built on the meta device: the count is the module's, and as close as the shapes allow
-    # what grew is the MLP (its banks at their members' full length); the sampled structure is unchanged
+    # the same knobs with the free size alone (no fill target, nothing grown): the defect
     monkeypatch.setattr(space_module, "grow_pooled", lambda fit, *_: fit)
+    monkeypatch.setattr(space_module, "FILL_TARGET", 0.0)
     free_size_only = _candidate(space, knobs)
-    assert free_size_only.fill == pytest.approx(before, abs=1e-3)  # the defect, on the same knobs
+    assert free_size_only.fill == pytest.approx(before, abs=1e-3)
     old, new = free_size_only.config, cand.config
-    assert all(w >= v for w, v in zip(new.mlp_widths, old.mlp_widths, strict=True)) and new.mlp_widths != old.mlp_widths
-    assert [(b.members, b.generator, b.templates) for b in new.banks] == \
-        [(b.members, b.generator, b.templates) for b in old.banks]
-    assert all(b.size == full_length(new, b) for b in new.banks)
+    assert [(b.members, b.generator) for b in new.banks] == [(b.members, b.generator) for b in old.banks]
     assert (new.block_of_layer, new.lora_attn, new.lora_mlp, new.chassis) == \
-        (old.block_of_layer, old.lora_attn, old.lora_mlp, old.chassis)
+        (old.block_of_layer, old.lora_attn, old.lora_mlp, old.chassis)  # the sampled structure is kept
+    if knobs["generator"] == "template_mix":  # one more template, shortened: the architecture is as sampled
+        assert new.mlp_widths == old.mlp_widths
+        assert all(b.templates == o.templates + 1 and b.size < full_length(new, b)
+                   for b, o in zip(new.banks, old.banks, strict=True))
+    else:  # banks that could take no more: the MLP widened, every bank at its members' full length
+        assert all(w >= v for w, v in zip(new.mlp_widths, old.mlp_widths, strict=True))
+        assert new.mlp_widths != old.mlp_widths and all(b.size == full_length(new, b) for b in new.banks)
 
 
 def test_the_fill_is_deterministic():
@@ -146,3 +151,25 @@ def test_at_widths_keeps_every_bank_at_full_length():
     for old, new in zip(cfg.banks, wider.banks, strict=True):  # a bank generating an MLP slot widens with it
         mlp = any(slot.startswith("mlp") for _, slot in old.members)
         assert new.size > old.size if mlp else new.size == old.size
+
+
+@pytest.mark.parametrize("generator, rule, banks, budget", [
+    ("tie", "all", 1, "0.2x"), ("slice", "by_type", 2, "1.5x"), ("tile", "all", 1, "0.2x"),
+    ("template_mix", "all", 1, "0.3x")])
+def test_banks_that_can_take_no_more_widen_the_mlp(generator, rule, banks, budget):
+    # tie and tile at their largest member, slice at its members' sum, template_mix at fit.max_templates:
+    # the only size left to grow is the MLP's, and it grows until the next width would not fit
+    text = f"""
+chassis: {{vocab_size: 30, context: 16, d_model: 32, n_layers: 4, n_heads: 4, d_ff: 64}}
+budget: {budget}
+fit: {{max_templates: 2}}
+knobs:
+  tying: {{mode: none}}
+  pools: {{enabled: true, rule: {rule}, banks: {banks}, generator: {generator}, templates: 2}}
+"""
+    space = parse_space(text, generator)
+    cand = space.sample(optuna.create_study().ask())
+    assert cand.feasible and cand.fit.free.endswith("+width_scale") and not cand.fit.capped
+    assert min(cand.config.mlp_widths) > 64 and cand.fill >= FILL_TARGET and cand.short is None
+    assert all(b.size == full_length(cand.config, b) for b in cand.config.banks)
+    check_exact(space, cand)  # exact, and the next width step would break the budget
