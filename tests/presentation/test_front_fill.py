@@ -11,6 +11,7 @@ import json
 import uuid
 
 import optuna
+import pytest
 
 import npas
 from npas.allocation.budget import count
@@ -18,7 +19,7 @@ from npas.allocation.config import reference_config
 from npas.allocation.fill import FILL_TARGET, FIT_VERSION
 from npas.presentation.cli import main
 from npas.presentation.dashboard.info import trials_frame
-from npas.presentation.dashboard.report import report_html
+from npas.presentation.dashboard.report import _table_section as table_section
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from tests.presentation.test_cli_picks import TINY
 
@@ -28,9 +29,11 @@ FILLS = {(2.0, 3.0e8): (0.999876, FIT_VERSION, None), (2.5, 1.0e8): (0.580012, N
                                           "more than the 40,000 left")}
 
 
-def _study(tmp_path) -> tuple[str, str]:
-    """A study as npas records it (tests.presentation.test_cli_picks.make_study), each trial with its fill."""
-    url = f"sqlite:///{tmp_path}/fill.db"
+@pytest.fixture(scope="module")
+def filled_study(tmp_path_factory) -> tuple[str, str]:
+    """A study as npas records it (tests.presentation.test_cli_picks.make_study), each trial with its fill;
+    one per module: the tests only read it."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('fill')}/fill.db"
     name = f"fill-{uuid.uuid4().hex[:6]}"
     space = npas.load_space(TINY)
     cfg = reference_config(space.reference_chassis)
@@ -51,8 +54,8 @@ def _study(tmp_path) -> tuple[str, str]:
     return url, name
 
 
-def test_front_table_shows_fill_and_marks_trials_under_the_target(tmp_path, capsys):
-    url, name = _study(tmp_path)
+def test_front_table_shows_fill_and_marks_trials_under_the_target(filled_study, capsys):
+    url, name = filled_study
     assert main(["front", name, "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "1.000" in out and "0.580 !" in out and "0.900 !" in out
@@ -63,8 +66,8 @@ def test_front_table_shows_fill_and_marks_trials_under_the_target(tmp_path, caps
     assert any("the next step of its free size" in line for line in lines)
 
 
-def test_front_csv_and_json_keep_the_exact_fill(tmp_path, capsys):
-    url, name = _study(tmp_path)
+def test_front_csv_and_json_keep_the_exact_fill(filled_study, capsys):
+    url, name = filled_study
     assert main(["front", name, "--storage", url, "--format", "json"]) == 0
     rows = {r["trial"]: r for r in json.loads(capsys.readouterr().out)}
     assert sorted(r["fill"] for r in rows.values()) == [0.580012, 0.9, 0.999876]
@@ -72,14 +75,14 @@ def test_front_csv_and_json_keep_the_exact_fill(tmp_path, capsys):
     assert [r["under_filled"] for r in sorted(rows.values(), key=lambda r: r["fill"])] == [True, True, False]
 
 
-def test_dashboard_trials_table_shows_fill_and_marks_the_under_filled(tmp_path):
-    url, name = _study(tmp_path)
+def test_dashboard_trials_table_shows_fill_and_marks_the_under_filled(filled_study):
+    url, name = filled_study
     study = optuna.load_study(study_name=name, storage=url)
     frame = trials_frame(study)
     assert sorted(frame["fill"]) == [0.580012, 0.9, 0.999876]
     assert sorted(frame["fit_version"]) == [1, FIT_VERSION, FIT_VERSION]
-    html = report_html(study)
-    assert "<th" in html and ">fill</th>" in html
+    html = table_section(frame, [], ["val_loss", "train_memory_bytes"])  # the report's trials table, figures aside
+    assert ">fill</th>" in html
     assert html.count("under-filled") >= 2 and "0.580" in html and "1.000" in html
 
 
@@ -93,8 +96,8 @@ def test_count_of_a_space_prints_the_fill_its_random_candidates_reach(capsys):
     assert f"smallest {s['min']:.4f}" in line and f"0 under {FILL_TARGET:g} of the budget" in line
 
 
-def test_count_of_an_export_prints_the_fill_its_trial_stored(tmp_path, capsys):
-    url, name = _study(tmp_path)
+def test_count_of_an_export_prints_the_fill_its_trial_stored(filled_study, tmp_path, capsys):
+    url, name = filled_study
     out = tmp_path / "pick.yaml"
     assert main(["export", name, "--storage", url, "--pick", "trial=1", "--out", str(out)]) == 0
     capsys.readouterr()
