@@ -68,3 +68,20 @@ def test_a_rerun_keeps_the_allocation_an_older_fit_stored(monkeypatch):
     attrs = study.trials[fresh.number].user_attrs
     assert attrs[TrialAttr.FIT_VERSION] == FIT_VERSION and attrs[TrialAttr.FILL] >= FILL_TARGET
     assert run.config["allocation"] != old.to_dict()
+
+
+def test_a_rerun_enqueued_without_its_allocation_finds_it_through_the_trial_it_retries(monkeypatch):
+    # a study interrupted under an npas whose requeue carried only the parameters (and a ladder checkpoint)
+    space = _space("shapeshifter")
+    study = optuna.create_study()
+    study.enqueue_trial(PARAMS)
+    first = study.ask()
+    with monkeypatch.context() as m:
+        m.setattr(space_module, "grow_pooled", lambda fit, *_: fit)
+        old = space.sample(first).config
+    first.set_user_attr(TrialAttr.ALLOC, old.to_dict())
+    study.tell(first, state=TrialState.FAIL)
+    study.enqueue_trial(PARAMS, user_attrs={TrialAttr.RETRY_OF: first.number})
+    rerun, run = _admit(study, space)
+    assert run.config["allocation"] == old.to_dict()
+    assert study.trials[rerun.number].user_attrs[TrialAttr.FIT_VERSION] == 1
