@@ -27,7 +27,7 @@ import argparse
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
@@ -60,15 +60,18 @@ class SpaceResult:
 def _counting(calls: list[int]):
     """Count the `count` calls one space.sample makes (the fit's, and the reference's for the budget)."""
     real = npas.stored_params
-    # the modules that call it by name: its own and the fit's (found from public objects, so a move of
-    # either module does not break the bench)
-    budget, fit = sys.modules[real.__module__], sys.modules[npas.tying_map.__module__]
+    # the modules that call it by name (its own, the fit's and the fill's), found by what they hold, so a
+    # move of any of them does not break the bench
+    callers = [m for m in list(sys.modules.values())
+               if m is not None and m.__name__.startswith("npas.") and getattr(m, "stored_params", None) is real]
 
     def wrapped(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    with mock.patch.object(fit, "stored_params", wrapped), mock.patch.object(budget, "stored_params", wrapped):
+    with ExitStack() as stack:
+        for m in callers:
+            stack.enter_context(mock.patch.object(m, "stored_params", wrapped))
         yield
 
 

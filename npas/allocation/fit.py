@@ -9,6 +9,8 @@ as closely as the shapes allow:
 Stored parameters are monotone in each of these, so the largest size with `stored <= budget` is
 found exactly; `step` records what the next increment would have cost, which is how close to the
 budget the shapes allow (`budget - stored < step` unless the size hit its cap).
+When a pooled candidate's banks cannot take the whole budget, `npas.allocation.fill` then grows its
+MLP widths into the rest (the fill order is stated there).
 """
 
 from __future__ import annotations
@@ -194,17 +196,19 @@ class Fit:
 
     config: ArchConfig | None
     reason: str | None = None
-    free: str = ""  # which size was solved: width_scale | bank_size | templates
+    free: str = ""  # which size was solved: width_scale | bank_size | templates | d_expert (+width_scale: grown)
     stored: int = 0
     step: int = 0  # params the next increment of the free size would add
     capped: bool = False  # the free size hit its upper bound below the budget
+    short: str | None = None  # why a feasible fit stores under npas.allocation.fill.FILL_TARGET of the budget
 
 
-def _widths(base: list[float], scale: float) -> tuple[int, ...]:
+def scaled_widths(base: list[float], scale: float) -> tuple[int, ...]:
+    """Each layer's MLP width at a scale of its unrounded width: round(scale x width), at least 1."""
     return tuple(max(1, math.floor(scale * x + 0.5)) for x in base)
 
 
-def _largest(f: Callable[[float], int], lo: float, hi: float, budget: int) -> float:
+def largest_within(f: Callable[[float], int], lo: float, hi: float, budget: int) -> float:
     """Largest x in [lo, hi] with f(x) <= budget, f monotone non-decreasing and f(lo) <= budget."""
     for _ in range(64):
         mid = (lo + hi) / 2
@@ -215,7 +219,7 @@ def _largest(f: Callable[[float], int], lo: float, hi: float, budget: int) -> fl
     return lo
 
 
-def _next_breakpoint(base: list[float], scale: float) -> float:
+def next_breakpoint(base: list[float], scale: float) -> float:
     """Smallest scale above `scale` at which some width changes."""
     return min((math.floor(scale * x + 0.5) + 0.5) / x for x in base) + 1e-12
 
@@ -229,7 +233,7 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
     d, H = chassis.d_model, chassis.width_step  # n_heads (2 x n_heads on llama: even head_dim)
 
     def at(ch: Chassis, scale: float) -> ArchConfig:
-        return make(ch, _widths([ch.d_ff * p for p in profile], scale))
+        return make(ch, scaled_widths([ch.d_ff * p for p in profile], scale))
 
     def params(ch: Chassis, scale: float) -> int:
         return stored_params(at(ch, scale)) - (embedding_params(ch) if scope == "non_embedding" else 0)
@@ -248,16 +252,19 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
     base = [ch.d_ff * p for p in profile]
     if params(ch, max_scale) <= budget:
         return Fit(at(ch, max_scale), free="width_scale", stored=params(ch, max_scale), capped=True)
-    s = _largest(lambda x: params(ch, x), lo, max_scale, budget)
+    s = largest_within(lambda x: params(ch, x), lo, max_scale, budget)
     cfg = at(ch, s)
     stored = params(ch, s)
-    step = params(ch, _next_breakpoint(base, s)) - stored
+    step = params(ch, next_breakpoint(base, s)) - stored
     return Fit(cfg, free="width_scale", stored=stored, step=step)
 
 
 def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], generator: str,
-              budget: int, min_templates: int = 2, max_templates: int = 64) -> Fit:
-    """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T)."""
+              budget: int, min_templates: int = 2, max_templates: int = 64, floor: int = 0) -> Fit:
+    """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T).
+
+    `floor`: the least stored params full-length template_mix templates must reach before one
+    more, shortened, template takes the budget instead (0: T full-length templates whenever they fit)."""
     probe = replace(cfg, banks=tuple(
         Bank(m, generator, size=max(cfg.member_numels(Bank(m, "tie", 1))), templates=1) for m in members))
     numels = [probe.member_numels(b) for b in probe.banks]
@@ -267,7 +274,7 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
             return Fit(None, f"tied banks need {stored:,} params > budget {budget:,}")
         return Fit(probe, free="none", stored=stored, capped=True)
     if generator == "template_mix":
-        return _fit_templates(probe, numels, budget, min_templates, max_templates)
+        return _fit_templates(probe, numels, budget, min_templates, max_templates, floor)
     caps = [sum(n) if generator == "slice" else max(n) for n in numels]
     fixed = stored_params(replace(probe, banks=tuple(replace(b, size=1) for b in probe.banks))) - len(caps)
     avail = budget - fixed
@@ -280,9 +287,14 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
     return Fit(out, free="bank_size", stored=stored, step=1, capped=sizes == caps)
 
 
-def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_min: int, t_max: int) -> Fit:
+def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_min: int, t_max: int,
+                   floor: int = 0) -> Fit:
     """template_mix: T >= t_min templates of full length if they fit (then T is the free size),
-    else t_min templates shortened in proportion and tiled to each member (then length is free)."""
+    else t_min templates shortened in proportion and tiled to each member (then length is free).
+
+    Full-length templates store a whole block's slots each, so the largest T that fits can leave up
+    to one template unused; when T full ones store under `floor`, T + 1 templates, shortened the
+    same way, take the budget instead (the architecture and its FLOPs stay those sampled)."""
     caps = [max(n) for n in numels]
     coefs = sum(len(n) for n in numels)
     fixed = stored_params(replace(probe, banks=())) - sum(
@@ -290,8 +302,10 @@ def _fit_templates(probe: ArchConfig, numels: list[list[int]], budget: int, t_mi
     per_t = sum(caps) + coefs
     if fixed + t_min * per_t <= budget:
         T = min(t_max, (budget - fixed) // per_t)
-        out = replace(probe, banks=tuple(replace(b, templates=T) for b in probe.banks))
-        return Fit(out, free="templates", stored=fixed + T * per_t, step=per_t, capped=T == t_max)
+        if fixed + T * per_t >= floor or T == t_max:
+            out = replace(probe, banks=tuple(replace(b, templates=T) for b in probe.banks))
+            return Fit(out, free="templates", stored=fixed + T * per_t, step=per_t, capped=T == t_max)
+        t_min = T + 1  # (T + 1 full-length templates do not fit: shortened, they fill the budget)
     avail = (budget - fixed - t_min * coefs) // t_min
     if avail < len(caps):
         return Fit(None, f"template_mix with {t_min} templates leaves no room after the fixed {fixed:,} params "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -20,6 +21,7 @@ import optuna
 
 from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget, reference_params
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
+from npas.allocation.fill import FILL_TARGET, FIT_VERSION, grow_pooled, shortfall
 from npas.allocation.fit import (
     Fit,
     Similarity,
@@ -64,6 +66,7 @@ class Candidate:
     values: dict[str, Any]
     fit: Fit
     budget: int
+    fit_version: int = FIT_VERSION  # which fit made the allocation (npas.allocation.fill), stored with each trial
 
     @property
     def feasible(self) -> bool:
@@ -81,6 +84,11 @@ class Candidate:
     def fill(self) -> float:
         """stored / budget: how much of the budget the fitted allocation uses."""
         return self.fit.stored / self.budget if self.feasible else 0.0
+
+    @property
+    def short(self) -> str | None:
+        """Why this feasible candidate stores under the fill target (None when it does not)."""
+        return self.fit.short
 
 
 @dataclass(frozen=True)
@@ -296,7 +304,7 @@ class Space:
         if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, self._width_fit(values),
                             self.max_width_scale, self.budget_scope)
-            return Candidate(values, fit, budget)
+            return self._filled(values, fit, budget)
         base = make(chassis, tuple(max(1, round(chassis.d_ff * p)) for p in profile))
         try:
             groups = [list(g) for g in self.bank_groups] if self.bank_groups else None
@@ -306,10 +314,15 @@ class Space:
             return Candidate(values, Fit(None, str(e)), budget)
         excluded = self._excluded(chassis)  # pools keep d_model: the scope shifts the cap by a constant
         fit = fit_banks(base, members, value(values, "generator"), budget + excluded, int(value(values, "templates")),
-                        self.max_templates)
+                        self.max_templates, floor=math.ceil(FILL_TARGET * budget) + excluded)
+        fit = grow_pooled(fit, [chassis.d_ff * p for p in profile], budget + excluded, self.max_width_scale)
         if excluded and fit.config is not None:
             fit = replace(fit, stored=fit.stored - excluded)
-        return Candidate(values, fit, budget)
+        return self._filled(values, fit, budget)
+
+    def _filled(self, values: dict[str, Any], fit: Fit, budget: int) -> Candidate:
+        """The candidate, with why it stores under the fill target when its shapes cannot reach it."""
+        return Candidate(values, replace(fit, short=shortfall(fit, budget, self.max_width_scale)), budget)
 
     def _width_fit(self, values: dict[str, Any]) -> str:
         """How a fit may scale widths: the candidate's own (`narrow_untied` narrows d_model), else the
@@ -339,7 +352,7 @@ class Space:
 
         fit = fit_experts(make_experts, chassis, budget, self._width_fit(values), self.max_width_scale,
                           self.budget_scope)
-        return Candidate(values, fit, budget)
+        return self._filled(values, fit, budget)
 
     def baselines(self) -> dict[str, dict[str, Any]]:
         """Knob values of the hand-crafted baselines, completed for this space's depth."""

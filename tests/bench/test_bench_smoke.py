@@ -90,3 +90,16 @@ def test_data_bench_reports_its_cache_and_its_verdict_matches_its_ratio():
     assert verdict == ("PASS" if ratio >= 0.80 else "MISS")
     assert re.search(r"^cache: [\d,]+ tokens, [\d.]+ MB on disk \(uint16", out, re.M), out
     assert re.search(r"^load: hit=True, memory-mapped in [\d.]+ ms", out, re.M), out  # the second load hits
+
+
+def test_budget_fill_bench_finds_no_candidate_short_of_its_budget_without_a_reason():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "budget_fill.py"), "--quick", "--all"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = re.findall(r"^\| `(\w+)\.yaml` \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \|", proc.stdout, re.M)
+    assert len(rows) == len(list((ROOT / "search_spaces").glob("*.yaml"))), proc.stdout
+    for _name, feasible, _under_09, under, reasoned, _p10, smallest in rows:
+        assert int(feasible) > 0 and int(under) == int(reasoned)  # every short candidate says why
+        assert int(under) > 0 or float(smallest) >= 0.98
+    assert re.search(r"^result: 0 feasible samples under 0\.98 of the budget without a recorded reason PASS$",
+                     proc.stdout, re.M), proc.stdout

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from npas.allocation.budget import Accounting, count
 from npas.allocation.config import ArchConfig, reference_config
+from npas.allocation.fill import FILL_TARGET, FIT_VERSION
 from npas.builtin import looks_like_path, space_path
 from npas.errors import ConfigError
 from npas.files import read_text
 from npas.presentation.cli.args import POSITIVE
+
+if TYPE_CHECKING:
+    from npas.allocation.space import Space
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -109,11 +115,15 @@ def run(args: argparse.Namespace) -> int:
         for name, vals in space.baselines().items():
             cand = space.candidate({**{k: kn.default for k, kn in space.chassis.items()}, **vals})
             out["baselines"][name] = (
-                {"stored_params": cand.fit.stored, "fill": round(cand.fill, 5), "summary": cand.config.summary()}
+                {"stored_params": cand.fit.stored, "fill": round(cand.fill, 5), "summary": cand.config.summary(),
+                 **({"short": cand.short} if cand.short else {})}
                 if cand.feasible else {"infeasible": cand.reason}
             )
+        out["sample_fill"] = sample_fill(space)
     else:
         cfg = ArchConfig.from_yaml(text)
+        if isinstance(data, dict) and data.get("budget_fill") is not None:  # an export: what its trial stored
+            out.update({"budget_fill": data["budget_fill"], "fit_version": data.get("fit_version") or 1})
     if args.seq_len is not None and args.seq_len > cfg.chassis.context:
         raise ConfigError(f"--seq-len {args.seq_len} is longer than the chassis context {cfg.chassis.context}: the "
                           f"model cannot read such a sequence; give at most {cfg.chassis.context}")
@@ -133,5 +143,45 @@ def run(args: argparse.Namespace) -> int:
         for name, b in out["baselines"].items():
             desc = f"{b['stored_params']:,} params, fill {b['fill']:.4f}, {b['summary']}" if "summary" in b \
                 else f"infeasible: {b['infeasible']}"
-            print(f"  baseline {name:<14} {desc}")
+            print(f"  baseline {name:<14} {desc}" + (f" (under {FILL_TARGET:g}: {b['short']})" if "short" in b else ""))
+        for line in _sample_fill_lines(out["sample_fill"]):
+            print(f"  {line}")
+    elif "budget_fill" in out:
+        print(f"  {'budget fill':<{width}}  {out['budget_fill']:.4f} of its study's budget "
+              f"(fit version {out['fit_version']})")
     return 0
+
+
+SAMPLES = 64  # random candidates `npas count SPACE` fits to show the space's fill (sampling only counts: ~0.1 s)
+
+
+def sample_fill(space: Space, n: int = SAMPLES, seed: int = 0) -> dict:
+    """How much of the budget random candidates of `space` store: what a search's candidates will hold.
+
+    A fixed seed, so the same space prints the same line; the reasons of any under the fill target
+    are listed once each."""
+    import optuna  # only a space's count samples; the CLI starts without it
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line for the in-memory study
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    fills, short = [], {}
+    for _ in range(n):
+        cand = space.sample(study.ask())
+        if cand.feasible:
+            fills.append(cand.fill)
+            if cand.short:
+                short[cand.short] = short.get(cand.short, 0) + 1
+    out: dict = {"samples": n, "feasible": len(fills), "target": FILL_TARGET, "fit_version": FIT_VERSION}
+    if fills:
+        out.update({"min": round(min(fills), 5), "median": round(statistics.median(fills), 5),
+                    "under_target": sum(f < FILL_TARGET for f in fills), "short": short})
+    return out
+
+
+def _sample_fill_lines(s: dict) -> list[str]:
+    if not s["feasible"]:
+        return [f"fill of {s['samples']} random candidates: none feasible (see `npas search` for the reasons)"]
+    lines = [f"fill of {s['samples']} random candidates: {s['feasible']} feasible, smallest {s['min']:.4f}, median "
+             f"{s['median']:.4f}; {s['under_target']} under {s['target']:g} of the budget"]
+    lines += [f"  {k} x under {s['target']:g}: {why}" for why, k in s["short"].items()]
+    return lines

@@ -181,10 +181,13 @@ def _print_front(study, fmt: str = "table") -> None:
         _print_rungs(study)
     else:
         print(f"Pareto front of study {study.study_name} ({len(df)} trials):")
-        shown = _mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds"])
+        shown = _mean_pm_std(df).drop(columns=["hash", "loss_std", "seeds", "under_filled", "short"])
         if "lr_factor" in shown.columns:  # a factor of the fair rate: x2, x0.5
             shown["lr_factor"] = [f"×{v:g}" for v in shown["lr_factor"]]
+        shown["fill"] = [_fill_cell(f, under) for f, under in zip(df["fill"], df["under_filled"], strict=True)]
         print(humanize(shown).to_string(index=False))
+        for line in _under_filled_lines(df):
+            print(line)
         seeds = int(df["seeds"].min())
         print(f"loss: mean ± std over {seeds} seeds per trial" if seeds > 1 else
               "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
@@ -214,6 +217,26 @@ def _print_ladder(study) -> None:
     recipe = Recipe.from_dict(dict(record.recipe))
     if record.early_stop and recipe.schedule == "wsd":
         print(rung_summary(rebuild(study, recipe.fork_rungs(), record.objectives)))
+
+
+def _fill_cell(fill: float | None, under: bool) -> str:
+    """Stored / budget to three decimals, marked `!` under the fill target."""
+    if fill is None or not math.isfinite(fill):
+        return "—"
+    return f"{fill:.3f}" + (" !" if under else "")
+
+
+def _under_filled_lines(df) -> list[str]:
+    """One line per front trial under the fill target: it competes with less of the budget than the
+    others, and says why (its shapes, or an older fit that sampled it)."""
+    from npas.allocation.fill import FILL_TARGET, FIT_VERSION, fill_note
+
+    out = []
+    for rec in df[df["under_filled"]].to_dict("records"):
+        # the fit_version column is there only when some front trial was sampled by an older fit
+        why = fill_note(rec["fill"], int(rec.get("fit_version", FIT_VERSION)), rec["short"])
+        out.append(f"! trial {rec['trial']} stores {rec['fill']:.1%} of the budget (under {FILL_TARGET:g}): {why}")
+    return out
 
 
 def _mean_pm_std(df):

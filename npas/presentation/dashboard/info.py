@@ -443,6 +443,9 @@ def trials_frame(study: optuna.Study):
             rec["budget_margin"] = -t.constraints[Constraint.BUDGET]
         else:
             rec["budget_margin"] = budget - stored if budget is not None and stored is not None else None
+        rec["fill"] = ua.get(TrialAttr.FILL)  # stored / budget
+        rec["fit_version"] = int(ua.get(TrialAttr.FIT_VERSION) or 1) if alloc else None  # absent = the first fit
+        rec["short"] = ua.get(TrialAttr.SHORT) or ""
         rec["fidelity"] = ua.get(TrialAttr.FIDELITY)
         rec["max_fidelity"] = ua.get(TrialAttr.MAX_FIDELITY)
         rec["lr_factor"] = ua.get(TrialAttr.LR_FACTOR)  # None: the trial located no rate (x1)
@@ -453,6 +456,6 @@ def trials_frame(study: optuna.Study):
             rec["allocation"] = "(unreadable allocation)"
         rec["reason"] = ua.get(TrialAttr.REASON) or ""
         records.append(rec)
-    columns = ["trial", "state", "status", *names, "stored_params", "budget_margin", "fidelity", "max_fidelity",
-               "lr_factor", "baseline", "allocation", "reason"]
+    columns = ["trial", "state", "status", *names, "stored_params", "budget_margin", "fill", "fit_version", "short",
+               "fidelity", "max_fidelity", "lr_factor", "baseline", "allocation", "reason"]
     return pd.DataFrame.from_records(records, columns=columns)

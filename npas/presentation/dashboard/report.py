@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 
 from npas import __version__
+from npas.allocation.fill import fill_note
 from npas.presentation.dashboard import info as I
 from npas.presentation.dashboard import render as R
 from npas.presentation.dashboard import rungs as G
@@ -195,7 +196,7 @@ def _table_section(frame, front: list[int], objectives: list[str]) -> str:
     on_front = set(front)
     cols: list[tuple[str, str, bool]] = [("trial", "trial", True), ("status", "status", False)]
     cols += [(o, R.axis(o)[0], True) for o in objectives]
-    cols += [("stored_params", "stored params", True), ("budget_margin", "budget", True),
+    cols += [("stored_params", "stored params", True), ("budget_margin", "budget", True), ("fill", "fill", True),
              ("fidelity", "fidelity (steps)", True)]
     if "lr_factor" in frame.columns and frame["lr_factor"].notna().any():  # a study that located rates
         cols.append(("lr_factor", "lr factor", True))
@@ -235,6 +236,14 @@ def _cell(key: str, rec: dict, objectives: list[str]) -> tuple[str, str]:
             return "", "–"
         v = int(v)
         return str(v), f'<span class="ok">✓ {v:,} to spare</span>' if v >= 0 else f'<span class="bad">✗ over by {-v:,}</span>'
+    if key == "fill":  # stored / budget; under the target it competes with less of the budget than the rest
+        if missing:
+            return "", "–"
+        f = float(v)
+        why = fill_note(f, int(rec.get("fit_version") or 1), rec.get("short") or "")
+        if why is None:
+            return repr(f), f"{f:.3f}"
+        return repr(f), f'<span class="bad under-filled" title="{_e(why)}">{f:.3f} !</span>'
     if key == "lr_factor":  # a factor of the recipe's fair rate; none located reads x1
         f = 1.0 if missing else float(v)
         return repr(f), f"×{f:g}"

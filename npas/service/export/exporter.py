@@ -73,6 +73,9 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
         "baseline": trial.user_attrs.get(TrialAttr.BASELINE),
         "values": dict(zip(names, trial.values, strict=False)),
         "accounting": trial.user_attrs.get(TrialAttr.ACCOUNTING),
+        "budget_params": study.user_attrs.get(StudyAttr.BUDGET),
+        "budget_fill": trial.user_attrs.get(TrialAttr.FILL),  # stored / budget_params
+        "fit_version": trial.user_attrs.get(TrialAttr.FIT_VERSION, 1),  # the fit that sampled the allocation
         "proxy": {k: v for k, v in (trial.user_attrs.get(TrialAttr.PROXY) or {}).items() if k != "curve"},
         "recipe": study.user_attrs.get(StudyAttr.RECIPE),
         "data_fingerprint": study.user_attrs.get(StudyAttr.FINGERPRINT),

@@ -51,15 +51,21 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
         log.warning("sampling trial %d failed: %s", trial.number, e)
         return Skip("sample_error", f"sampling raised {type(e).__name__}: {e}"[:2000])
     trial.set_user_attr(TrialAttr.KNOBS, cand.values)
-    if not cand.feasible:
+    kept, version = kept_allocation(trial)
+    if kept is None and not cand.feasible:
         return Skip("infeasible", cand.reason or "does not fit the budget")
-    cfg = cand.config
+    cfg = ArchConfig.from_dict(kept) if kept is not None else cand.config
+    version = version if kept is not None else cand.fit_version
     acc = count(cfg, batch_size=recipe["batch_size"], seq_len=recipe["seq_len"])
     key = trial_key(cfg, recipe, fingerprint)
+    fill = space.budgeted(acc) / space.budget_params
     for attr, value in ((TrialAttr.ALLOC, cfg.to_dict()), (TrialAttr.HASH, cfg.hash),
                         (TrialAttr.ACCOUNTING, acc.to_dict()), (TrialAttr.KEY, key),
-                        (TrialAttr.FILL, round(cand.fill, 6)), (TrialAttr.MAX_FIDELITY, recipe["steps"])):
+                        (TrialAttr.FILL, round(fill, 6)), (TrialAttr.FIT_VERSION, version),
+                        (TrialAttr.MAX_FIDELITY, recipe["steps"])):
         trial.set_user_attr(attr, value)
+    if kept is None and cand.short:
+        trial.set_user_attr(TrialAttr.SHORT, cand.short)
     trial.set_constraint(Constraint.BUDGET, float(space.budgeted(acc) - space.budget_params))
     if (reason := cannot_run(cfg, recipe)) is not None:
         return Skip("infeasible", reason)
@@ -70,6 +76,25 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
     if resume_from := trial.user_attrs.get(TrialAttr.LADDER_CHECKPOINT):  # re-enqueued while paused at a rung
         config["resume_from"] = resume_from
     return Runnable(config, acc.to_dict())
+
+
+def kept_allocation(trial: optuna.Trial) -> tuple[dict | None, int]:
+    """The allocation a re-run must train, and the fit version that made it; (None, 0) for a new trial.
+
+    A re-run trains what its first attempt was fitted with, whatever the current fit would make of
+    the same knobs: a paused ladder trial resumes from a checkpoint of those shapes, and a study's
+    results stay comparable with what it already ran. `faults.requeue` carries the allocation; a
+    re-run enqueued by an npas that did not is found through the trial it retries."""
+    ua = trial.user_attrs
+    if TrialAttr.ALLOC in ua:
+        return ua[TrialAttr.ALLOC], int(ua.get(TrialAttr.FIT_VERSION, 1))
+    retried = ua.get(TrialAttr.RETRY_OF)
+    if retried is None:
+        return None, 0
+    first = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == retried), None)
+    if first is None or TrialAttr.ALLOC not in first.user_attrs:
+        return None, 0  # its first attempt stopped before it was fitted: the current fit makes it
+    return first.user_attrs[TrialAttr.ALLOC], int(first.user_attrs.get(TrialAttr.FIT_VERSION, 1))
 
 
 def cannot_run(cfg: ArchConfig, recipe: dict) -> str | None:

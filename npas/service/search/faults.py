@@ -170,11 +170,18 @@ def recover_once(study: optuna.Study) -> list[int]:
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it; a
-    ladder trial paused at a rung keeps the path of its checkpoint, so the re-run resumes from there."""
+    ladder trial paused at a rung keeps the path of its checkpoint, so the re-run resumes from there.
+
+    A trial that was fitted keeps its allocation and the fit version that made it: the re-run trains
+    that allocation whatever the current fit would make of the same knobs (a checkpoint holds its
+    shapes, and a study's results stay comparable with what it already ran)."""
     attrs: dict[str, Any] = {TrialAttr.RETRY_OF: trial.number}
-    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT):
+    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT, TrialAttr.ALLOC,
+                TrialAttr.SHORT):
         if key in trial.user_attrs:
             attrs[key] = trial.user_attrs[key]
+    if TrialAttr.ALLOC in attrs:
+        attrs[TrialAttr.FIT_VERSION] = trial.user_attrs.get(TrialAttr.FIT_VERSION, 1)
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 
 

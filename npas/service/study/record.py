@@ -86,7 +86,9 @@ class TrialAttr(StrEnum):
     MAX_FIDELITY = "max_fidelity"  # steps the recipe asks for
     CURVE = "curve"
     KEY = "trial_key"  # same allocation, recipe and data -> same key
-    FILL = "budget_fill"
+    FILL = "budget_fill"  # stored (budgeted) params / the budget, exact to 6 decimals
+    SHORT = "budget_short"  # why a candidate stores under the fill target (npas.allocation.fill); absent: it does not
+    FIT_VERSION = "fit_version"  # the fit that sampled the allocation (npas.allocation.fill.FIT_VERSION); absent = 1
     DRIVER = "driver"  # which driver process claimed the trial
     RETRY_OF = "retry_of"
     NODE = "ray_node"

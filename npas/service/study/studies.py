@@ -23,6 +23,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.fill import FILL_TARGET, FIT_VERSION
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import StudyError
 from npas.service.study.noise import seed_std, seed_values
@@ -162,6 +163,14 @@ class FrontRow:
     loss_std: float | None = None  # std over the trial's seeds (`--repeats`), in the loss objective's unit
     seeds: int = 1
     lr_factor: float | None = None  # the located factor x the fair rate; None: the trial located none (x1)
+    fill: float | None = None  # stored / budget (`budget_fill`); None: not recorded
+    fit_version: int = 1  # the fit that sampled the allocation; trials from before versions were recorded are 1
+    short: str = ""  # why it stores under the fill target; "" when it does not (or never said)
+
+    @property
+    def under_filled(self) -> bool:
+        """Stores under the fill target of its budget: compared with candidates holding more of it."""
+        return self.fill is not None and self.fill < FILL_TARGET
 
 
 def _loss_objective(study: optuna.Study) -> str:
@@ -182,6 +191,9 @@ def front_rows(study: optuna.Study) -> list[FrontRow]:
             baseline=str(t.user_attrs.get(TrialAttr.BASELINE, "")), hash=str(t.user_attrs.get(TrialAttr.HASH, "")),
             loss_std=seed_std(t, loss), seeds=max(1, len(seed_values(t, loss))),
             lr_factor=_float_or_none(t.user_attrs.get(TrialAttr.LR_FACTOR)),
+            fill=_float_or_none(t.user_attrs.get(TrialAttr.FILL)),
+            fit_version=int(t.user_attrs.get(TrialAttr.FIT_VERSION) or 1),
+            short=str(t.user_attrs.get(TrialAttr.SHORT) or ""),
         ))
     return rows
 
@@ -190,7 +202,10 @@ def front_frame(study: optuna.Study):
     """The front as a pandas DataFrame, one column per objective, then `loss_std`: the std of the
     loss objective over each trial's seeds (NaN with one seed, `--repeats 1`) and `seeds`; then
     `lr_factor` (the located learning-rate factor, 1.0 where a trial has none) when any front trial
-    has one: a study from before rates were located shows the columns it always did."""
+    has one: a study from before rates were located shows the columns it always did. `fill` is
+    stored / budget and `under_filled` marks a trial under the fill target, which competes with
+    less of the budget than the others; `fit_version` is listed when some front trial was sampled
+    by an older fit (a resumed study keeps the allocations it stored)."""
     import pandas as pd
 
     names = list(study.metric_names or study.user_attrs.get(StudyAttr.OBJECTIVES, []))
@@ -202,13 +217,17 @@ def front_frame(study: optuna.Study):
         rec.update({n: v for n, v in zip(names, r.values, strict=False)})
         rec.update({"loss_std": r.loss_std, "seeds": r.seeds, "stored_params": r.stored_params,
                     "flops_per_token": r.flops_per_token, "baseline": r.baseline, "allocation": r.summary,
-                    "hash": r.hash, "lr_factor": 1.0 if r.lr_factor is None else r.lr_factor})
+                    "hash": r.hash, "lr_factor": 1.0 if r.lr_factor is None else r.lr_factor,
+                    "fill": r.fill, "under_filled": r.under_filled, "fit_version": r.fit_version,
+                    "short": r.short})
         records.append(rec)
     # an objective that is also an accounting column (flops_per_token) is listed once
     extra = [c for c in ("stored_params", "flops_per_token") if c not in names]
     rate = ["lr_factor"] if located else []
+    versions = ["fit_version"] if any(r.fit_version != FIT_VERSION for r in rows) else []
     return pd.DataFrame.from_records(records, columns=["trial", *names, "loss_std", "seeds", *rate, *extra,
-                                                       "baseline", "allocation", "hash"])
+                                                       "fill", "under_filled", *versions, "baseline", "allocation",
+                                                       "hash", "short"])
 
 
 def _float_or_none(x: object) -> float | None:
