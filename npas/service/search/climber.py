@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -196,11 +195,8 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         proxy["resumed_at"] = meta.get("resumed_at", [])  # rungs it was paused at and resumed from
         if "located" in meta:  # --locate-lr: the factor, the grid's losses and the steps of its discarded runs
             proxy.update(meta["located"])
-        losses = [c.rung_losses[t] for c in climbs]
         row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
                "trained_steps": sum(c.trained_steps for c in climbs), **objectives, "proxy": json.dumps(proxy)}
-        if len(losses) > 1:  # the seed mean's standard error: the ladder's noise at this trial's boundary
-            row["loss_std"] = statistics.stdev(losses) / math.sqrt(len(losses))
         if not with_checkpoint:
             tune.report(row)
             return

@@ -3,21 +3,22 @@
 ``SearchPlan.fidelity == "ladder"`` (a ``wsd`` recipe, early stopping on) makes the runner use these:
 
 - ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.search.climber``),
-  ranking on the rung loss and the study's other objectives, with two search rules on top. The
-  enqueued baselines are never paused (they run to the top, as under ASHA, so every front shows what
-  hand-made sharing gives; their results still fill the rungs). And at most ``workers`` trials *run*:
-  Tune counts paused trials against ``max_concurrent_trials``, so a search that capped live trials
-  there would let paused trials starve the upper rungs. The runner sets no ``max_concurrent_trials``;
-  the cap is applied to running trials only, where new trials are created (the searcher asks
-  ``admits``: Tune starts every pending trial its resources allow) and where paused ones resume
-  (``choose_trial_to_run``), promoted trials first.
+  ranking on the rung loss and the study's other objectives, each rung capped by the search's trial
+  target (``npas.service.search.ladder``: the rule; the enqueued baselines follow it like every
+  other trial). On top, at most ``workers`` trials *run*: Tune counts paused trials against
+  ``max_concurrent_trials``, so a search that capped live trials there would let paused trials
+  starve the upper rungs. The runner sets no ``max_concurrent_trials``; the cap is applied to
+  running trials only, where new trials are created (the searcher asks ``admits``: Tune starts
+  every pending trial its resources allow) and where paused ones resume (``choose_trial_to_run``),
+  promoted trials first.
 - ``Checkpoints``: a Tune callback that records each trial's last climb checkpoint on its Optuna trial
   (``TrialAttr.LADDER_CHECKPOINT``: a driver stopped while the trial is paused re-enqueues it with that
   path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
   finished or stopped below the top rung.
 - ``rebuild``: the ladder of the study's trials already told (a resumed driver's rungs start where the
-  stopped driver's were, so a resumed paused trial is ranked against every earlier result); while it
-  runs, ``rung_exchange`` keeps it level with the other drivers of the same study.
+  stopped driver's were, so a resumed paused trial is ranked against every earlier result, and the
+  promotions already made count toward each rung's cap); while it runs, ``rung_exchange`` keeps it
+  level with the other drivers of the same study.
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ def objective_config(objectives: Sequence[str], accounting: dict[str, Any]) -> d
 
 
 class SearchLadder(LadderScheduler):
-    """``LadderScheduler`` with the search's two rules (see the module docstring)."""
+    """``LadderScheduler`` with the search's cap on running trials and its exchange between drivers
+    (see the module docstring). ``target``: the search's trial target N (the rungs' caps)."""
 
     def __init__(self, rungs: Sequence[int], objectives: Sequence[str], max_running: int,
-                 eta: int = DEFAULT_ETA) -> None:
-        super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", std_attr="loss_std",
+                 eta: int = DEFAULT_ETA, target: int | None = None) -> None:
+        super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", target=target,
                          objectives=[(OBJECTIVE_PREFIX + o, "min") for o in ranked_objectives(objectives)])
         self.max_running = max_running
         self.paused: set[str] = set()  # trials paused at a rung, waiting for a promotion or a stop
@@ -115,15 +117,12 @@ class SearchLadder(LadderScheduler):
         rung = result.get(self.time_attr)
         if rung in self.ladder.rungs:
             self._pull(force=True)  # decide on every driver's results at this rung
-            self.ladder.update_noise()  # the noise of a boundary, from every pair so far
         action = super().on_trial_result(tune_controller, trial, result)
         if self.exchange is not None and rung in self.ladder.rungs:
             mine = next((r for r in self.ladder.results.get(rung, []) if r.trial == trial.trial_id), None)
             if mine is not None:
                 self.exchange.publish(trial.trial_id, rung, mine)
             self.exchange.publish_promotions(self.ladder)
-        if trial.config.get("baseline"):
-            return TrialScheduler.CONTINUE
         if action == TrialScheduler.PAUSE:
             self._set_paused(lambda p: p.add(trial.trial_id))
         return action
@@ -170,12 +169,14 @@ class SearchLadder(LadderScheduler):
         return [a for r in self.ladder.rungs if (a := agreement(self.ladder, r)) is not None]
 
 
-def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA) -> Ladder:
+def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA,
+            target: int | None = None) -> Ladder:
     """The ladder of the study's told trials (COMPLETE, with rung losses), keyed ``"study:<number>"``:
-    what a resumed or joining driver's scheduler starts from. Read as a running driver reads the
+    what a resumed or joining driver's scheduler starts from, capped by ``target`` (the search's N
+    now: a resume with another ``--trials`` caps by the new one). Read as a running driver reads the
     others' (``RungExchange.pull``), by a reader that owns no trial."""
     names = list(objectives)
-    ladder = Ladder(tuple(rungs), eta)
+    ladder = Ladder(tuple(rungs), eta, target)
     RungExchange(study, lambda _: None, set, [names.index(o) for o in ranked_objectives(names)]).pull(
         ladder, states=(TrialState.COMPLETE,))
     return ladder

@@ -8,9 +8,9 @@ trials only by luck. The study is the one place every driver reaches, so it carr
 
 - **publish**: when one of this driver's trials reports a rung, its loss goes on its Optuna trial at
   once (``rung_losses``, the attribute a told trial keeps), with what a rung decision ranks beside it
-  (user attr ``ladder``: its other objectives, the loss's standard error under ``--repeats``, and the
-  rungs it was promoted from -- a promotion is recorded before the trial resumes, so no other driver
-  counts it as waiting);
+  (user attr ``ladder``: its other objectives and the rungs it was promoted from -- a promotion is
+  recorded before the trial resumes, so no other driver counts it as waiting, and every driver
+  counts it toward the rung's cap);
 - **pull**: before deciding a rung (and, throttled, while choosing what to run next), the driver
   reads the other drivers' RUNNING and COMPLETE trials and merges their rung results into its ladder
   (``Ladder.merge``, keyed ``"study:<number>"`` as ``ladder_run.rebuild`` keys those of earlier
@@ -18,9 +18,11 @@ trials only by luck. The study is the one place every driver reaches, so it carr
 
 Every driver then applies the same rule (``ladder.decide``) to the same union of results, so a trial
 is promoted when it ranks in the top 1/eta of every result the study holds at its rung, whichever
-driver trained it; each driver acts only on its own trials (it holds their checkpoints). The union a
-driver sees lags the others' by at most one pull: a decision made just before another driver's
-result lands is not taken back (promotions never are, as within one driver). Trials of a study with
+driver trained it, while the rung's cap has room; each driver acts only on its own trials (it holds
+their checkpoints). The union a driver sees lags the others' by at most one pull: a decision made
+just before another driver's result lands is not taken back (promotions never are, as within one
+driver), so two drivers deciding the same rung within that lag can each take its last place -- the
+cap holds up to one promotion per other driver deciding at the same moment. Trials of a study with
 one driver are unaffected: there is nobody else's result to pull.
 """
 
@@ -100,7 +102,6 @@ class RungExchange:
         last = rungs[max(rungs)] if rungs else None
         trial.set_user_attr(TrialAttr.LADDER, {
             "objectives": [] if last is None else list(last.objectives),
-            "std": {str(t): r.std for t, r in sorted(rungs.items()) if r.std is not None},
             "promoted": sorted(self._promoted.get(trial_id, set())),
         })
 
@@ -133,8 +134,7 @@ class RungExchange:
                 objs = (tuple(float(t.values[i]) for i in self.others) if t.values is not None
                         else (math.inf,) * len(self.others))
             losses = {k: v if math.isfinite(v) else math.inf for k, v in losses.items()}
-            stds = {int(k): float(v) for k, v in (info.get("std") or {}).items() if v is not None}
-            if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or (), stds):
+            if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or ()):
                 changed.append(t.number)
         if changed:
             log.debug("rung exchange: merged the rung results of trials %s of other drivers", changed)

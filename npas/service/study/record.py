@@ -98,7 +98,7 @@ class TrialAttr(StrEnum):
     RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
     TRAINED_STEPS = "trained_steps"  # wsd: optimizer steps actually run, all seeds (top rung + forks, each)
     TOP_RUNG = "top_rung"  # the ladder: the highest rung the trial reached (== fidelity)
-    LADDER = "ladder"  # the ladder, while running: {"objectives", "std": {"t": se}, "promoted": [rungs]} (rung_exchange)
+    LADDER = "ladder"  # the ladder, while running: {"objectives", "promoted": [rungs]} (rung_exchange)
     LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
     LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
     LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rate grid's runs not kept (apart from trained_steps)
