@@ -182,19 +182,6 @@ def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str]
     return ladder
 
 
-def rung_summary(ladder: Ladder) -> str:
-    """One line for the end of a search: each rung's trials and how many of them moved on. The
-    rung-to-rung agreement of the promoted (Kendall tau, flips) is printed beside it from the study
-    itself (``npas.service.study.rungs``), the same lines `npas front` shows."""
-    parts = []
-    for r in ladder.rungs:
-        n = len(ladder.results.get(r, []))
-        up = ladder.next_rung(r)
-        moved = None if up is None else len(ladder.rung_pairs(r))  # those with a loss at the next rung too
-        parts.append(f"{r}: {n} trials" + ("" if moved is None else f", {moved} moved on"))
-    return "ladder rungs " + "; ".join(parts)
-
-
 class Checkpoints(tune.Callback):
     """Records each trial's last checkpoint on its Optuna trial; removes a trial's checkpoints when it stops."""
 

@@ -27,8 +27,8 @@ from npas.service.search.admission import Skip, prepare  # noqa: E402
 from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
+from npas.service.study import compute, rungs  # noqa: E402
 from npas.service.study import optuna_adapter as adapter  # noqa: E402
-from npas.service.study import rungs  # noqa: E402
 from npas.service.study.record import TrialAttr  # noqa: E402
 from npas.service.study.tally import StudyTally  # noqa: E402
 
@@ -237,11 +237,12 @@ class NpasSearcher(Searcher):
                 log.warning("recording trial %d failed: %s", trial.number, e)
                 self.recorder.fail(trial, f"its result could not be recorded: {type(e).__name__}: {e}")
         self.recorder.emit(refresh_front=True)
-        if self.ladder_objectives is not None:  # the rung-to-rung certificate on the study, for every caller
+        if self.ladder_objectives is not None:  # the rung-to-rung certificate and the spend, for every caller
             try:
                 rungs.record(self.study)
-            except Exception as e:  # a certificate that fails to compute must never stop a search
-                log.warning("rung agreement not recorded: %s", e)
+                compute.record(self.study)
+            except Exception as e:  # a summary that fails to compute must never stop a search
+                log.warning("rung agreement or ladder compute not recorded: %s", e)
         if self.on_trial_done is not None:
             try:
                 self.on_trial_done(self.study)
