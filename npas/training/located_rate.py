@@ -17,9 +17,15 @@ where runs are cheapest), and on the frozen fidelity candidates (``bench/located
 factor chosen there was not the best at T on either of the first two held out; at T/16 the runs are
 barely past warmup, the factors differ by less than run noise, and the lower rate wins where the
 higher one wins at T. Scored at T/4, those two held runs' forks already ordered their rates as T did
-(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target). Under the
-ladder only the trials promoted past the first rung reach T/4, so the grid costs a quarter of the
-run for a quarter of the candidates, not for all of them.
+(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target).
+
+What it costs. Each located trial trains 2 to 6 runs to the locating rung (the grid's runs up to the
+first clearly worse factor, and at most ``MAX_EXTENSIONS`` past an edge); all but the winner are the
+grid's cost, 1 to 5 x T/4 steps. Only the trials that reach the locating rung pay it: under the
+ladder's default rungs (T/16, T/4, T) that is the trials promoted from the first rung, at most
+floor(N / eta) of a search's N (``npas.service.search.ladder``), so the grid adds at most
+5/4 x T x N/eta steps, 0.31 N·T at eta = 4 (0.06 to 0.19 N·T for the usual 2 to 4 runs). Where the
+locating rung is the first rung (a ladder whose second rung is above T/4), every trial locates.
 
 The factor multiplies every parameter group's fair rate, warmup and floor included
 (``npas.training.climb.scale_rates``): the fair rules between groups stay as they are and only the

@@ -10,9 +10,12 @@ or, once nothing can promote it any more, stops it.
 
 Every rung's report carries a whole proxy record (``"proxy"``, the JSON the searcher decodes): a trial
 stopped while paused is told with its last rung's record, as one that reached the top is with its
-final one. Its ``rung_losses`` are the seed means at each rung passed, its ``steps_trained`` the
-optimizer steps of all seeds' climbs (top rung + forks, each: no step twice), ``steps_done`` the
-rung (the trial's fidelity).
+final one. Its ``rung_losses`` are the losses the ladder ranked it on, the seed means at each rung
+passed as reported there (``ranked_record``), its ``steps_trained`` the optimizer steps of all
+seeds' climbs (top rung + forks, each: no step twice), ``steps_done`` the rung (the trial's fidelity).
+Under ``--locate-lr`` the located run replaces the trial's climb at the locating rung, and its own
+losses at the rungs below (at the located factor) are not what the ladder ranked there: they are
+kept apart, as ``located_rung_losses``.
 
 A trial re-enqueued after its driver stopped (``npas resume``) carries the path of its last
 checkpoint (``TrialAttr.LADDER_CHECKPOINT``, copied by ``faults.requeue``) in ``config["resume_from"]``:
@@ -111,6 +114,23 @@ def seed_record(c: Climb, cfg: Any, corpus: Any, wall_s: float, train_s: float) 
     }
 
 
+def ranked_record(proxy: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The record of a trial at the rung it reached (``proxy``: its climbs' seed means), with
+    ``rung_losses`` the losses the ladder ranked it on: each rung's loss as it was reported there,
+    noted in ``meta["ladder_losses"]`` (a checkpoint carries it). The climbs' own losses differ from
+    those only where ``--locate-lr`` replaced the climb (the located run's rungs below the locating
+    one, at its factor): they are kept as ``located_rung_losses`` and the curve is the ranked one. A
+    checkpoint written before ``ladder_losses`` existed has the climbs' losses for its earlier rungs."""
+    ranked = meta.setdefault("ladder_losses", {})
+    ranked[str(int(proxy["steps_done"]))] = proxy["val_loss"]
+    own = {int(t): v for t, v in proxy["rung_losses"].items()}
+    losses = dict(sorted({**own, **{int(t): v for t, v in ranked.items()}}.items()))
+    out = {**proxy, "rung_losses": losses, "curve": [[t, v] for t, v in losses.items()]}
+    if "located" in meta:
+        out["located_rung_losses"] = own
+    return out
+
+
 def trainable(config: dict, spec: WorkerSpec) -> None:
     """One trial under the ladder: its seeds' climbs, one rung at a time; see the module docstring."""
     import ray
@@ -191,7 +211,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         t = climbs[0].top
         runs = [seed_record(c, cfg, corpus, meta["wall_s"] / len(climbs), meta["train_s"] / len(climbs))
                 for c in climbs]
-        proxy = combine_repeats(runs, seeds)
+        proxy = ranked_record(combine_repeats(runs, seeds), meta)
         proxy["resumed_at"] = meta.get("resumed_at", [])  # rungs it was paused at and resumed from
         if "located" in meta:  # --locate-lr: the factor, the grid's losses and the steps of its discarded runs
             proxy.update(meta["located"])
