@@ -133,11 +133,13 @@ def search(try_factor: Callable[[float], tuple[float, int]], grid: Sequence[floa
 def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, reference: Any = None,
            grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
            max_extensions: int = MAX_EXTENSIONS, init_state: Any = None, rung: int | None = None,
-           fair: _climb.Climb | None = None) -> tuple[_climb.Climb, Located]:
+           fair: _climb.Climb | None = None,
+           on_progress: Callable[[_climb.Climb], None] | None = None) -> tuple[_climb.Climb, Located]:
     """Train one WSD run per factor to ``rung`` (default ``locate_rung``; its cooldown fork) and keep the
     best run: the returned climb is the trial's own run, paused at that rung at the located factor,
     ready to go on. ``fair``: the trial's climb at x1 so far (below the rung), which is the grid's x1
-    run instead of a fresh one. ``init_state``: every fresh run starts from it (``--init-from``)."""
+    run instead of a fresh one. ``init_state``: every fresh run starts from it (``--init-from``).
+    ``on_progress``: each fresh run's ``Climb.on_progress`` (the fair one keeps its own)."""
     target = locate_rung(recipe) if rung is None else rung
     if target not in recipe.fork_rungs():
         raise ValueError(f"rung {target} is not one of the recipe's rungs {list(recipe.fork_rungs())}")
@@ -150,6 +152,7 @@ def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, referen
             c = fair
         else:
             c = _climb.start(cfg, recipe, corpus, device, reference, lr_factor=f, init_state=init_state)
+            c.on_progress = on_progress
         c.climb(until=target)
         loss = c.rung_losses.get(target, math.nan) if c.failed is None else math.nan
         if not kept or best_factor({f: loss, kept["run"].lr_factor: kept["loss"]}) == f:

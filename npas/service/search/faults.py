@@ -170,11 +170,14 @@ def recover_once(study: optuna.Study) -> list[int]:
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it; a
-    ladder trial paused at a rung keeps the path of its checkpoint, so the re-run resumes from there."""
+    ladder trial keeps the path of its checkpoint and its directory, so the re-run resumes from the
+    newest checkpoint there, and the steps it had trained, so the re-run counts those it loses."""
     attrs: dict[str, Any] = {TrialAttr.RETRY_OF: trial.number}
-    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT):
+    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT, TrialAttr.LADDER_DIR):
         if key in trial.user_attrs:
             attrs[key] = trial.user_attrs[key]
+    if trial.user_attrs.get(TrialAttr.TRAINED_STEPS):
+        attrs[TrialAttr.STEPS_BEFORE] = trial.user_attrs[TrialAttr.TRAINED_STEPS]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 
 

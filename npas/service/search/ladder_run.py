@@ -11,10 +11,12 @@
   running trials only, where new trials are created (the searcher asks ``admits``: Tune starts
   every pending trial its resources allow) and where paused ones resume (``choose_trial_to_run``),
   promoted trials first.
-- ``Checkpoints``: a Tune callback that records each trial's last climb checkpoint on its Optuna trial
-  (``TrialAttr.LADDER_CHECKPOINT``: a driver stopped while the trial is paused re-enqueues it with that
-  path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
-  finished or stopped below the top rung.
+- ``Checkpoints``: a Tune callback that records each trial's directory as it starts
+  (``TrialAttr.LADDER_DIR``) and its last climb checkpoint (``TrialAttr.LADDER_CHECKPOINT``) on its
+  Optuna trial -- a driver stopped while the trial is paused re-enqueues it with both, and ``npas
+  resume`` continues it from the newest checkpoint there (``climb_store.restore``) -- and removes a
+  trial's checkpoints when it stops, finished or stopped below the top rung. ``sweep`` removes, at
+  the search's end, those no trial will resume from, wherever the trials recorded them.
 - ``rebuild``: the ladder of the study's trials already told (a resumed driver's rungs start where the
   stopped driver's were, so a resumed paused trial is ranked against every earlier result, and the
   promotions already made count toward each rung's cap); while it runs, ``rung_exchange`` keeps it
@@ -26,8 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -37,6 +38,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
+from npas.service.search.climb_store import checkpoints_in, filesystem, name_of, remove
 from npas.service.search.climber import OBJECTIVE_PREFIX
 from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
@@ -183,10 +185,17 @@ def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str]
 
 
 class Checkpoints(tune.Callback):
-    """Records each trial's last checkpoint on its Optuna trial; removes a trial's checkpoints when it stops."""
+    """Records each trial's directory as it starts and its last checkpoint as Tune confirms it on its
+    Optuna trial; removes a trial's checkpoints when it stops."""
 
     def __init__(self, searcher: NpasSearcher) -> None:
         self.searcher = searcher
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        # before the trial can write a checkpoint: one written just before a crash is found there
+        where = checkpoint_uri(trial.storage.storage_filesystem, trial.storage.trial_fs_path)
+        if where is not None:
+            self.searcher.record_trial_dir(trial.trial_id, where)
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Trial, checkpoint: Any, **info: Any) -> None:
         # a local path, or the URI of Ray's storage (--checkpoint-storage s3://...): what a later driver resumes from
@@ -215,21 +224,51 @@ def remove_checkpoints(trial: Trial) -> None:
 
 
 def pending_checkpoints(study: optuna.Study) -> set[str]:
-    """The checkpoints the study's live or re-enqueued trials (RUNNING, WAITING) may still resume from,
-    whichever driver recorded them."""
+    """The checkpoints and trial directories the study's live or re-enqueued trials (RUNNING, WAITING)
+    may still resume from, whichever driver recorded them."""
     states = (TrialState.RUNNING, TrialState.WAITING)
     return {p for t in study.get_trials(deepcopy=False, states=states)
-            if (p := t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT))}
+            for attr in (TrialAttr.LADDER_CHECKPOINT, TrialAttr.LADDER_DIR) if (p := t.user_attrs.get(attr))}
 
 
-def sweep(experiments: Iterable[Path], keep: set[str]) -> None:
-    """Remove the checkpoints this study's runs left in their (local) experiment directories, except
-    those a trial may still resume from (``keep``): a trial that reported a rung just as its driver was
-    stopped or killed has a checkpoint no study record points to, and nothing would resume from it."""
-    import shutil
+def sweep(study: optuna.Study, storage: str, keep: set[str]) -> list[str]:
+    """Remove the checkpoints the study's runs left, except those a trial may still resume from
+    (``keep``: checkpoints, and trial directories whose newest checkpoint a retry takes): a trial that
+    reported a rung just as its driver was stopped or killed has a checkpoint no study record points
+    to. Looked for in every trial directory a trial of the study recorded (``TrialAttr.LADDER_DIR``:
+    whichever driver ran it, from whatever working directory, on whatever storage) and in this run's
+    storage (``storage``: a path or URI) under the study's experiment directories, for trials that
+    recorded none. Returns the checkpoints removed."""
+    def named(where: str) -> str:
+        return name_of(*filesystem(where))
 
-    kept = {str(Path(p).resolve()) for p in keep}
-    for experiment in experiments:
-        for d in experiment.glob("*/checkpoint_*"):
-            if d.is_dir() and str(d.resolve()) not in kept:
-                shutil.rmtree(d, ignore_errors=True)
+    kept = {named(p) for p in keep}
+    dirs = {named(d) for t in study.get_trials(deepcopy=False) if (d := t.user_attrs.get(TrialAttr.LADDER_DIR))}
+    dirs |= {d for e in experiments(storage, study.study_name) for d in subdirectories(e)}
+    removed = []
+    for d in sorted(dirs - kept):
+        for ckpt in checkpoints_in(d):
+            if ckpt not in kept:
+                remove(ckpt)
+                removed.append(ckpt)
+    return removed
+
+
+def experiments(storage: str, study_name: str) -> list[str]:
+    """The study's Tune experiment directories in ``storage`` (``<study>-<unix time>``, as the runner names them)."""
+    prefix = f"{study_name}-"
+    return [d for d in subdirectories(storage)
+            if (base := d.rstrip("/").rsplit("/", 1)[-1]).startswith(prefix) and base[len(prefix):].isdigit()]
+
+
+def subdirectories(where: str) -> list[str]:
+    """The directories directly in ``where`` (a path or URI), as recorded locations; none if it is gone."""
+    from pyarrow.fs import FileSelector, FileType
+
+    try:
+        fs, root = filesystem(where)
+        return [name_of(fs, i.path) for i in fs.get_file_info(FileSelector(root, allow_not_found=True))
+                if i.type == FileType.Directory]
+    except (OSError, ValueError) as e:
+        log.warning("cannot list %s (%s)", where, e)
+        return []

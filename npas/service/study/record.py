@@ -105,6 +105,12 @@ class TrialAttr(StrEnum):
     TOP_RUNG = "top_rung"  # the ladder: the highest rung the trial reached (== fidelity)
     LADDER = "ladder"  # the ladder, while running: {"objectives", "promoted": [rungs]} (rung_exchange)
     LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
+    # the ladder: the trial's directory in the run's storage (path or URI), recorded as it starts: where every
+    # checkpoint it writes goes, so a retry finds one written just before a crash, and the search's clean-up
+    # finds them wherever the run's storage was
+    LADDER_DIR = "ladder_trial_dir"
+    STEPS_BEFORE = "steps_before_retry"  # a re-enqueued trial: the steps its earlier attempt had trained (trained_steps)
+    LOST_STEPS = "lost_steps"  # the ladder: steps earlier attempts trained past their last checkpoint (in trained_steps)
     LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
     LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rate grid's runs not kept (apart from trained_steps)
 
