@@ -135,7 +135,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     grid: dict[int, int] = {}  # a rate-grid run in progress (not one of `climbs`) -> its steps so far
     last = {"at": time.monotonic()}
 
-    def spent() -> int:
+    def steps_paid() -> int:
         """Every optimizer step this trial has paid for: its climbs, its rate grid's discarded runs (done
         or in progress), and what earlier attempts lost."""
         grid_steps = int((meta.get("located") or {}).get("lr_grid_steps", 0))
@@ -148,7 +148,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
             grid[id(c)] = c.trained_steps
         if time.monotonic() - last["at"] >= PROGRESS_EVERY_S:
             last["at"] = time.monotonic()
-            tune.report({"val_loss": math.nan, "trained_steps": spent(), "node": node})
+            tune.report({"val_loss": math.nan, "trained_steps": steps_paid(), "node": node})
 
     def locate_here() -> None:
         """--locate-lr, on the step to the locating rung: the first seed's climb is the grid's x1 run and
@@ -188,7 +188,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     for c in climbs:
         c.on_progress = progress
     if ckpt is None and config.get("steps_before"):  # re-enqueued: the steps its earlier attempt lost
-        count_lost(meta, spent(), config["steps_before"])
+        count_lost(meta, steps_paid(), config["steps_before"])
     meta["wall_s"] += time.perf_counter() - started
     if climbs[0].top:  # restored at a rung: kept in the record, the proof that it resumed there
         meta["resumed_at"] = [*meta.get("resumed_at", []), climbs[0].top]
@@ -205,7 +205,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
             proxy["lost_steps"] = int(meta["lost_steps"])
             proxy["steps_trained"] += proxy["lost_steps"]
         row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
-               "trained_steps": spent(), **objectives, "proxy": json.dumps(proxy)}
+               "trained_steps": steps_paid(), **objectives, "proxy": json.dumps(proxy)}
         if not with_checkpoint:
             tune.report(row)
             return
@@ -227,11 +227,11 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
                 if c.failed is not None:
                     which = f"seed {seeds[i]} (repeat {i + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
                     rate = f"at the located rate x{c.lr_factor:g}: " if c.lr_factor != 1.0 else ""
-                    return fail(which + rate + c.failed, c.top, spent())
+                    return fail(which + rate + c.failed, c.top, steps_paid())
         except Exception as e:
-            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top, spent())
-        spent = time.perf_counter() - t0
-        meta["wall_s"] += spent
-        meta["train_s"] += spent
+            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top, steps_paid())
+        took = time.perf_counter() - t0
+        meta["wall_s"] += took
+        meta["train_s"] += took
         report(with_checkpoint=climbs[0].next_rung is not None)  # the top rung ends the trial: nothing to keep
     return None
