@@ -11,6 +11,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import optuna
+import pytest
+from optuna.trial import TrialState
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
@@ -119,3 +121,26 @@ def test_a_resumed_search_counts_the_promotions_already_made_and_caps_by_its_new
     assert ladder.report(12, RungResult("new", 2.0, (1.0,))).promote == ()  # the best yet, but the cap is spent
     wider = rebuild(study, RUNGS, OBJECTIVES, eta=4, target=16)  # npas resume --trials 16
     assert wider.cap(12) == 4 and wider.report(12, RungResult("new", 2.0, (1.0,))).promote == ("new",)
+
+
+@pytest.mark.slow
+def test_a_real_search_of_8_trials_sends_at_most_2_past_the_first_rung_and_prints_its_spend(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """`npas search` as a user runs it: the tiny space, a ladder at rungs 5, 10 and 40 (the shape of
+    smoke-wsd's 12, 50, 200), 8 trials, two workers."""
+    from npas.presentation.cli import main
+    from npas.service.search import runner
+    from tests.service.test_ladder_search import TINY, wsd_recipe
+
+    monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    code = main(["search", str(TINY), "--recipe", wsd_recipe(tmp_path, rungs=[5, 10, 40]), "--trials", "8",
+                 "--study", "rule", "--storage", url, "--sampler", "random", "--seed", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    study = optuna.load_study(study_name="rule", storage=url)
+    told = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    reached = [t.user_attrs[TrialAttr.FIDELITY] for t in told]
+    assert len(told) == 8 and sum(r > 5 for r in reached) <= 2 and reached.count(40) == 1  # the close sends one
+    assert "ladder (rungs 5, 10, 40; eta 4): rung 5 -> " in out and " of 8 went on, rung 10 -> 1 of " in out
+    assert study.user_attrs["ladder_compute"]["went_on"][0]["went_on"] <= 2

@@ -107,13 +107,15 @@ def ladder_search(ray_local, tmp_path_factory):
     """Twelve trials (the three baselines among them) of a wsd recipe under the ladder on one worker: one
     at a time, so the order of reports, and with it which trials pause and which are promoted later, is
     the same on every run (CPU training is bitwise); paused trials must not hold the one worker. The
-    ladder's cap on rung 10 is floor(12 / 4) = 3."""
+    ladder's cap on rung 10 is floor(12 / 4) = 3; at seed 2 the first four to report are the three
+    baselines and a sampled trial, the best of them a baseline that paused at rung 10 and resumes from
+    its checkpoint once the rung has four results."""
     tmp = tmp_path_factory.mktemp("ladder")
     saved = runner.RUNS_DIR
     runner.RUNS_DIR = tmp / "runs"
     try:
         plan = plan_search(npas.load_space(TINY), trials=12, study="ladder", storage=f"sqlite:///{tmp}/l.db",
-                           recipe=wsd_recipe(tmp), sampler="random", seed=1, launch=Launch(workers=1))
+                           recipe=wsd_recipe(tmp), sampler="random", seed=2, launch=Launch(workers=1))
         study = search(plan)
     finally:
         runner.RUNS_DIR = saved
@@ -164,6 +166,11 @@ def test_a_ladder_search_through_the_api_records_its_rung_agreement_on_the_study
     assert stored["reached"] == sum(is_full_fidelity(t) for t in study.trials)
     (low,) = stored["agreements"]
     assert (low["rung"], low["next_rung"]) == (10, 40) and low["n"] == stored["reached"]
+    spent = study.user_attrs["ladder_compute"]  # and the ladder's spend, refreshed after every trial too
+    assert spent["went_on"] == [{"rung": 10, "went_on": 3, "results": 12}]  # the cap: floor(12 / 4)
+    assert spent["steps"] == sum(t.user_attrs[TrialAttr.TRAINED_STEPS] for t in study.trials
+                                 if TrialAttr.TRAINED_STEPS in t.user_attrs)
+    assert spent["nt_steps"] == 12 * 40 and 0 < spent["steps_x_nt"] < 0.5
     # every rung report was published as it happened, for other drivers (rung_exchange), promotions too
     told = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert all(TrialAttr.LADDER in t.user_attrs for t in told)
