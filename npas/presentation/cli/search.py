@@ -265,12 +265,14 @@ def run_search(args: argparse.Namespace) -> int:
     if plan.fidelity == "ladder":
         from npas.service.search.ladder import DEFAULT_ETA
 
-        caps = [plan.target // DEFAULT_ETA ** (k + 1) for k in range(len(plan.rungs) - 1)]
+        here = ""
+        if plan.trials is not None:  # else a joined study's stored target, not known before it is opened
+            caps = [f"{plan.trials // DEFAULT_ETA ** (k + 1)} past rung {r}" for k, r in enumerate(plan.rungs[:-1])]
+            here = f" (N = {plan.trials}: {', '.join(caps)})"
         print(f"npas search: promotion ladder at rungs {', '.join(map(str, plan.rungs))} steps (eta {DEFAULT_ETA}): "
-              f"every trial climbs to the first; of the {plan.target} trials at most "
-              f"{', '.join(f'{c} go on from rung {r}' for c, r in zip(caps, plan.rungs, strict=False))} "
-              f"(each while in the best 1/{DEFAULT_ETA} of its rung so far; a rung that sends none on sends its "
-              f"best once nothing else can reach it)", file=sys.stderr)
+              f"every trial climbs to the first; the k-th rung sends on at most N/{DEFAULT_ETA}^k of the search's N "
+              f"trials{here}, each while in the best 1/{DEFAULT_ETA} of its rung so far; a rung that sent none sends "
+              f"its best once nothing else can reach it", file=sys.stderr)
         if plan.locate_lr:
             from npas.training.located_rate import DEFAULT_GRID, locate_rung
 
