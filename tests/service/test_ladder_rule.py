@@ -102,22 +102,29 @@ def test_a_rung_that_closes_with_nobody_promoted_sends_its_best_waiting_trial_on
     assert again.close(50, ["t0"]).promote == ()  # it promoted someone already: the cap stands
 
 
-def _told(study: optuna.Study, losses: dict[int, float], promoted: list[int] = ()) -> None:
+def _told(study: optuna.Study, losses: dict[int, float | None], promoted: list[int] = (),
+          status: str | None = None) -> None:
     t = study.ask()
     t.set_user_attr(TrialAttr.RUNG_LOSSES, {str(k): v for k, v in losses.items()})
     if promoted:
         t.set_user_attr(TrialAttr.LADDER, {"objectives": [1.0], "promoted": list(promoted)})
-    study.tell(t, [losses[max(losses)], 1.0])
+    if status is None:
+        study.tell(t, [losses[max(losses)], 1.0])
+    else:
+        t.set_user_attr(TrialAttr.STATUS, status)
+        study.tell(t, state=TrialState.FAIL)
 
 
 def test_a_resumed_search_counts_the_promotions_already_made_and_caps_by_its_new_target():
     study = optuna.create_study(directions=["minimize", "minimize"])  # Optuna's in-memory storage: same reads
     _told(study, {12: 3.0, 50: 2.6})  # went on from 12 (a loss above it)
-    _told(study, {12: 3.1}, promoted=[12])  # promoted, stopped before it reported 50
+    _told(study, {12: 3.1, 50: None}, status="failed")  # promoted, then diverged on the way to 50
+    _told(study, {12: 1.0}, promoted=[12], status="interrupted")  # its re-enqueued retry reports rung 12 again
     for loss in (3.2, 3.3, 3.4, 3.5):
         _told(study, {12: loss})
     ladder = rebuild(study, RUNGS, OBJECTIVES, eta=4, target=8)
     assert sorted(ladder.promoted[12]) == ["study:0", "study:1"] and ladder.is_full(12)
+    assert len(ladder.results[12]) == 6  # the interrupted attempt is not a result: its retry will be
     assert ladder.report(12, RungResult("new", 2.0, (1.0,))).promote == ()  # the best yet, but the cap is spent
     wider = rebuild(study, RUNGS, OBJECTIVES, eta=4, target=16)  # npas resume --trials 16
     assert wider.cap(12) == 4 and wider.report(12, RungResult("new", 2.0, (1.0,))).promote == ("new",)

@@ -173,14 +173,14 @@ class SearchLadder(LadderScheduler):
 
 def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA,
             target: int | None = None) -> Ladder:
-    """The ladder of the study's told trials (COMPLETE, with rung losses), keyed ``"study:<number>"``:
+    """The ladder of the study's told trials (COMPLETE or failed, with rung losses), keyed ``"study:<number>"``:
     what a resumed or joining driver's scheduler starts from, capped by ``target`` (the search's N
     now: a resume with another ``--trials`` caps by the new one). Read as a running driver reads the
     others' (``RungExchange.pull``), by a reader that owns no trial."""
     names = list(objectives)
     ladder = Ladder(tuple(rungs), eta, target)
     RungExchange(study, lambda _: None, set, [names.index(o) for o in ranked_objectives(names)]).pull(
-        ladder, states=(TrialState.COMPLETE,))
+        ladder, states=(TrialState.COMPLETE, TrialState.FAIL))
     return ladder
 
 

@@ -40,7 +40,7 @@ from optuna.trial import TrialState
 from npas.service.search.ladder import Ladder, RungResult
 from npas.service.search.outcome import rung_losses_attr
 from npas.service.study.record import TrialAttr
-from npas.service.study.rungs import NOT_RESULTS
+from npas.service.study.rungs import NOT_RESULTS, RETRIED
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,12 @@ class RungExchange:
 
     # ---- pull -----------------------------------------------------------------------------------
     def pull(self, ladder: Ladder, force: bool = True,
-             states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE)) -> bool:
+             states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)) -> bool:
         """Merge the other drivers' rung results into ``ladder``; returns whether anything changed.
         Without ``force`` the study is read at most every ``pull_every_s`` seconds. ``states``: the
-        trials read (``ladder_run.rebuild`` reads the told ones only)."""
+        trials read (``ladder_run.rebuild`` reads the told ones only). A trial that failed above a rung
+        was promoted from it (its promotion counts toward the cap); one stopped with its driver is
+        skipped: its re-enqueued retry reports its rungs again."""
         now = time.monotonic()
         if not force and now - self._pulled < self.pull_every_s:
             return False
@@ -123,7 +125,7 @@ class RungExchange:
         own = self.own()
         changed: list[int] = []
         for t in self.study.get_trials(deepcopy=False, states=states):
-            if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in NOT_RESULTS:
+            if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in (*NOT_RESULTS, *RETRIED):
                 continue
             losses = _losses(t.user_attrs.get(TrialAttr.RUNG_LOSSES))
             if not losses:

@@ -26,12 +26,11 @@ from optuna.trial import FrozenTrial
 
 from npas.service.search.ladder import DEFAULT_ETA, Ladder
 from npas.service.study.record import TrialAttr
-from npas.service.study.rungs import NOT_RESULTS, rung_losses
+from npas.service.study.rungs import NOT_RESULTS, RETRIED, rung_losses
 from npas.service.study.studies import counts_toward_target, read_record, status
 from npas.training.recipe import Recipe
 
 LADDER_COMPUTE_ATTR = "ladder_compute"  # study user attr: LadderCompute.to_dict(), written by `record`
-RETRIED = ("interrupted", "orphaned")  # records whose re-enqueued retry carries their steps and rungs
 
 
 @dataclass(frozen=True)
