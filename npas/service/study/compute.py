@@ -24,10 +24,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from npas.errors import NpasError
 from npas.service.search.ladder import DEFAULT_ETA, Ladder
-from npas.service.study.record import TrialAttr
+from npas.service.study.record import StudyAttr, TrialAttr
 from npas.service.study.rungs import NOT_RESULTS, RETRIED, rung_losses
-from npas.service.study.studies import counts_toward_target, read_record, status
+from npas.service.study.studies import counts_toward_target, status
 from npas.training.recipe import Recipe
 
 LADDER_COMPUTE_ATTR = "ladder_compute"  # study user attr: LadderCompute.to_dict(), written by `record`
@@ -94,15 +95,20 @@ def _went_on(rungs: tuple[int, ...], eta: int, trials: Iterable[FrozenTrial]) ->
 
 def ladder_compute(study: optuna.Study, eta: int = DEFAULT_ETA) -> LadderCompute | None:
     """The study's ladder and its spend; None for a study that did not search under the ladder (a
-    cosine recipe, or ``--no-early-stop``)."""
-    record = read_record(study)
-    recipe = Recipe.from_dict(dict(record.recipe))
-    if not (record.early_stop and recipe.schedule == "wsd"):
+    cosine recipe, ``--no-early-stop``, or a study without npas's recipe record: read from the
+    attributes alone, so `npas front` shows any study)."""
+    attrs = study.user_attrs
+    stored = attrs.get(StudyAttr.RECIPE)
+    if not (isinstance(stored, dict) and stored.get("schedule") == "wsd" and attrs.get(StudyAttr.EARLY_STOP, True)):
+        return None
+    try:
+        recipe = Recipe.from_dict(dict(stored))
+    except NpasError:  # a damaged record: nothing to read the rungs from
         return None
     trials = study.get_trials(deepcopy=False)
     ran = [t for t in trials if counts_toward_target(t) and status(t) not in RETRIED]
     rungs = tuple(recipe.fork_rungs())
-    top, tokens, seeds = recipe.steps, recipe.tokens_per_step, max(1, int(record.repeats or 1))
+    top, tokens, seeds = recipe.steps, recipe.tokens_per_step, max(1, int(attrs.get(StudyAttr.REPEATS) or 1))
     spent = [t for t in trials if status(t) not in RETRIED]
     return LadderCompute(
         rungs=rungs, eta=eta, went_on=_went_on(rungs, eta, ran), trials=len(ran), top=top,
