@@ -76,11 +76,15 @@ def test_a_study_not_searched_under_the_ladder_has_no_ladder_compute():
     assert compute.record(cosine) is None and compute.LADDER_COMPUTE_ATTR not in cosine.user_attrs
 
 
-def test_npas_front_prints_the_ladder_line(tmp_path, capsys):
+def test_npas_front_and_the_dashboard_show_the_ladder_line(tmp_path, capsys):
     from npas.presentation.cli import main
+    from npas.presentation.dashboard.rungs import caption, rungs_info
 
     url = f"sqlite:///{tmp_path / 'f.db'}"
-    _study(url)
+    study = _study(url)
     assert main(["front", "spent", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert "ladder (rungs 10, 40, 160; eta 4): rung 10 -> 2 of 8 went on, rung 40 -> 1 of 2; compute 0.35 N·T" in out
+    line = compute.ladder_compute(study).line()
+    assert line in out.splitlines() and "rung 10 -> 2 of 8 went on, rung 40 -> 1 of 2; compute 0.35 N·T" in line
+    info = rungs_info(study)
+    assert info.compute == line and caption(info).endswith("The search's spend: " + line + ".")
