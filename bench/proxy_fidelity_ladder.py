@@ -6,7 +6,7 @@ bit for bit: tests/training/test_checkpoint.py), and a promoted trial resumes fr
 without retraining a step. So the losses a ladder over the 24 frozen candidates would see are the
 ``rung_losses`` already cached on each candidate's WSD run (seed 0, validation split): what is left
 to decide is *which* rungs each candidate would reach. That is the ladder's rule itself
-(``npas.Ladder``: asynchronous successive halving, non-dominated ranking, ties within the noise),
+(``npas.Ladder``: asynchronous successive halving, non-dominated ranking; no search-wide cap: a replay has no target),
 replayed here on an event clock with ``WORKERS`` workers that run the scheduler's order
 (``npas/service/search/ladder_scheduler.py``): promoted paused trials resume first, then new
 trials in the sampler's order; a trial promoted at its own report continues on its worker; when
@@ -110,7 +110,6 @@ def replay(order: list[str], rung_losses: dict[str, dict[int, float]], recipe: A
         loss = rung_losses[c][t]
         out.reached[c], out.losses.setdefault(c, {})[t] = t, loss
         decision = ladder.report(t, npas.RungResult(c, loss if math.isfinite(loss) else math.nan))
-        ladder.update_noise()
         if t == rungs[-1]:
             continue
         promoted = list(decision.promote)

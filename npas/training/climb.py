@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,9 @@ class Climb:
     fork_steps: int = 0
     lr_factor: float = 1.0
     failed: str | None = None  # why the climb cannot go on (a non-finite loss), else None
+    # told the climb every few steps while it trains (each host sync of ``forks.advance``): a search
+    # reports its steps so far, so steps lost with a crashed driver are still counted; not checkpointed
+    on_progress: Callable[[Climb], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def recipe(self) -> Recipe:
@@ -94,8 +97,7 @@ class Climb:
         tr, recipe, last = self.trainer, self.recipe, t == self.recipe.steps
         with recipe_threads(recipe, tr.device):
             # the stable segment: under the schedule of the whole run, flat until decay_start(steps)
-            if forks.advance(tr, recipe.steps if last else recipe.decay_start(t), recipe.steps,
-                             forks._stop_if_not_finite):
+            if forks.advance(tr, recipe.steps if last else recipe.decay_start(t), recipe.steps, self._check):
                 loss = math.nan
             elif last:  # the top rung decays the stable run itself
                 loss = evaluate(tr.model, self.evals, tr.device, recipe)
@@ -106,6 +108,11 @@ class Climb:
         if not math.isfinite(loss):
             self.failed = f"non-finite loss on the way to rung {t} ({loss}); lower lr or raise warmup"
         return t, loss
+
+    def _check(self, done: int, losses: list[torch.Tensor]) -> bool:
+        if self.on_progress is not None:
+            self.on_progress(self)
+        return forks._stop_if_not_finite(done, losses)
 
     def climb(self, until: int | None = None) -> dict[int, float]:
         """Step up rung after rung to ``until`` (default: the top), stopping early on a failure."""

@@ -17,9 +17,15 @@ where runs are cheapest), and on the frozen fidelity candidates (``bench/located
 factor chosen there was not the best at T on either of the first two held out; at T/16 the runs are
 barely past warmup, the factors differ by less than run noise, and the lower rate wins where the
 higher one wins at T. Scored at T/4, those two held runs' forks already ordered their rates as T did
-(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target). Under the
-ladder only the trials promoted past the first rung reach T/4, so the grid costs a quarter of the
-run for a quarter of the candidates, not for all of them.
+(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target).
+
+What it costs. Each located trial trains 2 to 6 runs to the locating rung (the grid's runs up to the
+first clearly worse factor, and at most ``MAX_EXTENSIONS`` past an edge); all but the winner are the
+grid's cost, 1 to 5 x T/4 steps. Only the trials that reach the locating rung pay it: under the
+ladder's default rungs (T/16, T/4, T) that is the trials promoted from the first rung, at most
+floor(N / eta) of a search's N (``npas.service.search.ladder``), so the grid adds at most
+5/4 x T x N/eta steps, 0.31 N·T at eta = 4 (0.06 to 0.19 N·T for the usual 2 to 4 runs). Where the
+locating rung is the first rung (a ladder whose second rung is above T/4), every trial locates.
 
 The factor multiplies every parameter group's fair rate, warmup and floor included
 (``npas.training.climb.scale_rates``): the fair rules between groups stay as they are and only the
@@ -127,11 +133,13 @@ def search(try_factor: Callable[[float], tuple[float, int]], grid: Sequence[floa
 def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, reference: Any = None,
            grid: Sequence[float] = DEFAULT_GRID, step: float = STEP,
            max_extensions: int = MAX_EXTENSIONS, init_state: Any = None, rung: int | None = None,
-           fair: _climb.Climb | None = None) -> tuple[_climb.Climb, Located]:
+           fair: _climb.Climb | None = None,
+           on_progress: Callable[[_climb.Climb], None] | None = None) -> tuple[_climb.Climb, Located]:
     """Train one WSD run per factor to ``rung`` (default ``locate_rung``; its cooldown fork) and keep the
     best run: the returned climb is the trial's own run, paused at that rung at the located factor,
     ready to go on. ``fair``: the trial's climb at x1 so far (below the rung), which is the grid's x1
-    run instead of a fresh one. ``init_state``: every fresh run starts from it (``--init-from``)."""
+    run instead of a fresh one. ``init_state``: every fresh run starts from it (``--init-from``).
+    ``on_progress``: each fresh run's ``Climb.on_progress`` (the fair one keeps its own)."""
     target = locate_rung(recipe) if rung is None else rung
     if target not in recipe.fork_rungs():
         raise ValueError(f"rung {target} is not one of the recipe's rungs {list(recipe.fork_rungs())}")
@@ -144,6 +152,7 @@ def locate(cfg: Any, recipe: Recipe, corpus: Corpus, device: Any = None, referen
             c = fair
         else:
             c = _climb.start(cfg, recipe, corpus, device, reference, lr_factor=f, init_state=init_state)
+            c.on_progress = on_progress
         c.climb(until=target)
         loss = c.rung_losses.get(target, math.nan) if c.failed is None else math.nan
         if not kept or best_factor({f: loss, kept["run"].lr_factor: kept["loss"]}) == f:

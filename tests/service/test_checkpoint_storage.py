@@ -10,7 +10,7 @@ import pytest
 from pyarrow.fs import LocalFileSystem, S3FileSystem
 
 from npas.errors import StudyError
-from npas.service.search.climber import from_storage, is_checkpoint, load_climbs, save_climbs
+from npas.service.search.climb_store import from_storage, is_checkpoint, load_climbs, save_climbs
 from npas.service.search.launch import Launch, check_inputs, checkpoint_uri
 from npas.service.search.worker import WorkerSpec
 from npas.training.data import load_corpus

@@ -1,5 +1,6 @@
-"""The promotion rule: top 1/eta by non-dominated rank then loss, decided asynchronously as results
-arrive; a boundary tie within the noise promoted together, one extra at most; the noise's sources."""
+"""The promotion ladder's ranking and bookkeeping: top 1/eta by non-dominated rank then loss, decided
+asynchronously as results arrive; the rung-to-rung agreement; the rebuild from recorded rung losses.
+The search-wide cap and its other rules: tests/service/test_ladder_rule.py."""
 
 from __future__ import annotations
 
@@ -7,41 +8,11 @@ import math
 
 import pytest
 
-from npas.service.search.ladder import (
-    DEFAULT_SEED_STD,
-    MIN_RESIDUAL_PAIRS,
-    Ladder,
-    Noise,
-    RungResult,
-    decide,
-    estimate_noise,
-    fronts,
-    rank,
-)
+from npas.service.search.ladder import Ladder, RungResult, decide, fronts, rank
 
 
-def rr(trial: str, loss: float, *objectives: float, std: float | None = None) -> RungResult:
-    return RungResult(trial, loss, tuple(objectives), std)
-
-
-def test_a_tie_at_the_boundary_is_promoted_with_it():
-    noise = Noise(0.002, "given")  # a gap is a tie up to 2 * sqrt(2) * 0.002 = 0.0057
-    d = decide([rr("a", 1.0), rr("b", 1.1), rr("c", 1.105), rr("d", 1.2)], promoted=[], eta=2, noise=noise)
-    assert d.quota == 2 and d.boundary == "b" and d.tie == "c" and d.promote == ("a", "b", "c")
-    apart = decide([rr("a", 1.0), rr("b", 1.1), rr("c", 1.107), rr("d", 1.2)], promoted=[], eta=2, noise=noise)
-    assert apart.tie is None and apart.promote == ("a", "b")  # 0.007 apart: beyond the noise
-
-
-def test_ties_are_capped_at_one_extra_trial_per_decision():
-    many = [rr("a", 1.0), rr("b", 1.1), rr("c", 1.101), rr("d", 1.102), rr("e", 1.103), rr("f", 1.5)]
-    d = decide(many, promoted=[], eta=2, noise=Noise(0.01, "given"))  # c, d and e all within the noise
-    assert d.quota == 3 and d.boundary == "c" and d.promote == ("a", "b", "c", "d")  # d only: one extra
-
-
-def test_a_results_own_std_overrides_the_rungs_noise():
-    results = [rr("a", 1.0), rr("b", 1.1, std=0.0001), rr("c", 1.105, std=0.0001), rr("d", 1.2)]
-    assert decide(results, [], eta=2, noise=Noise(0.01, "given")).tie is None  # seed means, tightly known
-    assert decide(results, [], eta=2, noise=Noise(0.01, "given")).promote == ("a", "b")
+def rr(trial: str, loss: float, *objectives: float) -> RungResult:
+    return RungResult(trial, loss, tuple(objectives))
 
 
 def test_non_dominated_rank_comes_before_loss():
@@ -49,14 +20,14 @@ def test_non_dominated_rank_comes_before_loss():
     results = [rr("c", 1.1, 20), rr("d", 1.3, 30), rr("b", 1.2, 1), rr("a", 1.0, 10)]
     assert [[r.trial for r in f] for f in fronts(results)] == [["a", "b"], ["c"], ["d"]]
     assert [r.trial for r in rank(results)] == ["a", "b", "c", "d"]
-    d = decide(results, [], eta=2, noise=Noise(1e-6, "given"))
+    d = decide(results, [], eta=2)
     assert d.promote == ("a", "b")  # loss alone would have promoted a and c
-    single = decide([rr(r.trial, r.loss) for r in results], [], eta=2, noise=Noise(1e-6, "given"))
+    single = decide([rr(r.trial, r.loss) for r in results], [], eta=2)
     assert single.promote == ("a", "c")
 
 
 def test_promotion_is_asynchronous_and_final():
-    ladder = Ladder(rungs=(100, 400, 1600), eta=3, noise=Noise(1e-6, "given"))
+    ladder = Ladder(rungs=(100, 400, 1600), eta=3)
     assert ladder.report(100, rr("t0", 1.0)).promote == ()  # quota 0: t0 waits, paused
     assert ladder.report(100, rr("t1", 2.0)).promote == ()
     third = ladder.report(100, rr("t2", 3.0))
@@ -74,21 +45,9 @@ def test_promotion_is_asynchronous_and_final():
 
 
 def test_a_diverged_result_is_never_promoted():
-    d = decide([rr("nan", math.nan), rr("b", 2.0)], [], eta=2, noise=Noise(10.0, "given"))
-    assert d.ranking == ("b", "nan") and d.promote == ("b",) and d.tie is None
-
-
-def test_noise_comes_from_seeds_then_residuals_then_the_default():
-    pooled = estimate_noise(seed_stds=[(0.01, 2), (0.02, 3)], rung_pairs=[(1.0, 0.9)] * 20)
-    assert pooled.source == "seeds" and pooled.n == 3 and pooled.std == pytest.approx(math.sqrt(3e-4))
-    xs = [1.0 + 0.1 * i for i in range(MIN_RESIDUAL_PAIRS)]
-    wobble = [0.01 * (-1) ** i for i in range(MIN_RESIDUAL_PAIRS)]
-    pairs = [(x, 0.8 * x + e) for x, e in zip(xs, wobble, strict=True)]
-    resid = estimate_noise(rung_pairs=pairs)
-    assert resid.source == "residual" and resid.n == MIN_RESIDUAL_PAIRS
-    assert 0.004 < resid.std < 0.01  # the +-0.01 wobble, over sqrt(2), less what the line absorbs
-    assert estimate_noise(rung_pairs=pairs[:-1]) == Noise(DEFAULT_SEED_STD, "default")
-    assert estimate_noise(seed_stds=[(0.05, 1)]).source == "default"  # one seed: no std
+    d = decide([rr("nan", math.nan), rr("b", 2.0), rr("c", 3.0), rr("d", 4.0)], [], eta=2)
+    assert d.ranking == ("b", "c", "d", "nan") and d.promote == ("b", "c")
+    assert decide([rr("nan", math.nan), rr("b", 2.0)], [], eta=1 + 1).promote == ("b",)
 
 
 def test_rung_pairs_pair_a_trials_losses_at_consecutive_rungs():
@@ -113,18 +72,17 @@ def test_the_rung_to_rung_agreement_is_suppressed_below_ten_pairs():
     enough = agreement(ladder, 1)
     assert enough.n == MIN_TAU_PAIRS and enough.tau.value == pytest.approx(1 - 2 * 1 / 45)
     assert enough.tau.low is not None and enough.pairs == 45 and agreement(ladder, 2) is None
-    assert ladder.update_noise().source == "residual"  # ten rung-to-rung pairs now
 
 
 def test_a_resumed_driver_rebuilds_the_ladder_from_rung_losses_and_reruns_nothing():
     # what the study recorded when the first driver died: a went up to 400, b, c and d paused at 100
     recorded = {"a": {100: 1.0, 400: 0.8}, "b": {100: 1.3}, "c": {100: 1.2}, "d": {100: 1.5}, "e": {100: 1.1}}
-    ladder = Ladder.rebuild((100, 400, 1600), recorded, eta=2, noise=Noise(1e-6, "given"))
+    ladder = Ladder.rebuild((100, 400, 1600), recorded, eta=2)
     assert ladder.promoted == {100: ["a"]} and len(ladder.results[100]) == 5
     due = ladder.decide(100)  # five at rung 100: quota 2, a already promoted, e (1.1) is due now
     assert due.promote == ("e",) and ladder.is_promoted("e", 100)
     assert ladder.decide(100).promote == ()  # decided once: deciding again promotes nobody twice
     assert ladder.decide(400).promote == ()  # one trial at 400: quota 0, a waits there
     # a second driver that reads the promotion of e from the record does not make it again
-    other = Ladder.rebuild((100, 400, 1600), recorded, eta=2, noise=Noise(1e-6, "given"), promoted={"e": [100]})
+    other = Ladder.rebuild((100, 400, 1600), recorded, eta=2, promoted={"e": [100]})
     assert other.is_promoted("e", 100) and other.decide(100).promote == ()

@@ -48,19 +48,21 @@ def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_loca
 
     saved = runner.RUNS_DIR
     runner.RUNS_DIR = tmp_path / "runs"
-    try:  # rungs 5, 10, 40: trials start at x1, and those promoted to 10 (= T/4) locate their rate there
-        plan = plan_search(npas.load_space(TINY), trials=6, study="loc", storage=f"sqlite:///{tmp_path}/l.db",
-                           recipe=wsd_recipe(tmp_path, rungs=[5, 10, 40]), sampler="random", seed=3,
-                           launch=Launch(workers=2), locate_lr=True)
+    try:  # rungs 5, 10, 40: trials start at x1, and those promoted to 10 (= T/4) locate their rate there; at
+        # a tenth of the fast recipe's rate the grid's larger factors win, so the located run is not the x1 one
+        plan = plan_search(npas.load_space(TINY), trials=8, study="loc", storage=f"sqlite:///{tmp_path}/l.db",
+                           recipe=wsd_recipe(tmp_path, rungs=[5, 10, 40], lr=1e-3, min_lr=1e-4), sampler="random",
+                           seed=3, launch=Launch(workers=2), locate_lr=True)
         study = search(plan)
     finally:
         runner.RUNS_DIR = saved
     assert read_record(study).locate_lr is True  # a resume continues it located
     assert locate_rung(plan.recipe) == 10
     told = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert len(told) == 6
+    assert len(told) == 8
     located = [t for t in told if t.user_attrs[TrialAttr.FIDELITY] >= 10]
-    assert located and len(located) < len(told)  # the ladder promoted some: only they paid for a grid
+    assert 1 <= len(located) <= 8 // 4  # the ladder's cap on rung 5: only they paid for a grid
+    assert any(t.user_attrs[TrialAttr.LR_FACTOR] != 1.0 for t in located)  # else x1 and located losses agree
     for t in told:
         if t not in located:  # stopped at rung 5 at its fair rate: no factor, read as x1 everywhere
             assert TrialAttr.LR_FACTOR not in t.user_attrs and "lr_grid" not in t.user_attrs[TrialAttr.PROXY]
@@ -84,7 +86,11 @@ def test_a_located_search_records_each_trials_factor_and_the_grids_cost(ray_loca
         c = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=plan.space.reference_chassis,
                         lr_factor=factor)
         c.climb(until=t.user_attrs[TrialAttr.FIDELITY])
-        assert {str(k): v for k, v in c.rung_losses.items()} == t.user_attrs[TrialAttr.RUNG_LOSSES]  # bitwise
+        assert {str(k): v for k, v in c.rung_losses.items()} == t.user_attrs[TrialAttr.LOCATED_RUNG_LOSSES]  # bitwise
+        # what the ladder ranked on, stored as such: rung 5 at x1 (the grid had not run), the located run from 10 up
+        ranked = {str(k): (per.rung_losses[k] if k < 10 else v) for k, v in c.rung_losses.items()}
+        assert t.user_attrs[TrialAttr.RUNG_LOSSES] == ranked and t.user_attrs[TrialAttr.CURVE] == [
+            [int(k), v] for k, v in ranked.items()]
         assert c.trained_steps == t.user_attrs[TrialAttr.TRAINED_STEPS]
         edge = proxy["lr_at_edge"]  # an optimum still at the grid's edge is flagged
         assert edge == (factor in (min(grid), max(grid)))
@@ -122,9 +128,15 @@ def test_with_repeats_the_other_seeds_restart_at_the_located_factor(ray_local, t
             c = climb.start(cfg, r, plan.corpus, device="cpu", reference=plan.space.reference_chassis, lr_factor=factor)
             c.climb(until=top)
             straight.append(c)
-        for rung, v in t.user_attrs[TrialAttr.RUNG_LOSSES].items():  # every seed at the factor, every rung
+        for rung, v in t.user_attrs[TrialAttr.LOCATED_RUNG_LOSSES].items():  # every seed at the factor, every rung
             assert v == pytest.approx(statistics.fmean(c.rung_losses[int(rung)] for c in straight), abs=1e-6), rung
         grid = t.user_attrs[TrialAttr.PROXY]["lr_grid"]
+        fair = []  # rung 5 was ranked on both seeds' x1 climbs, before the grid ran
+        for s in seeds:
+            r = plan.recipe if s == plan.recipe.seed else Recipe.from_dict({**plan.recipe.to_dict(), "seed": s})
+            c = climb.start(cfg, r, plan.corpus, device="cpu", reference=plan.space.reference_chassis)
+            fair.append(c.climb(until=5)[5])
+        assert t.user_attrs[TrialAttr.RUNG_LOSSES]["5"] == pytest.approx(statistics.fmean(fair), abs=1e-6)
         per = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=plan.space.reference_chassis)
         per.climb(until=5)
         to5 = per.trained_steps
@@ -132,6 +144,55 @@ def test_with_repeats_the_other_seeds_restart_at_the_located_factor(ray_local, t
         restarted = to5 if factor != 1.0 else 0  # seed 2's x1 climb to rung 5, thrown away
         assert t.user_attrs[TrialAttr.LR_GRID_STEPS] == per.trained_steps * (len(grid) - 1) + restarted
         assert t.user_attrs[TrialAttr.TRAINED_STEPS] == sum(c.trained_steps for c in straight)
+
+
+def test_a_located_trial_is_stored_with_the_losses_the_ladder_ranked_it_on_and_its_located_run_apart(tmp_path):
+    """The ladder ranked the trial at rung 12 on its x1 loss (3.81); at rung 50 the located run (x16)
+    replaced its climb, whose rung-12 loss is 3.13. Stored, resumed (`rebuild`) and read by another
+    driver (`RungExchange.pull`), rung 12 ranks it on 3.81; the located run's own losses are kept apart."""
+    import json
+
+    import optuna
+
+    from npas.service.search.climber import ranked_record
+    from npas.service.search.ladder import Ladder
+    from npas.service.search.ladder_run import rebuild
+    from npas.service.search.outcome import combine_repeats
+    from npas.service.search.rung_exchange import RungExchange
+    from npas.service.search.samplers import make_sampler
+    from npas.service.search.searcher import NpasSearcher
+    from tests.service.test_ladder_search import WSD
+
+    space = npas.load_space(TINY)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["minimize"] * 2,
+                                sampler=make_sampler("random", 0, 2))
+    searcher = NpasSearcher(study, space, {**WSD, "rungs": [12, 50], "steps": 50, "horizon": 50}, "fp", 4)
+    searcher.ladder_objectives = list(space.objectives)
+    meta: dict = {"located": {"lr_factor": 16.0, "lr_grid_steps": 100}}
+    seed_run = {"status": "ok", "steps_done": 12, "val_loss": 3.81, "curve": [[12, 3.81]], "rung_losses": {12: 3.81},
+                "steps_trained": 12}
+    at_12 = ranked_record(combine_repeats([seed_run], [0]), {})  # before the grid: the x1 climb, reported
+    meta["ladder_losses"] = {"12": at_12["val_loss"]}  # what the climber notes as it reports
+    located = {**seed_run, "steps_done": 50, "val_loss": 2.90, "curve": [[12, 3.13], [50, 2.90]],
+               "rung_losses": {12: 3.13, 50: 2.90}, "steps_trained": 60}
+    proxy = ranked_record(combine_repeats([located], [0]), meta)
+    assert proxy["rung_losses"] == {12: 3.81, 50: 2.90} and proxy["located_rung_losses"] == {12: 3.13, 50: 2.90}
+    assert proxy["curve"] == [[12, 3.81], [50, 2.90]]
+    number = searcher.suggest("t0")["number"]
+    searcher.on_trial_result("t0", {"val_loss": 3.81, "rung": 12, "step": 12, "final": False, "proxy": json.dumps(at_12)})
+    searcher.on_trial_complete("t0", {"val_loss": 2.90, "rung": 50, "step": 50, "final": True, "proxy": json.dumps(proxy)})
+    t = study.trials[number]
+    assert t.user_attrs[TrialAttr.RUNG_LOSSES] == {"12": 3.81, "50": 2.90}
+    assert t.user_attrs[TrialAttr.LOCATED_RUNG_LOSSES] == {"12": 3.13, "50": 2.90}
+    assert t.user_attrs[TrialAttr.CURVE] == [[12, 3.81], [50, 2.90]]
+    other = study.ask()  # an x1 trial of a study written before located losses were kept apart: it still reads
+    other.set_user_attr(TrialAttr.RUNG_LOSSES, {"12": 3.50})
+    study.tell(other, [3.50, 1.0])
+    joined = Ladder((12, 50))  # another driver's ladder, reading this study live
+    assert RungExchange(study, lambda _: None, set, [1]).pull(joined)
+    for ladder in (rebuild(study, (12, 50), list(space.objectives)), joined):  # a resume, a joined driver
+        at = {r.trial: r.loss for r in ladder.results[12]}
+        assert at == {f"study:{number}": 3.81, f"study:{other.number}": 3.50}
 
 
 def test_a_study_without_locate_lr_reads_back_at_the_fair_rate():

@@ -74,7 +74,7 @@ def test_a_ladder_driver_stopped_between_rungs_resumes_from_the_checkpoints(tmp_
                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "ladder rungs 40:" in out.stdout
+    assert "ladder (rungs 40, 160; eta 4): rung 40 -> 1 of 6 went on" in out.stdout  # floor(6 / 4) = 1
     ts = check_final(url, name, target)  # target reached, nothing left RUNNING, no allocation run twice
     by_number = {t.number: t for t in ts}
     for number, (values, attrs) in before.items():  # completed trials untouched
@@ -93,6 +93,58 @@ def test_a_ladder_driver_stopped_between_rungs_resumes_from_the_checkpoints(tmp_
         straight = climb.start(ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC]), rec, corpus, device="cpu",
                                reference=reference)
         straight.climb(until=top)
-        assert t.user_attrs[TrialAttr.TRAINED_STEPS] == straight.trained_steps  # no step trained twice
+        # no step trained twice, and the steps the first attempt trained past its checkpoint are counted
+        lost = t.user_attrs.get(TrialAttr.LOST_STEPS, 0)
+        assert t.user_attrs[TrialAttr.TRAINED_STEPS] == straight.trained_steps + lost and lost >= 0
         assert t.values[0] == straight.rung_losses[top]  # bitwise, across two drivers
     assert not list((tmp_path / "trials").rglob("checkpoint_*")), "checkpoints left after the resumed search"
+
+
+def test_steps_a_killed_driver_trained_past_the_last_rung_are_counted_by_the_retry(tmp_path):
+    """kill -9 while the promoted trial climbs a long segment (1,160 steps from rung 40): its progress
+    report is on record, the resume restarts it from rung 40 and counts the lost steps in trained_steps."""
+    import npas
+    from npas.allocation.config import ArchConfig
+    from npas.service.search.climber import PROGRESS_EVERY_S
+    from npas.training import climb
+    from npas.training.data import load_corpus
+    from npas.training.recipe import Recipe, load_recipe
+
+    recipe = {**load_recipe(ROOT / "tests" / "data" / "fast.yaml").to_dict(), "name": "long-ladder",
+              "schedule": "wsd", "steps": 1200, "horizon": 1200, "rungs": [40, 1200], "eval_every": 40}
+    path = tmp_path / "long-ladder.yaml"
+    path.write_text(json.dumps(recipe))
+    url, name = f"sqlite:///{tmp_path}/npas.db", "lost"
+    proc = npas_run("search", TINY, "--recipe", str(path), "--trials", "4", "--study", name, "--storage", url,
+                    "--workers", "1", "--sampler", "random", cwd=tmp_path, log=tmp_path / "s.log")
+
+    def climbing_past_40() -> list:  # a RUNNING trial whose last progress report lies past its rung-40 steps
+        return [t for t in trials(url, name) if t.state == TrialState.RUNNING
+                and t.user_attrs.get(TrialAttr.TRAINED_STEPS, 0) > 60]
+
+    try:
+        wait_until(climbing_past_40, 240 + 2 * PROGRESS_EVERY_S, "a trial reporting its steps past rung 40")
+        (victim,) = climbing_past_40()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    reported = victim.user_attrs[TrialAttr.TRAINED_STEPS]
+    out = subprocess.run([sys.executable, "-m", "npas", "resume", name, "--storage", url, "--workers", "1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    (retry,) = [t for t in trials(url, name) if t.user_attrs.get(TrialAttr.RETRY_OF) == victim.number]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs[TrialAttr.PROXY]["resumed_at"] == [40]
+    rec = Recipe.from_dict(recipe)
+    corpus = load_corpus(None, rec.val_fraction, rec.test_fraction)
+    reference = npas.load_space(TINY).bind(vocab_size=corpus.vocab_size).reference_chassis
+    cfg = ArchConfig.from_dict(retry.user_attrs[TrialAttr.ALLOC])
+    to_40 = climb.start(cfg, rec, corpus, device="cpu", reference=reference)
+    to_40.climb(until=40)
+    lost = retry.user_attrs[TrialAttr.LOST_STEPS]
+    assert lost == reported - to_40.trained_steps > 0  # what the killed attempt trained past its checkpoint
+    top = retry.user_attrs[TrialAttr.FIDELITY]
+    straight = climb.start(cfg, rec, corpus, device="cpu", reference=reference)
+    straight.climb(until=top)
+    assert retry.user_attrs[TrialAttr.TRAINED_STEPS] == straight.trained_steps + lost
+    assert retry.values[0] == straight.rung_losses[top]  # still bitwise: the lost steps were retrained

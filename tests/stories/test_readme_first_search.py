@@ -74,11 +74,12 @@ def test_the_first_command_prints_what_the_readme_shows(tmp_path):
     m = re.search(r"^front read at the top rung: (\d+) of (\d+) trials reached T = 200 steps$", out, re.M)
     assert m and 1 <= int(m.group(1)) < int(m.group(2)) == 8, out  # the ladder stopped some below T
     assert re.search(r"^rung 12 -> 50: \d+ trial", out, re.M) and re.search(r"^rung 50 -> 200: ", out, re.M), out
-    m = re.search(r"^ladder rungs 12: (\d+) trials, (\d+) moved on; 50: (\d+) trials, (\d+) moved on; 200: (\d+) "
-                  r"trials$", out, re.M)
+    m = re.search(r"^ladder \(rungs 12, 50, 200; eta 4\): rung 12 -> (\d+) of (\d+) went on, rung 50 -> (\d+) of "
+                  r"(\d+); compute ([\d.]+) N·T steps, ([\d.]+) N·T FLOPs \(N = 8 trials, T = 200 steps\)$", out, re.M)
     assert m, out
-    n12, up12, n50, up50, n200 = map(int, m.groups())
-    assert up12 == n50 and up50 == n200 and n200 < n12  # the ladder promoted a subset, every promotion trained
+    up12, n12, up50, n50 = map(int, m.groups()[:4])
+    assert n12 == 8 and up12 == n50 <= 8 // 4 and up50 == 1  # the rule: at most floor(N/4) past rung 12
+    assert 0 < float(m.group(5)) < 0.5 and 0 < float(m.group(6)) < 1  # far below training all 8 to T
     lines, at = (p.stderr + "\n" + out).splitlines(), 0
     for pattern in shown_lines():  # the README's abridged output, in its order
         at = next((i for i in range(at, len(lines)) if pattern.match(lines[i])), None)

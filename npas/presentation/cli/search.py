@@ -198,25 +198,17 @@ def _print_front(study, fmt: str = "table") -> None:
 
 
 def _print_rungs(study) -> None:
-    """How many trials the front is read from, and the rung-to-rung agreement of the promoted ones."""
+    """How many trials the front is read from, the rung-to-rung agreement of the promoted ones, and for
+    a ladder search how many went on at each rung and what it spent (a multiple of N·T)."""
+    from npas.service.study.compute import ladder_compute
     from npas.service.study.rungs import summary
 
     s = summary(study)
     print(f"front read at the top rung: {s.reached_line()}")
     for line in s.agreement_lines():
         print(line)
-
-
-def _print_ladder(study) -> None:
-    """A study searched under the promotion ladder: each rung's trials and the rung-to-rung tau."""
-    from npas.service.search.ladder_run import rebuild, rung_summary
-    from npas.service.study.studies import read_record
-    from npas.training.recipe import Recipe
-
-    record = read_record(study)
-    recipe = Recipe.from_dict(dict(record.recipe))
-    if record.early_stop and recipe.schedule == "wsd":
-        print(rung_summary(rebuild(study, recipe.fork_rungs(), record.objectives)))
+    if (spent := ladder_compute(study)) is not None:
+        print(spent.line())
 
 
 def _fill_cell(fill: float | None, under: bool) -> str:
@@ -300,9 +292,14 @@ def run_search(args: argparse.Namespace) -> int:
     if plan.fidelity == "ladder":
         from npas.service.search.ladder import DEFAULT_ETA
 
+        here = ""
+        if plan.trials is not None:  # else a joined study's stored target, not known before it is opened
+            caps = [f"{plan.trials // DEFAULT_ETA ** (k + 1)} past rung {r}" for k, r in enumerate(plan.rungs[:-1])]
+            here = f" (N = {plan.trials}: {', '.join(caps)})"
         print(f"npas search: promotion ladder at rungs {', '.join(map(str, plan.rungs))} steps (eta {DEFAULT_ETA}): "
-              f"every trial climbs to the first, the best 1/{DEFAULT_ETA} of each rung resume to the next",
-              file=sys.stderr)
+              f"every trial climbs to the first; the k-th rung sends on at most N/{DEFAULT_ETA}^k of the search's N "
+              f"trials{here}, each while in the best 1/{DEFAULT_ETA} of its rung so far; a rung that sent none sends "
+              f"its best once nothing else can reach it", file=sys.stderr)
         if plan.locate_lr:
             from npas.training.located_rate import DEFAULT_GRID, locate_rung
 
@@ -316,7 +313,6 @@ def run_search(args: argparse.Namespace) -> int:
     study = search(plan)
     print(file=sys.stderr)
     _print_front(study)
-    _print_ladder(study)
     _final_report(study, args)
     print(f"study {study.study_name} in {redact(resolve_url(args.storage))}; "
           f"export with: npas export {study.study_name} --out best.yaml")
@@ -351,7 +347,6 @@ def run_resume(args: argparse.Namespace) -> int:
                            repeats=args.repeats, init_from=args.init_from, tokenizer=args.tokenizer)
     print(file=sys.stderr)
     _print_front(study)
-    _print_ladder(study)
     _final_report(study, args)
     return 0
 

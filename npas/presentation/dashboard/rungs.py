@@ -1,6 +1,7 @@
 """The dashboard's rung panel (issue #34 item 4): every trial's loss at each rung it reached, its
 promotions drawn as lines from rung to rung, the front at the top rung marked, and the rung-to-rung
-agreement (Kendall tau with its interval and n, rank flips) in the caption.
+agreement (Kendall tau with its interval and n, rank flips) and the ladder's spend (how many went on at
+each rung, compute as a multiple of N·T: `npas.service.study.compute`) in the caption.
 
 `rungs_info` is pure (numbers from the study, tested as numbers); `render_rungs` draws them with the
 same conventions as `render.py`. A study whose trials stored no `rung_losses` (a cosine recipe, or one
@@ -19,6 +20,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from npas.presentation.dashboard.info import label
 from npas.presentation.dashboard.render import FRONT, SEARCHED, STOPPED, new_figure
 from npas.service.study import rungs as study_rungs
+from npas.service.study.compute import ladder_compute
 from npas.service.study.record import TrialAttr
 from npas.service.study.studies import front_trials, status
 
@@ -40,6 +42,7 @@ class RungsInfo:
     reached: str  # "k of n trials reached T = ..."
     agreement: tuple[str, ...]  # one line per rung pair (`npas.service.study.rungs.describe`)
     note: str | None = None
+    compute: str | None = None  # `LadderCompute.line()`; None for a study not searched under the ladder
 
     @property
     def promotions(self) -> int:
@@ -62,8 +65,9 @@ def rungs_info(study: optuna.Study) -> RungsInfo:
     rungs = tuple(sorted({r for ln in lines for r, _ in ln.points}))
     note = None if lines else ("no trial has recorded losses at rungs (a WSD recipe's cooldown forks write "
                                "them); nothing to draw")
+    spent = ladder_compute(study)
     return RungsInfo(rungs, summary.top, tuple(lines), summary.reached_line(), tuple(summary.agreement_lines()),
-                     note)
+                     note, None if spent is None else spent.line())
 
 
 def render_rungs(info: RungsInfo) -> Figure | None:
@@ -107,5 +111,7 @@ def caption(info: RungsInfo) -> str:
             "rung reordered the lower one's ranking. Filled points reached the top rung T, hollow ones stopped below "
             "it; red is the front, read at T only. ")
     if info.agreement:
-        text += "Rung-to-rung agreement among the promoted trials: " + "; ".join(info.agreement) + "."
-    return text
+        text += "Rung-to-rung agreement among the promoted trials: " + "; ".join(info.agreement) + ". "
+    if info.compute:
+        text += "The search's spend: " + info.compute + "."
+    return text.rstrip()

@@ -73,8 +73,10 @@ def prepare(trial: optuna.Trial, space: Space, recipe: dict, fingerprint: str,
     if twin is not None:
         return Skip("duplicate", f"same allocation, recipe and data as trial {twin}", same_as=twin)
     config = {"allocation": cfg.to_dict(), "recipe": recipe, "number": trial.number, "baseline": baseline}
-    if resume_from := trial.user_attrs.get(TrialAttr.LADDER_CHECKPOINT):  # re-enqueued while paused at a rung
-        config["resume_from"] = resume_from
+    for attr, key in ((TrialAttr.LADDER_CHECKPOINT, "resume_from"), (TrialAttr.LADDER_DIR, "resume_dir"),
+                      (TrialAttr.STEPS_BEFORE, "steps_before")):  # re-enqueued: where, and what, it had trained
+        if (value := trial.user_attrs.get(attr)) is not None:
+            config[key] = value
     return Runnable(config, acc.to_dict())
 
 

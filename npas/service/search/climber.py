@@ -10,14 +10,23 @@ or, once nothing can promote it any more, stops it.
 
 Every rung's report carries a whole proxy record (``"proxy"``, the JSON the searcher decodes): a trial
 stopped while paused is told with its last rung's record, as one that reached the top is with its
-final one. Its ``rung_losses`` are the seed means at each rung passed, its ``steps_trained`` the
-optimizer steps of all seeds' climbs (top rung + forks, each: no step twice), ``steps_done`` the
-rung (the trial's fidelity).
+final one. Its ``rung_losses`` are the losses the ladder ranked it on, the seed means at each rung
+passed as reported there (``ranked_record``), its ``steps_trained`` the optimizer steps of all
+seeds' climbs (top rung + forks, each: no step twice), ``steps_done`` the rung (the trial's fidelity).
+Under ``--locate-lr`` the located run replaces the trial's climb at the locating rung, and its own
+losses at the rungs below (at the located factor) are not what the ladder ranked there: they are
+kept apart, as ``located_rung_losses``.
 
-A trial re-enqueued after its driver stopped (``npas resume``) carries the path of its last
-checkpoint (``TrialAttr.LADDER_CHECKPOINT``, copied by ``faults.requeue``) in ``config["resume_from"]``:
-it restores the climbs from there, reports the rung it had reached without training (the new driver's
-ladder decides it again) and removes the old checkpoint once Tune holds the new one.
+A trial re-enqueued after its driver stopped (``npas resume``) carries its earlier attempt's trial
+directory and last recorded checkpoint (``config["resume_dir"]``, ``config["resume_from"]``, copied by
+``faults.requeue``): it restores the climbs from the newest whole checkpoint there
+(``climb_store.restore``), reports the rung it had reached without training (the new driver's ladder
+decides it again) and removes that checkpoint once Tune holds the new one.
+
+Between rungs a climbing trial reports its optimizer steps so far (``trained_steps``, every
+``PROGRESS_EVERY_S`` at most; no rung, so no decision) and the driver keeps them on the running
+trial: a driver that dies mid-segment leaves the steps its trial trained past its checkpoint on
+record, and the retry adds them to its own (``lost_steps``, inside ``trained_steps``).
 """
 
 from __future__ import annotations
@@ -25,12 +34,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
-import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from npas.service.search.climb_store import count_lost, load_climbs, remove, restore, save_climbs
 
 if TYPE_CHECKING:
     from npas.service.search.worker import WorkerSpec
@@ -38,50 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-META = "ladder.json"  # beside the seeds' checkpoints: what the trial spent so far (wall time)
 OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
-
-
-def seed_dir(root: str | Path, i: int) -> Path:
-    return Path(root) / f"seed-{i}"
-
-
-def is_checkpoint(root: str | Path, repeats: int) -> bool:
-    """Whether ``root`` holds a whole climb checkpoint of ``repeats`` seeds (every save finished)."""
-    from npas.training.checkpoint import STATE
-
-    return (Path(root) / META).is_file() and all((seed_dir(root, i) / STATE).is_file() for i in range(repeats))
-
-
-def save_climbs(climbs: list[Climb], root: str | Path, meta: dict[str, Any]) -> None:
-    from npas.training import checkpoint
-
-    for i, c in enumerate(climbs):
-        checkpoint.save(c, seed_dir(root, i))
-    (Path(root) / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")  # last: marks a whole save
-
-
-def from_storage(uri: str, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict] | None:
-    """The climbs of a checkpoint on Ray's storage (``--checkpoint-storage s3://...``: a URI recorded by
-    another driver), or None when ``uri`` is a plain path or holds no whole checkpoint (the trial
-    then starts afresh, as it does when a local checkpoint is gone)."""
-    if "://" not in uri:
-        return None
-    from ray.train import Checkpoint
-
-    try:
-        with Checkpoint(uri).as_directory() as d:
-            return load_climbs(d, cfg, corpus, spec, repeats) if is_checkpoint(d, repeats) else None
-    except (OSError, ValueError) as e:  # gone, or unreadable: nothing to resume from
-        log.warning("cannot resume from %s (%s); the trial starts afresh", uri, e)
-        return None
-
-
-def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict]:
-    from npas.training import checkpoint
-
-    climbs = [checkpoint.load(seed_dir(root, i), cfg, corpus, reference=spec.reference) for i in range(repeats)]
-    return climbs, json.loads((Path(root) / META).read_text(encoding="utf-8"))
+PROGRESS_EVERY_S = 5.0  # a climbing trial reports its steps so far at most this often (see the module docstring)
 
 
 def seed_record(c: Climb, cfg: Any, corpus: Any, wall_s: float, train_s: float) -> dict[str, Any]:
@@ -112,6 +78,23 @@ def seed_record(c: Climb, cfg: Any, corpus: Any, wall_s: float, train_s: float) 
     }
 
 
+def ranked_record(proxy: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The record of a trial at the rung it reached (``proxy``: its climbs' seed means), with
+    ``rung_losses`` the losses the ladder ranked it on: each rung's loss as it was reported there,
+    noted in ``meta["ladder_losses"]`` (a checkpoint carries it). The climbs' own losses differ from
+    those only where ``--locate-lr`` replaced the climb (the located run's rungs below the locating
+    one, at its factor): they are kept as ``located_rung_losses`` and the curve is the ranked one. A
+    checkpoint written before ``ladder_losses`` existed has the climbs' losses for its earlier rungs."""
+    ranked = meta.setdefault("ladder_losses", {})
+    ranked[str(int(proxy["steps_done"]))] = proxy["val_loss"]
+    own = {int(t): v for t, v in proxy["rung_losses"].items()}
+    losses = dict(sorted({**own, **{int(t): v for t, v in ranked.items()}}.items()))
+    out = {**proxy, "rung_losses": losses, "curve": [[t, v] for t, v in losses.items()]}
+    if "located" in meta:
+        out["located_rung_losses"] = own
+    return out
+
+
 def trainable(config: dict, spec: WorkerSpec) -> None:
     """One trial under the ladder: its seeds' climbs, one rung at a time; see the module docstring."""
     import ray
@@ -130,9 +113,10 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     node = ray.get_runtime_context().get_node_id()
     objectives = {OBJECTIVE_PREFIX + k: float(v) for k, v in (config.get("ladder_objectives") or {}).items()}
 
-    def fail(reason: str, rung: int = 0) -> None:
+    def fail(reason: str, rung: int = 0, steps: int = 0) -> None:
         tune.report({"val_loss": math.inf, "rung": rung, "step": rung, "final": True, "node": node, **objectives,
-                     "proxy": json.dumps({"status": "failed", "failure_reason": reason[:1500]})})
+                     "trained_steps": steps, "proxy": json.dumps({"status": "failed", "failure_reason": reason[:1500],
+                                                                  "steps_trained": steps})})
 
     state: dict[str, Any] = {}
 
@@ -148,6 +132,24 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     def seed_recipe(seed: int) -> Recipe:
         return recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
 
+    grid: dict[int, int] = {}  # a rate-grid run in progress (not one of `climbs`) -> its steps so far
+    last = {"at": time.monotonic()}
+
+    def steps_paid() -> int:
+        """Every optimizer step this trial has paid for: its climbs, its rate grid's discarded runs (done
+        or in progress), and what earlier attempts lost."""
+        grid_steps = int((meta.get("located") or {}).get("lr_grid_steps", 0))
+        return (sum(c.trained_steps for c in climbs) + grid_steps + sum(grid.values())
+                + int(meta.get("lost_steps", 0)))
+
+    def progress(c: Climb) -> None:
+        """``Climb.on_progress``: the steps so far, to the driver, at most every PROGRESS_EVERY_S."""
+        if not any(c is x for x in climbs):
+            grid[id(c)] = c.trained_steps
+        if time.monotonic() - last["at"] >= PROGRESS_EVERY_S:
+            last["at"] = time.monotonic()
+            tune.report({"val_loss": math.nan, "trained_steps": steps_paid(), "node": node})
+
     def locate_here() -> None:
         """--locate-lr, on the step to the locating rung: the first seed's climb is the grid's x1 run and
         the grid's best run replaces it; the other seeds restart at the located factor (their x1 steps
@@ -155,15 +157,18 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         from npas.training.located_rate import locate
 
         first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state(),
-                                fair=climbs[0])
-        spent = 0
+                                fair=climbs[0], on_progress=progress)
+        grid.clear()
+        dropped = 0
         if located.factor != 1.0:
             for i in range(1, len(climbs)):
-                spent += climbs[i].trained_steps
+                dropped += climbs[i].trained_steps
                 climbs[i] = climbing.start(cfg, seed_recipe(seeds[i]), corpus, reference=spec.reference,
                                            init_state=init_state(), lr_factor=located.factor)
+                climbs[i].on_progress = progress
         climbs[0] = first
-        meta["located"] = {**located.to_dict(), "lr_grid_steps": located.lr_grid_steps + spent}
+        first.on_progress = progress
+        meta["located"] = {**located.to_dict(), "lr_grid_steps": located.lr_grid_steps + dropped}
 
     started = time.perf_counter()
     ckpt, old = tune.get_checkpoint(), None
@@ -171,12 +176,8 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         if ckpt is not None:
             with ckpt.as_directory() as d:
                 climbs, meta = load_climbs(d, cfg, corpus, spec, len(seeds))
-        elif config.get("resume_from") and (stored := from_storage(config["resume_from"], cfg, corpus, spec,
-                                                                       len(seeds))) is not None:
-            climbs, meta = stored
-        elif config.get("resume_from") and is_checkpoint(config["resume_from"], len(seeds)):
-            old = Path(config["resume_from"])
-            climbs, meta = load_climbs(old, cfg, corpus, spec, len(seeds))
+        elif (got := restore(config, cfg, corpus, spec, len(seeds))) is not None:
+            climbs, meta, old = got
         else:
             climbs, meta = [], {"wall_s": 0.0, "train_s": 0.0}
             for seed in seeds:
@@ -184,6 +185,10 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
                                              init_state=init_state()))
     except Exception as e:  # raised by the set-up itself: it would raise again on every retry
         return fail(f"starting the climb raised {type(e).__name__}: {' '.join(str(e).split())}")
+    for c in climbs:
+        c.on_progress = progress
+    if ckpt is None and config.get("steps_before"):  # re-enqueued: the steps its earlier attempt lost
+        count_lost(meta, steps_paid(), config["steps_before"])
     meta["wall_s"] += time.perf_counter() - started
     if climbs[0].top:  # restored at a rung: kept in the record, the proof that it resumed there
         meta["resumed_at"] = [*meta.get("resumed_at", []), climbs[0].top]
@@ -192,15 +197,15 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         t = climbs[0].top
         runs = [seed_record(c, cfg, corpus, meta["wall_s"] / len(climbs), meta["train_s"] / len(climbs))
                 for c in climbs]
-        proxy = combine_repeats(runs, seeds)
+        proxy = ranked_record(combine_repeats(runs, seeds), meta)
         proxy["resumed_at"] = meta.get("resumed_at", [])  # rungs it was paused at and resumed from
         if "located" in meta:  # --locate-lr: the factor, the grid's losses and the steps of its discarded runs
             proxy.update(meta["located"])
-        losses = [c.rung_losses[t] for c in climbs]
+        if meta.get("lost_steps"):  # trained by earlier attempts past the checkpoint they left: paid for, too
+            proxy["lost_steps"] = int(meta["lost_steps"])
+            proxy["steps_trained"] += proxy["lost_steps"]
         row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
-               "trained_steps": sum(c.trained_steps for c in climbs), **objectives, "proxy": json.dumps(proxy)}
-        if len(losses) > 1:  # the seed mean's standard error: the ladder's noise at this trial's boundary
-            row["loss_std"] = statistics.stdev(losses) / math.sqrt(len(losses))
+               "trained_steps": steps_paid(), **objectives, "proxy": json.dumps(proxy)}
         if not with_checkpoint:
             tune.report(row)
             return
@@ -210,7 +215,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
 
     if old is not None and climbs[0].top:  # re-enqueued: decide the rung reached again, train nothing
         report(with_checkpoint=climbs[0].next_rung is not None)
-        shutil.rmtree(old, ignore_errors=True)  # Tune holds the trial's state now
+        remove(old)  # Tune holds the trial's state now
     while climbs[0].next_rung is not None:
         t0 = time.perf_counter()
         try:
@@ -222,11 +227,11 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
                 if c.failed is not None:
                     which = f"seed {seeds[i]} (repeat {i + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
                     rate = f"at the located rate x{c.lr_factor:g}: " if c.lr_factor != 1.0 else ""
-                    return fail(which + rate + c.failed, c.top)
+                    return fail(which + rate + c.failed, c.top, steps_paid())
         except Exception as e:
-            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top)
-        spent = time.perf_counter() - t0
-        meta["wall_s"] += spent
-        meta["train_s"] += spent
+            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top, steps_paid())
+        took = time.perf_counter() - t0
+        meta["wall_s"] += took
+        meta["train_s"] += took
         report(with_checkpoint=climbs[0].next_rung is not None)  # the top rung ends the trial: nothing to keep
     return None

@@ -221,8 +221,8 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
         from npas.service.search.rung_exchange import RungExchange
 
         names = list(plan.space.objectives)
-        ladder = SearchLadder(plan.rungs, names, launch.workers)
-        ladder.ladder = rebuild(study, plan.rungs, names, ladder.ladder.eta)  # earlier drivers' rungs
+        ladder = SearchLadder(plan.rungs, names, launch.workers, target=target)  # target: the rungs' caps
+        ladder.ladder = rebuild(study, plan.rungs, names, ladder.ladder.eta, target)  # earlier drivers' rungs
         ladder.exchange = RungExchange(study, searcher.live_trial, searcher.own_numbers,  # and the others', live
                                        [names.index(o) for o in ranked_objectives(names)])
         ladder.on_paused = searcher.set_paused

@@ -170,18 +170,21 @@ def recover_once(study: optuna.Study) -> list[int]:
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a trial's exact parameters again (and its baseline name) so a later driver re-runs it; a
-    ladder trial paused at a rung keeps the path of its checkpoint, so the re-run resumes from there.
+    ladder trial keeps the path of its checkpoint and its directory, so the re-run resumes from the
+    newest checkpoint there, and the steps it had trained, so the re-run counts those it loses.
 
     A trial that was fitted keeps its allocation and the fit version that made it: the re-run trains
     that allocation whatever the current fit would make of the same knobs (a checkpoint holds its
     shapes, and a study's results stay comparable with what it already ran)."""
     attrs: dict[str, Any] = {TrialAttr.RETRY_OF: trial.number}
-    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT, TrialAttr.ALLOC,
-                TrialAttr.SHORT):
+    for key in (TrialAttr.BASELINE, TrialAttr.BASELINE_FIXED, TrialAttr.LADDER_CHECKPOINT, TrialAttr.LADDER_DIR,
+                TrialAttr.ALLOC, TrialAttr.SHORT):
         if key in trial.user_attrs:
             attrs[key] = trial.user_attrs[key]
     if TrialAttr.ALLOC in attrs:
         attrs[TrialAttr.FIT_VERSION] = trial.user_attrs.get(TrialAttr.FIT_VERSION, 1)
+    if trial.user_attrs.get(TrialAttr.TRAINED_STEPS):
+        attrs[TrialAttr.STEPS_BEFORE] = trial.user_attrs[TrialAttr.TRAINED_STEPS]
     study.enqueue_trial(trial.params, user_attrs=attrs, skip_if_exists=False)
 
 

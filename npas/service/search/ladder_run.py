@@ -3,21 +3,24 @@
 ``SearchPlan.fidelity == "ladder"`` (a ``wsd`` recipe, early stopping on) makes the runner use these:
 
 - ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.search.climber``),
-  ranking on the rung loss and the study's other objectives, with two search rules on top. The
-  enqueued baselines are never paused (they run to the top, as under ASHA, so every front shows what
-  hand-made sharing gives; their results still fill the rungs). And at most ``workers`` trials *run*:
-  Tune counts paused trials against ``max_concurrent_trials``, so a search that capped live trials
-  there would let paused trials starve the upper rungs. The runner sets no ``max_concurrent_trials``;
-  the cap is applied to running trials only, where new trials are created (the searcher asks
-  ``admits``: Tune starts every pending trial its resources allow) and where paused ones resume
-  (``choose_trial_to_run``), promoted trials first.
-- ``Checkpoints``: a Tune callback that records each trial's last climb checkpoint on its Optuna trial
-  (``TrialAttr.LADDER_CHECKPOINT``: a driver stopped while the trial is paused re-enqueues it with that
-  path, and ``npas resume`` continues it from there) and removes a trial's checkpoints when it stops,
-  finished or stopped below the top rung.
+  ranking on the rung loss and the study's other objectives, each rung capped by the search's trial
+  target (``npas.service.search.ladder``: the rule; the enqueued baselines follow it like every
+  other trial). On top, at most ``workers`` trials *run*: Tune counts paused trials against
+  ``max_concurrent_trials``, so a search that capped live trials there would let paused trials
+  starve the upper rungs. The runner sets no ``max_concurrent_trials``; the cap is applied to
+  running trials only, where new trials are created (the searcher asks ``admits``: Tune starts
+  every pending trial its resources allow) and where paused ones resume (``choose_trial_to_run``),
+  promoted trials first.
+- ``Checkpoints``: a Tune callback that records each trial's directory as it starts
+  (``TrialAttr.LADDER_DIR``) and its last climb checkpoint (``TrialAttr.LADDER_CHECKPOINT``) on its
+  Optuna trial -- a driver stopped while the trial is paused re-enqueues it with both, and ``npas
+  resume`` continues it from the newest checkpoint there (``climb_store.restore``) -- and removes a
+  trial's checkpoints when it stops, finished or stopped below the top rung. ``sweep`` removes, at
+  the search's end, those no trial will resume from, wherever the trials recorded them.
 - ``rebuild``: the ladder of the study's trials already told (a resumed driver's rungs start where the
-  stopped driver's were, so a resumed paused trial is ranked against every earlier result); while it
-  runs, ``rung_exchange`` keeps it level with the other drivers of the same study.
+  stopped driver's were, so a resumed paused trial is ranked against every earlier result, and the
+  promotions already made count toward each rung's cap); while it runs, ``rung_exchange`` keeps it
+  level with the other drivers of the same study.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -36,6 +38,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
+from npas.service.search.climb_store import checkpoints_in, filesystem, name_of, remove
 from npas.service.search.climber import OBJECTIVE_PREFIX
 from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
@@ -67,11 +70,12 @@ def objective_config(objectives: Sequence[str], accounting: dict[str, Any]) -> d
 
 
 class SearchLadder(LadderScheduler):
-    """``LadderScheduler`` with the search's two rules (see the module docstring)."""
+    """``LadderScheduler`` with the search's cap on running trials and its exchange between drivers
+    (see the module docstring). ``target``: the search's trial target N (the rungs' caps)."""
 
     def __init__(self, rungs: Sequence[int], objectives: Sequence[str], max_running: int,
-                 eta: int = DEFAULT_ETA) -> None:
-        super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", std_attr="loss_std",
+                 eta: int = DEFAULT_ETA, target: int | None = None) -> None:
+        super().__init__(rungs, eta, metric="val_loss", mode="min", time_attr="rung", target=target,
                          objectives=[(OBJECTIVE_PREFIX + o, "min") for o in ranked_objectives(objectives)])
         self.max_running = max_running
         self.paused: set[str] = set()  # trials paused at a rung, waiting for a promotion or a stop
@@ -115,15 +119,12 @@ class SearchLadder(LadderScheduler):
         rung = result.get(self.time_attr)
         if rung in self.ladder.rungs:
             self._pull(force=True)  # decide on every driver's results at this rung
-            self.ladder.update_noise()  # the noise of a boundary, from every pair so far
         action = super().on_trial_result(tune_controller, trial, result)
         if self.exchange is not None and rung in self.ladder.rungs:
             mine = next((r for r in self.ladder.results.get(rung, []) if r.trial == trial.trial_id), None)
             if mine is not None:
                 self.exchange.publish(trial.trial_id, rung, mine)
             self.exchange.publish_promotions(self.ladder)
-        if trial.config.get("baseline"):
-            return TrialScheduler.CONTINUE
         if action == TrialScheduler.PAUSE:
             self._set_paused(lambda p: p.add(trial.trial_id))
         return action
@@ -170,35 +171,31 @@ class SearchLadder(LadderScheduler):
         return [a for r in self.ladder.rungs if (a := agreement(self.ladder, r)) is not None]
 
 
-def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA) -> Ladder:
-    """The ladder of the study's told trials (COMPLETE, with rung losses), keyed ``"study:<number>"``:
-    what a resumed or joining driver's scheduler starts from. Read as a running driver reads the
+def rebuild(study: optuna.Study, rungs: Sequence[int], objectives: Sequence[str], eta: int = DEFAULT_ETA,
+            target: int | None = None) -> Ladder:
+    """The ladder of the study's told trials (COMPLETE or failed, with rung losses), keyed ``"study:<number>"``:
+    what a resumed or joining driver's scheduler starts from, capped by ``target`` (the search's N
+    now: a resume with another ``--trials`` caps by the new one). Read as a running driver reads the
     others' (``RungExchange.pull``), by a reader that owns no trial."""
     names = list(objectives)
-    ladder = Ladder(tuple(rungs), eta)
+    ladder = Ladder(tuple(rungs), eta, target)
     RungExchange(study, lambda _: None, set, [names.index(o) for o in ranked_objectives(names)]).pull(
-        ladder, states=(TrialState.COMPLETE,))
+        ladder, states=(TrialState.COMPLETE, TrialState.FAIL))
     return ladder
 
 
-def rung_summary(ladder: Ladder) -> str:
-    """One line for the end of a search: each rung's trials and how many of them moved on. The
-    rung-to-rung agreement of the promoted (Kendall tau, flips) is printed beside it from the study
-    itself (``npas.service.study.rungs``), the same lines `npas front` shows."""
-    parts = []
-    for r in ladder.rungs:
-        n = len(ladder.results.get(r, []))
-        up = ladder.next_rung(r)
-        moved = None if up is None else len(ladder.rung_pairs(r))  # those with a loss at the next rung too
-        parts.append(f"{r}: {n} trials" + ("" if moved is None else f", {moved} moved on"))
-    return "ladder rungs " + "; ".join(parts)
-
-
 class Checkpoints(tune.Callback):
-    """Records each trial's last checkpoint on its Optuna trial; removes a trial's checkpoints when it stops."""
+    """Records each trial's directory as it starts and its last checkpoint as Tune confirms it on its
+    Optuna trial; removes a trial's checkpoints when it stops."""
 
     def __init__(self, searcher: NpasSearcher) -> None:
         self.searcher = searcher
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        # before the trial can write a checkpoint: one written just before a crash is found there
+        where = checkpoint_uri(trial.storage.storage_filesystem, trial.storage.trial_fs_path)
+        if where is not None:
+            self.searcher.record_trial_dir(trial.trial_id, where)
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Trial, checkpoint: Any, **info: Any) -> None:
         # a local path, or the URI of Ray's storage (--checkpoint-storage s3://...): what a later driver resumes from
@@ -227,21 +224,51 @@ def remove_checkpoints(trial: Trial) -> None:
 
 
 def pending_checkpoints(study: optuna.Study) -> set[str]:
-    """The checkpoints the study's live or re-enqueued trials (RUNNING, WAITING) may still resume from,
-    whichever driver recorded them."""
+    """The checkpoints and trial directories the study's live or re-enqueued trials (RUNNING, WAITING)
+    may still resume from, whichever driver recorded them."""
     states = (TrialState.RUNNING, TrialState.WAITING)
     return {p for t in study.get_trials(deepcopy=False, states=states)
-            if (p := t.user_attrs.get(TrialAttr.LADDER_CHECKPOINT))}
+            for attr in (TrialAttr.LADDER_CHECKPOINT, TrialAttr.LADDER_DIR) if (p := t.user_attrs.get(attr))}
 
 
-def sweep(experiments: Iterable[Path], keep: set[str]) -> None:
-    """Remove the checkpoints this study's runs left in their (local) experiment directories, except
-    those a trial may still resume from (``keep``): a trial that reported a rung just as its driver was
-    stopped or killed has a checkpoint no study record points to, and nothing would resume from it."""
-    import shutil
+def sweep(study: optuna.Study, storage: str, keep: set[str]) -> list[str]:
+    """Remove the checkpoints the study's runs left, except those a trial may still resume from
+    (``keep``: checkpoints, and trial directories whose newest checkpoint a retry takes): a trial that
+    reported a rung just as its driver was stopped or killed has a checkpoint no study record points
+    to. Looked for in every trial directory a trial of the study recorded (``TrialAttr.LADDER_DIR``:
+    whichever driver ran it, from whatever working directory, on whatever storage) and in this run's
+    storage (``storage``: a path or URI) under the study's experiment directories, for trials that
+    recorded none. Returns the checkpoints removed."""
+    def named(where: str) -> str:
+        return name_of(*filesystem(where))
 
-    kept = {str(Path(p).resolve()) for p in keep}
-    for experiment in experiments:
-        for d in experiment.glob("*/checkpoint_*"):
-            if d.is_dir() and str(d.resolve()) not in kept:
-                shutil.rmtree(d, ignore_errors=True)
+    kept = {named(p) for p in keep}
+    dirs = {named(d) for t in study.get_trials(deepcopy=False) if (d := t.user_attrs.get(TrialAttr.LADDER_DIR))}
+    dirs |= {d for e in experiments(storage, study.study_name) for d in subdirectories(e)}
+    removed = []
+    for d in sorted(dirs - kept):
+        for ckpt in checkpoints_in(d):
+            if ckpt not in kept:
+                remove(ckpt)
+                removed.append(ckpt)
+    return removed
+
+
+def experiments(storage: str, study_name: str) -> list[str]:
+    """The study's Tune experiment directories in ``storage`` (``<study>-<unix time>``, as the runner names them)."""
+    prefix = f"{study_name}-"
+    return [d for d in subdirectories(storage)
+            if (base := d.rstrip("/").rsplit("/", 1)[-1]).startswith(prefix) and base[len(prefix):].isdigit()]
+
+
+def subdirectories(where: str) -> list[str]:
+    """The directories directly in ``where`` (a path or URI), as recorded locations; none if it is gone."""
+    from pyarrow.fs import FileSelector, FileType
+
+    try:
+        fs, root = filesystem(where)
+        return [name_of(fs, i.path) for i in fs.get_file_info(FileSelector(root, allow_not_found=True))
+                if i.type == FileType.Directory]
+    except (OSError, ValueError) as e:
+        log.warning("cannot list %s (%s)", where, e)
+        return []

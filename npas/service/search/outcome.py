@@ -119,13 +119,13 @@ def combine_repeats(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> 
 
 
 def rung_attrs(proxy: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a WSD proxy record's ``rung_losses`` ({t: loss of a WSD run of length t}) off into the
-    trial's own `rung_losses` attribute, keyed by the step as text (what JSON storage keeps); a
-    cosine record has none and passes through unchanged."""
-    if "rung_losses" not in proxy:
-        return dict(proxy), {}
-    rest = {k: v for k, v in proxy.items() if k != "rung_losses"}
-    return rest, {TrialAttr.RUNG_LOSSES: rung_losses_attr(proxy["rung_losses"].items())}
+    """Split a WSD proxy record's ``rung_losses`` ({t: loss of a WSD run of length t}, the losses the
+    ladder ranked on) off into the trial's own `rung_losses` attribute, keyed by the step as text (what
+    JSON storage keeps), and a located run's own losses (``--locate-lr``) into `located_rung_losses`;
+    a cosine record has neither and passes through unchanged."""
+    keys = {"rung_losses": TrialAttr.RUNG_LOSSES, "located_rung_losses": TrialAttr.LOCATED_RUNG_LOSSES}
+    rest = {k: v for k, v in proxy.items() if k not in keys}
+    return rest, {attr: rung_losses_attr(proxy[k].items()) for k, attr in keys.items() if k in proxy}
 
 
 def rung_losses_attr(points: Any) -> dict[str, float | None]:

@@ -99,6 +99,8 @@ class TrialRecorder:
         max_steps = int(self.recipe["steps"])
         if proxy is not None and proxy.get("status") == "failed":
             trial.set_user_attr(TrialAttr.PROXY, proxy)
+            if proxy.get("steps_trained") is not None:  # the ladder: what it trained before it failed
+                trial.set_user_attr(TrialAttr.TRAINED_STEPS, int(proxy["steps_trained"]))
             self.fail(trial, proxy.get("failure_reason") or "proxy run failed")
             return
         loss = proxy.get("val_loss") if proxy else result.get("val_loss")
@@ -110,8 +112,10 @@ class TrialRecorder:
             proxy, rungs = rung_attrs(proxy)  # and a wsd run's finished loss at every rung
             for attr, value in {**per_seed, **rungs}.items():
                 trial.set_user_attr(attr, value)
-            if proxy.get("steps_trained") is not None:  # wsd: top rung + forks, every seed's
+            if proxy.get("steps_trained") is not None:  # wsd: top rung + forks, every seed's (+ steps lost)
                 trial.set_user_attr(TrialAttr.TRAINED_STEPS, int(proxy["steps_trained"]))
+            if proxy.get("lost_steps"):  # the ladder: trained by earlier attempts past their checkpoint
+                trial.set_user_attr(TrialAttr.LOST_STEPS, int(proxy["lost_steps"]))
             for attr in (TrialAttr.LR_FACTOR, TrialAttr.LR_GRID_STEPS):  # --locate-lr: the factor and its cost
                 if proxy.get(attr) is not None:
                     trial.set_user_attr(attr, proxy[attr])

@@ -8,9 +8,9 @@ trials only by luck. The study is the one place every driver reaches, so it carr
 
 - **publish**: when one of this driver's trials reports a rung, its loss goes on its Optuna trial at
   once (``rung_losses``, the attribute a told trial keeps), with what a rung decision ranks beside it
-  (user attr ``ladder``: its other objectives, the loss's standard error under ``--repeats``, and the
-  rungs it was promoted from -- a promotion is recorded before the trial resumes, so no other driver
-  counts it as waiting);
+  (user attr ``ladder``: its other objectives and the rungs it was promoted from -- a promotion is
+  recorded before the trial resumes, so no other driver counts it as waiting, and every driver
+  counts it toward the rung's cap);
 - **pull**: before deciding a rung (and, throttled, while choosing what to run next), the driver
   reads the other drivers' RUNNING and COMPLETE trials and merges their rung results into its ladder
   (``Ladder.merge``, keyed ``"study:<number>"`` as ``ladder_run.rebuild`` keys those of earlier
@@ -18,9 +18,11 @@ trials only by luck. The study is the one place every driver reaches, so it carr
 
 Every driver then applies the same rule (``ladder.decide``) to the same union of results, so a trial
 is promoted when it ranks in the top 1/eta of every result the study holds at its rung, whichever
-driver trained it; each driver acts only on its own trials (it holds their checkpoints). The union a
-driver sees lags the others' by at most one pull: a decision made just before another driver's
-result lands is not taken back (promotions never are, as within one driver). Trials of a study with
+driver trained it, while the rung's cap has room; each driver acts only on its own trials (it holds
+their checkpoints). The union a driver sees lags the others' by at most one pull: a decision made
+just before another driver's result lands is not taken back (promotions never are, as within one
+driver), so two drivers deciding the same rung within that lag can each take its last place -- the
+cap holds up to one promotion per other driver deciding at the same moment. Trials of a study with
 one driver are unaffected: there is nobody else's result to pull.
 """
 
@@ -38,7 +40,7 @@ from optuna.trial import TrialState
 from npas.service.search.ladder import Ladder, RungResult
 from npas.service.search.outcome import rung_losses_attr
 from npas.service.study.record import TrialAttr
-from npas.service.study.rungs import NOT_RESULTS
+from npas.service.study.rungs import NOT_RESULTS, RETRIED
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,6 @@ class RungExchange:
         last = rungs[max(rungs)] if rungs else None
         trial.set_user_attr(TrialAttr.LADDER, {
             "objectives": [] if last is None else list(last.objectives),
-            "std": {str(t): r.std for t, r in sorted(rungs.items()) if r.std is not None},
             "promoted": sorted(self._promoted.get(trial_id, set())),
         })
 
@@ -111,10 +112,12 @@ class RungExchange:
 
     # ---- pull -----------------------------------------------------------------------------------
     def pull(self, ladder: Ladder, force: bool = True,
-             states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE)) -> bool:
+             states: tuple[TrialState, ...] = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)) -> bool:
         """Merge the other drivers' rung results into ``ladder``; returns whether anything changed.
         Without ``force`` the study is read at most every ``pull_every_s`` seconds. ``states``: the
-        trials read (``ladder_run.rebuild`` reads the told ones only)."""
+        trials read (``ladder_run.rebuild`` reads the told ones only). A trial that failed above a rung
+        was promoted from it (its promotion counts toward the cap); one stopped with its driver is
+        skipped: its re-enqueued retry reports its rungs again."""
         now = time.monotonic()
         if not force and now - self._pulled < self.pull_every_s:
             return False
@@ -122,7 +125,7 @@ class RungExchange:
         own = self.own()
         changed: list[int] = []
         for t in self.study.get_trials(deepcopy=False, states=states):
-            if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in NOT_RESULTS:
+            if t.number in own or t.user_attrs.get(TrialAttr.STATUS) in (*NOT_RESULTS, *RETRIED):
                 continue
             losses = _losses(t.user_attrs.get(TrialAttr.RUNG_LOSSES))
             if not losses:
@@ -133,8 +136,7 @@ class RungExchange:
                 objs = (tuple(float(t.values[i]) for i in self.others) if t.values is not None
                         else (math.inf,) * len(self.others))
             losses = {k: v if math.isfinite(v) else math.inf for k, v in losses.items()}
-            stds = {int(k): float(v) for k, v in (info.get("std") or {}).items() if v is not None}
-            if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or (), stds):
+            if ladder.merge(foreign_key(t.number), losses, objs, info.get("promoted") or ()):
                 changed.append(t.number)
         if changed:
             log.debug("rung exchange: merged the rung results of trials %s of other drivers", changed)

@@ -396,8 +396,8 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     if ladder is not None:  # keep only the checkpoints a re-enqueued trial will resume from
         from npas.service.search.ladder_run import pending_checkpoints, sweep
 
-        mine = [d for d in runs.glob(f"{study_name}-*") if d.name[len(study_name) + 1:].isdigit()]  # this study's runs
-        sweep(mine, searcher.recorded_checkpoints() | pending_checkpoints(searcher.study))
+        sweep(searcher.study, checkpoint_storage or str(runs),
+              searcher.recorded_checkpoints() | pending_checkpoints(searcher.study))
     return not interrupted and searcher.finished and not searcher.has_live
 
 

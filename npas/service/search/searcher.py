@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 import optuna
+from optuna.trial import TrialState
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # before Tune loads: npas prints its own progress line
 from ray.tune.search import Searcher  # noqa: E402
@@ -28,9 +29,10 @@ from npas.service.search.admission import Skip, prepare  # noqa: E402
 from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
+from npas.service.study import compute, rungs  # noqa: E402
 from npas.service.study import optuna_adapter as adapter  # noqa: E402
-from npas.service.study import rungs  # noqa: E402
 from npas.service.study.record import TrialAttr  # noqa: E402
+from npas.service.study.studies import is_full_fidelity, status, was_evaluated  # noqa: E402
 from npas.service.study.tally import StudyTally  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,27 @@ class NpasSearcher(Searcher):
         self.ladder_objectives: list[str] | None = None
         self.admits: Callable[[set[str]], bool] | None = None  # the ladder's cap on running trials
         self._last: dict[str, dict] = {}
+        self._count_earlier()
         self._checkpointed: dict[str, str] = {}  # live trial -> the checkpoint path recorded on it
+        self._dirs: dict[str, str] = {}  # live ladder trial -> its directory in the run's storage, recorded on it
+        self._steps: dict[str, int] = {}  # live ladder trial -> the steps it reported trained so far
         self._own: set[int] = set()  # numbers of every trial this driver handed to a worker
+
+    def _count_earlier(self) -> None:
+        """Start the progress line from the study's finished trials (a resume or a joining driver)."""
+        done = stopped = failed = 0
+        best = math.inf
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if is_full_fidelity(t):
+                done += 1
+                loss = (t.user_attrs.get(TrialAttr.PROXY) or {}).get("val_loss")
+                best = min(best, float(loss)) if isinstance(loss, int | float) else best
+            elif was_evaluated(t):
+                stopped += 1
+            elif status(t) == "failed":
+                failed += 1
+        self.tally.refresh()
+        self.progress.start_from(done, stopped, failed, best, self.tally.front_size, self.tally.counted)
 
     # ---- what the runner tells the searcher, and asks of it ------------------------------------
     def record_error(self, trial_id: str, message: str) -> None:
@@ -90,9 +111,19 @@ class NpasSearcher(Searcher):
             trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, path)
             self._checkpointed[trial_id] = path
 
+    def record_trial_dir(self, trial_id: str, where: str) -> None:
+        """A live ladder trial's directory in the run's storage, recorded as it starts (before it can
+        write a checkpoint): a retry looks there for the newest one, the clean-up for every one."""
+        with self._lock:
+            trial = self._live.get(trial_id)
+        if trial is not None and self._dirs.get(trial_id) != where:
+            trial.set_user_attr(TrialAttr.LADDER_DIR, where)
+            self._dirs[trial_id] = where
+
     def recorded_checkpoints(self) -> set[str]:
-        """The checkpoint paths recorded on live trials (those a re-enqueued trial resumes from)."""
-        return set(self._checkpointed.values())
+        """The checkpoint paths and trial directories recorded on live trials (what a re-enqueued trial
+        resumes from)."""
+        return set(self._checkpointed.values()) | set(self._dirs.values())
 
     def live_trial(self, trial_id: str) -> optuna.Trial | None:
         """The Optuna trial of a Tune trial running (or paused) for this driver."""
@@ -215,6 +246,14 @@ class NpasSearcher(Searcher):
             self._curves.setdefault(trial_id, []).append([int(result["step"]), float(result["val_loss"])])
         if "rung" in result and "proxy" in result:  # a ladder trial's record at the rung it reached
             self._last[trial_id] = result
+        if (steps := result.get("trained_steps")) is not None and self._steps.get(trial_id) != steps:
+            # a ladder trial's steps so far, at each rung and between them: what a driver that dies now
+            # leaves on record for the retry to count (climber.PROGRESS_EVERY_S)
+            with self._lock:
+                trial = self._live.get(trial_id)
+            if trial is not None:
+                trial.set_user_attr(TrialAttr.TRAINED_STEPS, int(steps))
+                self._steps[trial_id] = steps
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         with self._lock:
@@ -222,11 +261,13 @@ class NpasSearcher(Searcher):
         last = self._last.pop(trial_id, None)
         if trial is None:
             return
-        if not error and not result:  # stopped while paused at a rung: its result is that rung's report
-            result = last
+        if not error and (not result or "proxy" not in result) and last is not None:
+            result = last  # stopped while paused at a rung (or between reports): its last rung's report
         if trial_id in self._checkpointed:  # removed as the trial stops: nothing left to resume from
             del self._checkpointed[trial_id]
             trial.set_user_attr(TrialAttr.LADDER_CHECKPOINT, None)
+        self._dirs.pop(trial_id, None)  # kept on the trial: the clean-up at the search's end looks there
+        self._steps.pop(trial_id, None)
         self.progress.running -= 1
         self.recorder.curve(trial, self._curves.pop(trial_id, []), self._retries.pop(trial_id, None))
         if error or not result:
@@ -238,11 +279,12 @@ class NpasSearcher(Searcher):
                 log.warning("recording trial %d failed: %s", trial.number, e)
                 self.recorder.fail(trial, f"its result could not be recorded: {type(e).__name__}: {e}")
         self.recorder.emit(refresh_front=True)
-        if self.ladder_objectives is not None:  # the rung-to-rung certificate on the study, for every caller
+        if self.ladder_objectives is not None:  # the rung-to-rung certificate and the spend, for every caller
             try:
                 rungs.record(self.study)
-            except Exception as e:  # a certificate that fails to compute must never stop a search
-                log.warning("rung agreement not recorded: %s", e)
+                compute.record(self.study)
+            except Exception as e:  # a summary that fails to compute must never stop a search
+                log.warning("rung agreement or ladder compute not recorded: %s", e)
         if self.on_trial_done is not None:
             try:
                 self.on_trial_done(self.study)

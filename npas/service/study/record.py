@@ -97,11 +97,22 @@ class TrialAttr(StrEnum):
     SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.search.outcome.repeat_seeds)
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
-    RUNG_LOSSES = "rung_losses"  # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed
+    # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed, the loss the ladder ranked the trial
+    # on there (under --locate-lr: at the fair rate below the locating rung, the located run's from it up)
+    RUNG_LOSSES = "rung_losses"
+    # --locate-lr: the located run's own {"t": loss} at every rung it passed, those below the locating rung included
+    # (at the located factor: not what the ladder ranked there); absent on a study written before it was kept
+    LOCATED_RUNG_LOSSES = "located_rung_losses"
     TRAINED_STEPS = "trained_steps"  # wsd: optimizer steps actually run, all seeds (top rung + forks, each)
     TOP_RUNG = "top_rung"  # the ladder: the highest rung the trial reached (== fidelity)
-    LADDER = "ladder"  # the ladder, while running: {"objectives", "std": {"t": se}, "promoted": [rungs]} (rung_exchange)
+    LADDER = "ladder"  # the ladder, while running: {"objectives", "promoted": [rungs]} (rung_exchange)
     LADDER_CHECKPOINT = "ladder_checkpoint"  # the ladder: the trial's last climb checkpoint (a paused trial resumes from it)
+    # the ladder: the trial's directory in the run's storage (path or URI), recorded as it starts: where every
+    # checkpoint it writes goes, so a retry finds one written just before a crash, and the search's clean-up
+    # finds them wherever the run's storage was
+    LADDER_DIR = "ladder_trial_dir"
+    STEPS_BEFORE = "steps_before_retry"  # a re-enqueued trial: the steps its earlier attempt had trained (trained_steps)
+    LOST_STEPS = "lost_steps"  # the ladder: steps earlier attempts trained past their last checkpoint (in trained_steps)
     LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
     LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rate grid's runs not kept (apart from trained_steps)
 

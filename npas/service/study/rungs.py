@@ -25,6 +25,7 @@ from npas.service.study.studies import counts_toward_target, is_full_fidelity, s
 
 RUNG_AGREEMENT_ATTR = "rung_agreement"  # study user attr: RungSummary.to_dict(), written by `record`
 NOT_RESULTS = ("duplicate", "surplus", "infeasible")  # their rung losses repeat another trial's, or are none
+RETRIED = ("interrupted", "orphaned")  # stopped with their driver: the re-enqueued retry reports their rungs again
 
 
 def rung_losses(t: FrozenTrial) -> dict[int, float]:
@@ -94,7 +95,7 @@ def describe(a: RungAgreement) -> str:
 def ladder_of(study: optuna.Study) -> Ladder | None:
     """The study's ladder rebuilt from its trials' rung losses; None when no trial stored any."""
     losses = {t.number: rung_losses(t) for t in study.get_trials(deepcopy=False)
-              if status(t) not in NOT_RESULTS}
+              if status(t) not in (*NOT_RESULTS, *RETRIED)}
     losses = {n: d for n, d in losses.items() if d}
     if not losses:
         return None
