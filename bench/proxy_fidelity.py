@@ -45,6 +45,7 @@ later edits of the shipped one from moving the candidates.
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ from npas import (  # noqa: E402
 )
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
+FROZEN_CANDIDATES = ROOT / "bench" / "spaces" / "full_frozen_candidates.json"  # see frozen_candidates
 RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
 RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
@@ -136,13 +138,31 @@ class Job:
 
 
 # ------------------------------------------------------------------------------------------ candidates
+def frozen_candidates(n: int) -> list[Candidate]:
+    """The first ``n`` candidates as the cached runs were made: their allocations are frozen in
+    ``FROZEN_CANDIDATES`` (made by ``candidates`` below under the fit of the time, fit version 1) so a
+    later change to how a space fits its samples (the budget fill of fit version 2 grows s12) leaves
+    this bench's candidates, and the cache keyed on their hashes, as they were."""
+    data = json.loads(FROZEN_CANDIDATES.read_text())
+    out = []
+    for c in data["candidates"][:n]:
+        cfg = ArchConfig.from_dict(c["config"])
+        if cfg.hash != c["hash"]:
+            raise SystemExit(f"{FROZEN_CANDIDATES.name}: {c['name']} reads back as {cfg.hash}, stored {c['hash']}")
+        out.append(Candidate(c["name"], cfg, dict(c["values"]), npas.count(cfg).flops_per_token))
+    return out
+
+
 def candidates(space: Space, n: int) -> list[Candidate]:
-    """The space's baselines, then feasible samples of a seeded random sampler, one per allocation hash."""
-    out: list[Candidate] = []
-    seen: set[str] = set()
+    """The space's baselines, then feasible samples of a seeded random sampler, one per allocation hash.
+    For the frozen space, the frozen allocations first (``frozen_candidates``); samples beyond them are
+    fitted by today's fit."""
+    out: list[Candidate] = frozen_candidates(n)  # every caller samples SPACE
+    seen: set[str] = {c.config.hash for c in out}
+    names = {c.name for c in out}
 
     def add(name: str, cand: Any) -> None:
-        if cand.feasible and cand.config.hash not in seen:
+        if cand.feasible and cand.config.hash not in seen and name not in names:
             seen.add(cand.config.hash)
             out.append(Candidate(name, cand.config, dict(cand.values), npas.count(cand.config).flops_per_token))
 
