@@ -8,8 +8,11 @@ Three real searches (real Ray, real training, SQLite) of the same space with the
 and seed, so the same candidates in the same order (checked: their allocation hashes are printed
 equal or the run says they are not):
 
-- ``ladder``: a ``schedule: wsd`` recipe of T steps, rungs T/16, T/4, T (the default), early stopping
-  on: every trial climbs, the best quarter of each rung moves on, the rest stop where they are;
+- ``ladder``: a ``schedule: wsd`` recipe of T steps, rungs T/16, T/4, T (a recipe's when it names none),
+  early stopping on: every trial climbs, and the k-th rung sends on at most floor(N / 4**k) trials,
+  each while in the best quarter of its rung so far (``npas/service/search/ladder.py``); the rest stop
+  where they are. ``bench/results/ladder_tokens/`` was measured under the rule before that cap
+  (baselines never paused, a noise tie promoted one more);
 - ``asha``: the same recipe with ``schedule: cosine``: npas's ASHA (reduction 3, grace one evaluation,
   stops at evaluation points; the baselines run to T under both);
 - ``all-to-T``: the wsd recipe with ``--no-early-stop``.

@@ -310,8 +310,11 @@ def _why_rows(columns: dict[str, dict[str, float | None]], target: dict[str, flo
 def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], proxy: dict[str, float | None],
                  target: dict[str, float], gap_sd: float | None) -> dict[str, dict]:
     """The ladder row (issue #34 item 7), replayed from the WSD runs' rung losses over the candidates that
-    have one (``bench/proxy_fidelity_ladder.py``), with its three targets: Delta tau (ladder - proxy)
-    above 0, top-3 recall >= 2/3, compute <= 0.5 x N x T steps, forks counted."""
+    have one (``bench/proxy_fidelity_ladder.py``) under the product's rule (target N = the candidates,
+    ranked on the rung loss and the analytic training memory, rungs closed at the end), in the bench's
+    one sampler order, with its three targets: Delta tau (ladder - proxy) above 0, top-3 recall >= 2/3,
+    compute <= 0.5 x N x T steps, forks counted. One order is one draw: ``bench/ladder_orders.py``
+    replays 500 orders and gives recall and regret as distributions."""
     from bench.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of
 
     assert setup.wsd is not None
@@ -325,12 +328,23 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
         print("ladder row: fewer than 3 candidates with a finished WSD run; nothing to replay")
         return {}
     order = [c.name for c in cands if c.name in losses]
-    rep = replay(order, losses, setup.wsd, {c.name: c.flops for c in cands})
+    acc = {c.name: npas.count(c.config, batch_size=setup.wsd.batch_size, seq_len=setup.wsd.seq_len) for c in cands}
+    flops = {n: float(a.flops_per_token) for n, a in acc.items()}
+    memory = {n: (float(a.train_memory_bytes),) for n, a in acc.items()}
     n, full = len(order), len(order) == len(cands)
+
+    def run(recipe: npas.Recipe):  # the product's rule: the search's N caps each rung
+        return replay(order, losses, recipe, flops, target=n, objectives=memory)
+
+    def spent(rep) -> tuple[float, float]:
+        return rep.total_steps / (n * T), rep.total_flops / (T * sum(flops[c] for c in order))
+
+    rep = run(setup.wsd)
     reach = {t: sum(v == t for v in rep.reached.values()) for t in rungs}
     print(f"\nladder ({n} of {len(cands)} candidates, sampler order, {WORKERS} workers, eta {rep.ladder.eta}, "
-          f"rungs {', '.join(map(str, rungs))}, replayed from the WSD runs' rung losses, loss alone ranked): reached "
-          + ", ".join(f"{t}: {k}" for t, k in reach.items()))
+          f"rungs {', '.join(map(str, rungs))}, replayed from the WSD runs' rung losses under the search's rule: "
+          f"target N = {n}, ranked on (rung loss, train memory); one order of many, see bench/ladder_orders.py): "
+          "reached " + ", ".join(f"{t}: {k}" for t, k in reach.items()))
     for rung in rungs[:-1]:
         ag = npas.ladder_agreement(rep.ladder, rung)
         tau = "suppressed (< 10 pairs)" if ag.tau is None else f"{_num(ag.tau.value)} [{_num(ag.tau.low)}, {_num(ag.tau.high)}]"
@@ -338,28 +352,28 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
     score = rep.score()
     row = _horizon_row("ladder (rung, then loss)", {c.name: score.get(c.name) for c in cands}, target, gap_sd,
                        len(cands))
-    budget = n * T
-    frac = rep.total_steps / budget
+    frac, frac_flops = spent(rep)
     status = lambda ok: ("PASS" if ok else "MISS") if full else "INCOMPLETE"  # noqa: E731
     print(f"target: ladder compute {rep.total_steps:,} steps (forks counted) = {frac:.3f} x N x T "
-          f"({n} x {T:,}) <= 0.5: {status(frac <= 0.5)}")
-    print(f"target: ladder top-{TOP_RECALL} recall {row['top_recall']:.2f} >= 2/3: {status(row['top_recall'] >= 2 / 3 - 1e-9)}")
+          f"({n} x {T:,}) <= 0.5: {status(frac <= 0.5)}; in FLOPs {frac_flops:.3f} x N x T")
+    print(f"target: ladder top-{TOP_RECALL} recall {row['top_recall']:.2f} >= 2/3 in this one order: "
+          f"{status(row['top_recall'] >= 2 / 3 - 1e-9)}")
     delta = _delta_target({c.name: score.get(c.name) for c in cands}, proxy, target, len(cands), "ladder",
                           f"proxy {setup.proxy.steps}")
-    out = {"ladder": {**row, "compute_fraction": frac, "steps": rep.total_steps, "reached": reach},
-           "ladder_target": delta}
-    # diagnostic, no target: the same replay without the first rung (a fork at T/4 a candidate's first
-    # decision): the WSD run's fork at T/4 is the same with or without a fork before it, so no new run
-    later = tuple(rungs[1:])
-    if len(later) >= 2:
-        alt = npas.Recipe.from_dict({**setup.wsd.to_dict(), "rungs": list(later)})
-        rep2 = replay(order, losses, alt, {c.name: c.flops for c in cands})
+    out = {"ladder": {**row, "compute_fraction": frac, "flops_fraction": frac_flops, "steps": rep.total_steps,
+                      "reached": reach}, "ladder_target": delta}
+    # diagnostics, no target: the same replay on two rungs, the top and one below it (a WSD run's fork at
+    # t is the same with or without a fork before it, so no new run)
+    for low in rungs[:-1] if len(rungs) > 2 else ():
+        alt = npas.Recipe.from_dict({**setup.wsd.to_dict(), "rungs": [low, T]})
+        rep2 = run(alt)
         score2 = rep2.score()
-        print(f"diagnostic: the ladder on rungs {', '.join(map(str, later))} only (no T/16 rung), same replay: "
-              f"{rep2.total_steps:,} steps = {rep2.total_steps / budget:.3f} x N x T")
-        row2 = _horizon_row(f"ladder {'/'.join(map(str, later))}", {c.name: score2.get(c.name) for c in cands},
-                            target, gap_sd, len(cands))
-        out["ladder_later_rungs"] = {**row2, "compute_fraction": rep2.total_steps / budget, "rungs": list(later)}
+        s2, f2 = spent(rep2)
+        print(f"diagnostic: the ladder on rungs {low}, {T} only, same replay: {rep2.total_steps:,} steps = "
+              f"{s2:.3f} x N x T ({f2:.3f} in FLOPs)")
+        row2 = _horizon_row(f"ladder {low}/{T}", {c.name: score2.get(c.name) for c in cands}, target, gap_sd,
+                            len(cands))
+        out[f"ladder_{low}_{T}"] = {**row2, "compute_fraction": s2, "flops_fraction": f2, "rungs": [low, T]}
     return out
 
 

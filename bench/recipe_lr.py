@@ -77,8 +77,10 @@ def shipped_version(recipe: Recipe) -> str:
     """The cache version of a shipped recipe's sweep: the numerics and this recipe bar its rate. The rate
     is left out and each run keyed by the rate it trains at (``key``), so re-tuning the recipe's base
     rate -- what this sweep is for -- keeps every run: x1 at the new rate is the old grid's run at that
-    rate. The cosine floor stays in as its ratio to the peak (``with_lr_factor`` scales both)."""
-    d = recipe_settings(recipe, leave_out=("seed", "parameterization", "threads", "lr", "min_lr"))
+    rate. The cosine floor stays in as its ratio to the peak (``with_lr_factor`` scales both). A WSD
+    recipe's ``rungs`` are left out too: its forks branch off beside the run and leave the run's own
+    loss, the one this sweep scores, bit for bit as it was (tests/training/test_checkpoint.py)."""
+    d = recipe_settings(recipe, leave_out=("seed", "parameterization", "threads", "lr", "min_lr", "rungs"))
     return harness_version("recipe_lr", {**d, "floor_ratio": round(recipe.min_lr / recipe.lr, 9)})
 
 

@@ -43,7 +43,7 @@ def _reached(b) -> dict[tuple[str, str], str]:
            ("lr_transfer", version.settings_digest(lt.version_settings(lt.full_setup()))): lt.code_version(lt.full_setup())}
     for name in ("smoke", "smoke-wsd"):
         r = rl.shipped(name)
-        d = version.recipe_settings(r, leave_out=("seed", "parameterization", "threads", "lr", "min_lr"))
+        d = version.recipe_settings(r, leave_out=("seed", "parameterization", "threads", "lr", "min_lr", "rungs"))
         out["recipe_lr", version.settings_digest({**d, "floor_ratio": round(r.min_lr / r.lr, 9)})] = rl.shipped_version(r)
     settings = {"chassis": full.chassis.to_dict(), "dense": version.recipe_settings(full.dense),
                 "uptrain": version.recipe_settings(full.uptrain), "allocation": cfg.hash, "grid": list(hf.GRID),

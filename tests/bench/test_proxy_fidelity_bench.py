@@ -99,7 +99,7 @@ def test_quick_runs_caches_and_reruns_nothing(quick_run):
                   r"3: (\d+), 6: (\d+), 24: (\d+)$", out, re.M)
     assert m and sum(map(int, m.groups())) == 4, out
     assert re.search(r"^target: ladder compute [\d,]+ steps \(forks counted\) = \d\.\d{3} x N x T \(4 x 24\) "
-                     r"<= 0\.5: (PASS|MISS)$", out, re.M), out
+                     r"<= 0\.5: (PASS|MISS); in FLOPs \d\.\d{3} x N x T$", out, re.M), out
     assert re.search(r"^target: delta tau \(ladder - proxy 6\) over 4/4 candidates", out, re.M), out
     again = _bench("--quick", "--out", str(tmp_path))
     assert "ran 0, cached 24" in again

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import random
+import re
 
 from bench.proxy_fidelity import wsd_recipe
 from bench.proxy_fidelity_ladder import replay, segment_steps
@@ -62,3 +64,32 @@ def test_a_non_finite_rung_loss_is_never_promoted() -> None:
     losses["c0"] = dict.fromkeys(r.fork_rungs(), float("nan"))
     rep = replay(names, losses, r, dict.fromkeys(names, 1))
     assert rep.reached["c0"] == 100
+
+
+def test_the_report_s_ladder_row_replays_the_search_s_rule_and_says_it_is_one_order(tmp_path, capsys, monkeypatch):
+    """The proxy-fidelity report's ladder row, fed planted rung losses: the search's cap (N = 8, eta 4:
+    at most 2 past the first rung, 1 to T by the second rung's close), FLOPs beside steps, and recall
+    said to be one order's. Its intervals are not what is checked: no bootstrap resamples (seconds)."""
+    from bench import proxy_fidelity as pf
+    from bench import proxy_fidelity_report as report
+    from bench.proxy_fidelity_report import DEFAULT_PAR, _ladder_rows
+
+    monkeypatch.setattr(report, "rank_correlation", functools.partial(report.rank_correlation, n_boot=0))
+    monkeypatch.setattr(report, "_delta_target", functools.partial(report._delta_target, n_boot=0))
+
+    setup = pf.make_setup(False, None, None, tmp_path, 1)
+    cands = pf.frozen_candidates(8)
+    res = {(c.config.hash, "wsd", setup.proxy.seed, DEFAULT_PAR):
+           {"status": "ok", "rung_losses": {"100": 2.4 + 0.01 * k, "400": 1.9 + 0.01 * k}, "val_loss": 1.5 + 0.01 * k}
+           for k, c in enumerate(cands)}
+    truth = {c.name: 1.5 + 0.01 * k for k, c in enumerate(cands)}
+    out = _ladder_rows(setup, cands, res, {c.name: 2.0 - 0.01 * k for k, c in enumerate(cands)}, truth, 0.02)
+    text = capsys.readouterr().out
+    assert "under the search's rule: target N = 8, ranked on (rung loss, train memory); one order of many, see " \
+           "bench/ladder_orders.py): reached " in text, text
+    reached = out["ladder"]["reached"]
+    assert reached[1600] == 1 and reached[400] + reached[1600] <= 2 and sum(reached.values()) == 8
+    assert re.search(r"^target: ladder compute [\d,]+ steps \(forks counted\) = \d\.\d{3} x N x T \(8 x 1,600\) "
+                     r"<= 0\.5: (PASS|MISS); in FLOPs \d\.\d{3} x N x T$", text, re.M), text
+    assert re.search(r"^target: ladder top-3 recall \d\.\d\d >= 2/3 in this one order: (PASS|MISS)$", text, re.M), text
+    assert 0 < out["ladder"]["flops_fraction"] < 1

@@ -47,7 +47,7 @@ def test_the_first_command_searches_with_a_wsd_recipe():
 
     argv = _search_argv()
     recipe = load_recipe(argv[argv.index("--recipe") + 1])
-    assert recipe.schedule == "wsd" and recipe.fork_rungs() == (12, 50, 200)
+    assert recipe.schedule == "wsd" and recipe.fork_rungs() == (12, 200)
     assert block(FIRST).splitlines()[0].endswith(" ".join(["npas", "search", *argv]))
 
 
@@ -70,16 +70,16 @@ def test_the_first_command_prints_what_the_readme_shows(tmp_path):
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
-    assert "promotion ladder at rungs 12, 50, 200 steps" in p.stderr, p.stderr[-2000:]  # said at the start
+    assert "promotion ladder at rungs 12, 200 steps" in p.stderr, p.stderr[-2000:]  # said at the start
     m = re.search(r"^front read at the top rung: (\d+) of (\d+) trials reached T = 200 steps$", out, re.M)
-    assert m and 1 <= int(m.group(1)) < int(m.group(2)) == 8, out  # the ladder stopped some below T
-    assert re.search(r"^rung 12 -> 50: \d+ trial", out, re.M) and re.search(r"^rung 50 -> 200: ", out, re.M), out
-    m = re.search(r"^ladder \(rungs 12, 50, 200; eta 4\): rung 12 -> (\d+) of (\d+) went on, rung 50 -> (\d+) of "
-                  r"(\d+); compute ([\d.]+) N·T steps, ([\d.]+) N·T FLOPs \(N = 8 trials, T = 200 steps\)$", out, re.M)
+    assert m and 1 <= int(m.group(1)) <= 2 < int(m.group(2)) == 8, out  # the ladder stopped most below T
+    assert re.search(r"^rung 12 -> 200: \d+ trial", out, re.M), out
+    m = re.search(r"^ladder \(rungs 12, 200; eta 4\): rung 12 -> (\d+) of (\d+) went on; "
+                  r"compute ([\d.]+) N·T steps, ([\d.]+) N·T FLOPs \(N = 8 trials, T = 200 steps\)$", out, re.M)
     assert m, out
-    up12, n12, up50, n50 = map(int, m.groups()[:4])
-    assert n12 == 8 and up12 == n50 <= 8 // 4 and up50 == 1  # the rule: at most floor(N/4) past rung 12
-    assert 0 < float(m.group(5)) < 0.5 and 0 < float(m.group(6)) < 1  # far below training all 8 to T
+    up12, n12 = map(int, m.groups()[:2])
+    assert n12 == 8 and 1 <= up12 <= 8 // 4  # the rule: at most floor(N/4) past rung 12
+    assert 0 < float(m.group(3)) < 0.5 and 0 < float(m.group(4)) < 1  # far below training all 8 to T
     lines, at = (p.stderr + "\n" + out).splitlines(), 0
     for pattern in shown_lines():  # the README's abridged output, in its order
         at = next((i for i in range(at, len(lines)) if pattern.match(lines[i])), None)

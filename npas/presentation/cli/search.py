@@ -47,9 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=REPEATS, metavar="R", help="train each trial on R seeds and rank it by their "
                    "mean; the front then shows mean ± std (default: 1 for a new study; joining: the study's)")
     p.add_argument("--locate-lr", action="store_true", default=None,
-                   help="wsd recipes: choose each trial's learning rate at the ladder's rung at T/4 (the first at or below "
-                        "it) from a x2 grid around its fair rate (x0.5..x4, extended at an edge), and climb on at the best "
-                        "(default: off, every trial at its fair rate)")
+                   help="wsd recipes: choose each trial's learning rate at the ladder's highest rung below the top at or "
+                        "below T/4 (else its first: T/16 on the shipped ladder recipes) from a x2 grid around its fair rate "
+                        "(x0.5..x4, extended at an edge), and climb on at the best (default: off, every trial at its fair rate)")
     p.add_argument("--init-from", metavar="DENSE_DIR", help="start every trial from this `npas train` model, "
                    "converted into the candidate (npas convert), instead of a fresh init; the study reads text "
                    "with the model's tokenizer.json (another --tokenizer is refused)")
@@ -192,8 +192,9 @@ def _print_front(study, fmt: str = "table") -> None:
         print(f"loss: mean ± std over {seeds} seeds per trial" if seeds > 1 else
               "loss: one seed per trial, so its seed noise is unknown (—); search with --repeats 2 or more to see it")
         if "lr_factor" in df.columns:
-            print("lr_factor: each trial's learning rate located at the rung at T/4, as a factor of the recipe's "
-                  "fair rate; `npas export` writes it and `npas train` applies it")
+            print("lr_factor: each trial's learning rate located at the ladder's locating rung (the highest at or "
+                  "below T/4, else the first), as a factor of the recipe's fair rate; `npas export` writes it and "
+                  "`npas train` applies it")
         _print_rungs(study)
 
 

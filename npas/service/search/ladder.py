@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from npas.service.certify.fidelity import Interval, rank_correlation, rank_flips
 
-DEFAULT_ETA = 4  # the default rungs are 4x apart (horizon/16, /4, /1): keep the top quarter of each
+DEFAULT_ETA = 4  # each rung keeps its top quarter: the k-th sends on at most N/4**k of a search's N trials
 MIN_TAU_PAIRS = 10  # a rung-to-rung tau over fewer trials is not shown (issue #34: suppressed below 10)
 
 
