@@ -1,5 +1,5 @@
 """npas's public entry points beyond the core (``npas.count``, ``npas.search`` ...): the one table of
-names that tools built on npas (the benches in ``bench/``) may use, each resolved lazily as
+names that tools built on npas (benchmarks, experiments) may use, each resolved lazily as
 ``npas.<name>`` (``from npas import Recipe, tying_map``), so they never import an internal module and
 an internal move is a one-line change here, not a broken bench.
 

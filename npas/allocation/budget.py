@@ -219,7 +219,7 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     The activation estimate depends on where training runs: on ``device="cuda"`` attention is fused
     (scaled_dot_product_attention keeps a log-sum-exp per query, not the T x T probabilities), and
     under ``autocast="bfloat16"`` matrix-product outputs are saved in 2 bytes while norm outputs,
-    the residual stream and the logits stay fp32. Calibrated on an H200 (bench/gpu_efficiency.py):
+    the residual stream and the logits stay fp32. Calibrated on an H200 (docs/results, GPU efficiency):
     d_model 512 and 1024 x 8 layers at 65,536 tokens a step."""
     c = cfg.chassis
     d, L, V = c.d_model, c.n_layers, c.vocab_size

@@ -35,8 +35,7 @@ def _exit_without_ray_shutdown(code: int) -> None:
 
     Whatever the study holds is already committed by then (a finished run's trials, or, for an
     error, whatever came before it: most come before any trial ran), so nothing depends on Ray, and
-    its graceful shutdown at exit would add seconds to a one-line error and to every search
-    (bench/orchestration.py). The embedded daemons are fate-shared with this process and die with
+    its graceful shutdown at exit would add seconds to a one-line error and to every search. The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
     runner = sys.modules.get("npas.service.search.runner")  # not imported: this command never started Ray

@@ -247,7 +247,7 @@ def _mean_pm_std(df):
 
 def _start_ray(address: str | None) -> None:
     """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch) and
-    the database: they overlap (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s).
+    the database: they overlap, so the first trial starts seconds sooner.
     The address was checked with the rest of the input, before this."""
     from npas.service.search.runner import start_ray_early
 

@@ -1,4 +1,4 @@
-"""The dashboard's rung panel (issue #34 item 4): every trial's loss at each rung it reached, its
+"""The dashboard's rung panel: every trial's loss at each rung it reached, its
 promotions drawn as lines from rung to rung, the front at the top rung marked, and the rung-to-rung
 agreement (Kendall tau with its interval and n, rank flips) and the ladder's spend (how many went on at
 each rung, compute as a multiple of N·T: `npas.service.study.compute`) in the caption.

@@ -55,7 +55,7 @@ def export_document(study: optuna.Study, pick: str = "knee") -> dict:
     cfg = export(study, f"trial={trial.number}")
     names = objective_names(study)
     # the trial's located learning rate, as a factor of the recipe's fair rate: `npas train` applies it.
-    # A trial that located none (every study from before issue #35) writes none: its export is as it was
+    # A trial that located none (every study searched without --locate-lr) writes none
     # With it, the recipe it was located under (the study's: every trial ran under it), so `npas train`
     # under another recipe knows the factor is not its own (npas.training.lr_factor.choose_factor)
     factor = trial.user_attrs.get(TrialAttr.LR_FACTOR)

@@ -31,12 +31,10 @@ from npas.service.study.tally import StudyTally
 # `fidelity` constraint, so TPE models it as infeasible: its region is learnt as worse than any trial at
 # T, without its shorter-run loss being compared with losses at T. "fail": FAIL, ignored by every
 # sampler (and not counted toward the target). "plain": COMPLETE with its last loss as if at T (a
-# pessimistic loss: shorter runs end higher). bench/ladder_sampler.py measures all three (N=40 then
-# 2N, 8 seeds, synthetic losses): while a search runs, a paused trial is RUNNING, so what it is told
-# matters only to a later driver extending the study; there "plain" gave exactly the hypervolume of
-# "constraint" (TPE puts both among its worse trials) and "fail" -0.008 [-0.023, +0.006]. The default
-# stays "constraint": no shorter run's loss is ever read as a loss at T, and the sampler still learns
-# that the region did not make the cut.
+# pessimistic loss: shorter runs end higher). While a search runs, a paused trial is RUNNING, so what it
+# is told matters only to a later driver extending the study. The default is "constraint": no shorter
+# run's loss is ever read as a loss at T, and the sampler still learns that the region did not make the
+# cut; the others stay selectable so the choice can be compared (docs/results/ladder.md).
 STOPPED_AS = ("constraint", "fail", "plain")
 
 
@@ -54,7 +52,7 @@ class TrialRecorder:
         self.accounting: dict[int, dict] = {}  # of trials handed to a worker: their memory and size objectives
         self.fresh = False  # the tally was refreshed after the last tell
         # what the sampler is told of a trial stopped below the recipe's length (`STOPPED_AS`); the search
-        # uses the default, bench/ladder_sampler.py measures the others
+        # uses the default; the others are there to be compared
         self.stopped_as = "constraint"
 
     def skip(self, trial: optuna.Trial, status: str, reason: str) -> None:

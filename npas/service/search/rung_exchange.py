@@ -1,5 +1,5 @@
-"""Rung results shared, live, among the drivers of one study (issue #34: "several drivers on one
-PostgreSQL study share rung decisions").
+"""Rung results shared, live, among the drivers of one study, so several drivers on one PostgreSQL
+study share rung decisions.
 
 Each driver runs its own ``SearchLadder`` (a Ray Tune scheduler lives in one driver process), so
 without this every driver would promote on its own trials only: two drivers with eight trials each at

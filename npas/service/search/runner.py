@@ -104,7 +104,7 @@ def ray_start_begun() -> bool:
 
 class _EarlyStart:
     """`ray.init` on a background thread, so Ray's daemons boot while the driver imports torch, reads
-    the corpus and opens the study (bench/orchestration.py: launch to first trial 13.3 s -> 11.0 s).
+    the corpus and opens the study: the first trial starts seconds sooner.
 
     The thread stays parked for the life of the process instead of returning: Ray fate-shares the
     daemons it spawns with the *thread* that spawned them (PR_SET_PDEATHSIG on Linux), so a thread

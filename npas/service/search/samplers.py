@@ -41,7 +41,7 @@ def make_sampler(name: str, seed: int | None, n_objectives: int) -> optuna.sampl
     if name == "tpe":
         # group=True: the space is define-by-run (LoRA ranks exist only with tying, templates only with
         # pools ...), and grouped multivariate TPE models each co-occurring set of knobs jointly instead
-        # of falling back to independent sampling; bench/search_efficiency.py measures the difference
+        # of falling back to independent sampling
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
@@ -82,7 +82,7 @@ def learns_from_infeasible(sampler: optuna.samplers.BaseSampler) -> bool:
     """Whether infeasible asks are told COMPLETE with a violated constraint rather than FAIL.
 
     TPE splits trials into feasible and infeasible by their constraints and never reads an infeasible
-    trial's values, so it learns where candidates do not fit (bench/search_efficiency.py measures it).
+    trial's values, so it learns where candidates do not fit.
     GP fits its objective model on every COMPLETE trial's values and NSGA-II's crowding distance reads
     them, so those (and random, which learns nothing) keep FAIL.
     """

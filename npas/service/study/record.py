@@ -47,7 +47,7 @@ class StudyAttr(StrEnum):
     # {"origin", "dir", "weights", "similarity"}: the trained model learned sharing groups cluster by
     # (npas.service.search.learned) and its (L, L) layer similarity; resume and joiners read the matrix from here
     LEARNED = "learned_source"
-    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's rung at T/4 (issue #35)
+    LOCATE_LR = "locate_lr"  # `--locate-lr`: each trial's rate is chosen at the ladder's rung at T/4
     READY = "npas_ready"  # written last at creation: a study without it is still being set up
 
 
@@ -113,7 +113,7 @@ class TrialAttr(StrEnum):
     LADDER_DIR = "ladder_trial_dir"
     STEPS_BEFORE = "steps_before_retry"  # a re-enqueued trial: the steps its earlier attempt had trained (trained_steps)
     LOST_STEPS = "lost_steps"  # the ladder: steps earlier attempts trained past their last checkpoint (in trained_steps)
-    LR_FACTOR = "lr_factor"  # located rate (issue #35): the chosen factor of the recipe's fair rate
+    LR_FACTOR = "lr_factor"  # located rate: the chosen factor of the recipe's fair rate
     LR_GRID_STEPS = "lr_grid_steps"  # located rate: steps of the rate grid's runs not kept (apart from trained_steps)
 
 

@@ -1,5 +1,5 @@
 """A study's rungs read back from its trials: how many reached the top rung T, and how well each rung's
-order foretold the next one's (issue #34's free certificate).
+order foretold the next one's (the free certificate every promotion gives).
 
 Every promotion gives a candidate's loss at two rungs (its trial's ``rung_losses``), so the study itself
 holds a rung-to-rung rank correlation among the trials it moved on: Kendall tau with its bootstrap

@@ -7,7 +7,7 @@ Constraints (Optuna 5 `set_constraint`) keep the budget and, for trials stopped 
 missing fidelity, so plain `optuna.load_study(...).best_trials` returns the full-fidelity front within
 budget for every study npas has written so far. npas does not lean on that: the front is read at the top
 rung T explicitly (`reached_top`: the steps trained against the steps asked), because a promotion ladder
-may tell the sampler something else about a trial it stopped below T (issue #34), and a trial at a
+may tell the sampler something else about a trial it stopped below T, and a trial at a
 lower rung has a loss from a shorter run, which would dominate the trials that finished at T.
 """
 

@@ -6,7 +6,7 @@ every trial of the study several times per trial made the driver's cost per tria
 (and `study.best_trials` deep-copies every trial). Optuna's cached storage already reads only new and
 unfinished trials from the database; this tally does the same on its side: a finished trial never
 changes, so it is looked at exactly once, and only trials that were unfinished (WAITING or RUNNING) at
-the last refresh, or are new since, are looked at again. `bench/driver_scale.py` measures the result.
+the last refresh, or are new since, are looked at again, so a refresh costs what changed, not the study's size.
 """
 
 from __future__ import annotations
