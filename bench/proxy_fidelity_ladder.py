@@ -44,7 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import npas
-from npas.service.search.ladder import Decision, decide, rank
+from npas import LadderDecision as Decision
+from npas import ladder_decide as decide
+from npas import ladder_rank as rank
 
 WORKERS = 2  # the README's search runs two workers; the rule is asynchronous, so the count moves promotions a little
 

@@ -56,6 +56,10 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
     **{n: ("npas.service.search.ladder", n) for n in ("Ladder", "RungResult")},
     "ladder_agreement": ("npas.service.search.ladder", "agreement"),
+    # the promotion rule's pure parts, for replays of cached runs under a variant of the rule
+    "LadderDecision": ("npas.service.search.ladder", "Decision"),
+    "ladder_decide": ("npas.service.search.ladder", "decide"),
+    "ladder_rank": ("npas.service.search.ladder", "rank"),
     "ladder_objective_config": ("npas.service.search.ladder_run", "objective_config"),
     "STOPPED_AS": ("npas.service.search.recorder", "STOPPED_AS"),  # what a trial stopped below T may be told
     # the located learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
