@@ -40,6 +40,7 @@ from npas.training.train import (
     read_metrics,
     save_trained,
 )
+from npas.version import __version__
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -131,8 +132,6 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         torch.set_num_threads(prev)
     conversion.model.to("cpu")
     src_result = metrics.get("result") or {}
-    from npas import __version__
-
     doc = {
         "conversion": {
             "source_dir": str(dense_dir), "source_hash": src_cfg.hash, "source_weights": fingerprint_weights(dense_dir),

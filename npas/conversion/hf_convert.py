@@ -32,6 +32,7 @@ from npas.conversion.directory import PROVENANCE_FILE, ConvertResult, read_alloc
 from npas.conversion.hf_source import fingerprint_hf_weights, read_hf_dir, require_transformers
 from npas.conversion.tying import TieInit
 from npas.errors import ConfigError, DataError, NpasError
+from npas.version import __version__
 
 LOSS_RECIPE = "smoke"  # the loss pass's windows: 4 batches of 16 x 64 tokens
 FORMATS = ("npas", "hf")
@@ -138,8 +139,6 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
         for name in ("model.safetensors", "config.json", "config.yaml", "model.safetensors.index.json"):
             (out / name).unlink(missing_ok=True)
     written = write_output(conversion.model, cfg, ck.tokenizer, out, fmt, unroll)
-    from npas import __version__
-
     finite = math.isfinite(val)
     doc: dict[str, Any] = {
         "conversion": {

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import optuna
 
-from npas import __version__
 from npas.allocation.fill import fill_note
 from npas.presentation.dashboard import info as I
 from npas.presentation.dashboard import render as R
 from npas.presentation.dashboard import rungs as G
+from npas.version import __version__
 
 log = logging.getLogger(__name__)
 
