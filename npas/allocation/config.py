@@ -5,9 +5,9 @@ fully explicit: every layer's MLP width, the layer -> block tying map, every par
 members, generator and sizes, every LoRA rank. Nothing in it depends on the search space that
 produced it, which is why a YAML file of it rebuilds the exact module on any machine.
 
-The chassis (`npas.allocation.chassis`), its llama checks (`npas.allocation.llama_chassis`) and the
-weight slots (`npas.allocation.slots`) live in modules of their own; their public names are
-re-exported here, so `from npas.allocation.config import Chassis` keeps working.
+The chassis with its llama checks (`npas.allocation.chassis`) and the weight slots
+(`npas.allocation.slots`) live in modules of their own; their public names are re-exported here, so
+`from npas.allocation.config import Chassis` keeps working.
 """
 
 from __future__ import annotations
@@ -21,8 +21,17 @@ from typing import Any, Literal
 
 import yaml
 
-from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, Activation, Chassis, Family
-from npas.allocation.llama_chassis import LLAMA_MAX, ROPE_SCALING_KEYS, llama_problems, rope_scaling_problems
+from npas.allocation.chassis import (
+    CHASSIS_MAX,
+    LLAMA_DEFAULTS,
+    LLAMA_MAX,
+    ROPE_SCALING_KEYS,
+    Activation,
+    Chassis,
+    Family,
+    llama_problems,
+    rope_scaling_problems,
+)
 from npas.allocation.slots import ATTN_SLOTS, MLP_SLOTS, block_slots, slot_shape
 from npas.errors import ConfigError
 
