@@ -15,9 +15,13 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.allocation.config import ArchConfig
+from npas.allocation.budget import count
+from npas.allocation.config import ArchConfig, reference_config
 from npas.allocation.knob_table import knob_label
+from npas.allocation.space_parser import parse_space
 from npas.errors import NpasError
+from npas.service.certify.certificate import CERTIFICATE_ATTR
+from npas.service.certify.fidelity import mean_interval
 from npas.service.study.optuna_adapter import hypervolume
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study.studies import front_trials, is_full_fidelity, status, was_evaluated
@@ -130,9 +134,6 @@ def reference_mark(study: optuna.Study, names: list[str]) -> ReferenceMark | Non
     """The reference model's cost on the second objective, if the space and recipe say it."""
     if len(names) < 2:
         return None
-    from npas.allocation.budget import count
-    from npas.allocation.config import reference_config
-    from npas.allocation.space_parser import parse_space
 
     ua = study.user_attrs
     try:
@@ -310,8 +311,6 @@ def taper_info(study: optuna.Study) -> TaperInfo:
              for t in _front(study) if t.user_attrs.get(TrialAttr.ALLOC)]
     ref = None
     try:
-        from npas.allocation.space_parser import parse_space
-
         ref = parse_space(study.user_attrs[StudyAttr.SPACE_TEXT]).reference_chassis.d_ff
     except (KeyError, NpasError):  # not an npas space: fall back on any sampled trial's chassis
         knobs = next((t.user_attrs[TrialAttr.KNOBS] for t in study.get_trials(deepcopy=False)
@@ -404,9 +403,6 @@ class FidelityInfo:
 
 def fidelity_info(study: optuna.Study) -> FidelityInfo:
     """The certificate stored in the study by `npas validate`, as points with seed-mean intervals."""
-    from npas.service.certify.certificate import CERTIFICATE_ATTR
-    from npas.service.certify.fidelity import mean_interval
-
     cert = study.user_attrs.get(CERTIFICATE_ATTR)
     if not cert:
         return FidelityInfo([], note=f"no fidelity certificate yet: run `npas validate {study.study_name}`")
