@@ -36,7 +36,7 @@ LLAMA_DEFAULTS: dict[str, Any] = {"n_kv_heads": 0, "head_dim": 0, "rope_theta": 
                                   "tie_embeddings": True, "rope_scaling": None}
 # llama-only dimensions: 0 means "derived" (n_kv_heads = n_heads, head_dim = d_model / n_heads)
 LLAMA_MAX: dict[str, int] = {"n_kv_heads": 2**12, "head_dim": 2**12}
-# Hugging Face rope_scaling types npas's rotary embedding computes (`transformer.rotary`), and the keys each reads
+# Hugging Face rope_scaling types npas's rotary embedding computes (`layer_ops.rotary`), and the keys each reads
 ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
