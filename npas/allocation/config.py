@@ -187,10 +187,10 @@ class ArchConfig:
 
     # ---- validation --------------------------------------------------------------------------
     def problems(self) -> list[str]:
-        """Every reason this allocation cannot be built, as text (empty when it can): the parts' checks
-        (`npas.allocation.validation`), each stage only once the one before it passed (a later check
-        reads what an earlier one vouched for), then what only the whole allocation knows: which slots
-        each block stores, for the banks' members."""
+        """Every reason this allocation cannot be built, as text (empty when it can)."""
+        # the parts' checks (npas.allocation.validation), each stage only once the one before it passed (a
+        # later check reads what an earlier one vouched for), then what only the whole allocation knows:
+        # which slots each block stores, for the banks' members
         c = self.chassis
         out = c.problems() or layer_problems(self.version, c.n_layers, {n: getattr(self, n) for n in PER_LAYER})
         if out:
