@@ -28,7 +28,7 @@ cycle U=4 + LoRA), so the two read side by side. Quick mode is a smoke test of t
 
 Cache, so the run spans sessions: every finished run is one record in `bench/results/convert_hf/`
 (`bench/harness/store.py`), keyed ``<arm>-x<lr multiple>-s<seed>-<steps>-<code version>.json``; the
-code version is that of the training numerics (`npas.training.numerics`, whose golden runs train a
+code version is that of the training numerics (`npas.conversion.numerics`, whose golden runs train a
 llama model and convert it) and the settings every run shares (`code_version`). The dense
 model is cached too, as the Hugging Face directory `write_hf` wrote (`dense-<version>/`, ~1.5 MB
 fp32, committed with the records) plus its record `dense-<version>.json`: trained once, only when a

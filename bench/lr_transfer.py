@@ -13,7 +13,7 @@ reference's.
 
 Finished runs are cached in ``bench/results/lr_transfer/`` (``bench/harness/store.py``) keyed by (arm, lr, seed,
 parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
-stopped; the code version is that of the training numerics (``npas.training.numerics``), the recipe and
+stopped; the code version is that of the training numerics (``npas.conversion.numerics``), the recipe and
 the reference chassis, so a change to any of them starts afresh (and editing this report does not).
 
     python bench/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing

@@ -16,7 +16,7 @@ half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are 
 sub-grid position from a parabola in log2(lr) is printed beside it.
 
 Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
-factor, seed, code version); the code version is that of the training numerics (``npas.training.numerics``)
+factor, seed, code version); the code version is that of the training numerics (``npas.conversion.numerics``)
 and the recipe, so editing the frozen proxy starts a fresh cache. A shipped recipe's sweep (``--recipe
 NAME``) keys its runs by the rate they train at and leaves the base rate out of its version, so
 re-tuning that rate keeps the grid it was re-tuned from.

@@ -24,8 +24,7 @@ from npas.errors import (
     StorageError,
     StudyError,
 )
-
-__version__ = "0.1.0"
+from npas.version import __version__ as __version__  # re-exported: `npas.__version__`
 
 # Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast. Beyond these,
 # `npas.api.ENTRY_POINTS` lists the further public names (`from npas import Recipe, tying_map`) that tools

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 
 def format_problems(source: str, problems: list[str]) -> str:
     """One problem on one line (`source: problem`); several as a count, then one indented line each,
@@ -9,6 +11,12 @@ def format_problems(source: str, problems: list[str]) -> str:
     if len(problems) == 1:
         return f"{source}: {problems[0]}"
     return f"{source}: {len(problems)} problems" + "".join(f"\n  - {p}" for p in problems)
+
+
+def closest(word: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """'; did you mean X?' when a close match exists, else '': the fix a message names for a mistyped key."""
+    match = difflib.get_close_matches(str(word), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 class NpasError(Exception):

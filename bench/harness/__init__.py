@@ -2,7 +2,7 @@
 and its report.
 
 - ``version``: the code version a cache is keyed by (``code_version``: the declared training numerics,
-  ``npas.training.numerics.NUMERICS_VERSION``, and the experiment's settings) and the stamp every
+  ``npas.conversion.numerics.NUMERICS_VERSION``, and the experiment's settings) and the stamp every
   cached record carries (commit, numerics version, full recipe and allocation);
 - ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
   both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);

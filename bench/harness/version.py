@@ -1,7 +1,7 @@
 """A cache's code version: the training numerics' declared version and the settings every run of the
 experiment shares, never the bytes of the code that trained them.
 
-``npas.NUMERICS_VERSION`` (``npas/training/numerics.py``) names what a training computes; its golden
+``npas.NUMERICS_VERSION`` (``npas/conversion/numerics.py``) names what a training computes; its golden
 runs define it and a fast test (tests/training/test_numerics_golden.py) fails when a change moves them.
 So a refactor keeps every cache, and a change of the numerics bumps the constant and starts fresh
 caches everywhere.

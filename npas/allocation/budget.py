@@ -352,3 +352,14 @@ def reference_params(cfg_or_chassis) -> int:
     """N_ref: stored parameters of the untied uniform model of this chassis."""
     chassis = getattr(cfg_or_chassis, "chassis", cfg_or_chassis)
     return stored_params(reference_config(chassis))
+
+
+def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
+    """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
+    d_model, so a cap at or under them leaves every candidate infeasible."""
+    floor = embedding_params(ch) + ch.d_model
+    if cap > floor:
+        return None
+    return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
+            f"d_model={ch.d_model} and vocab_size={ch.vocab_size}; raise the budget, lower d_model, or cap only "
+            f"the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)")

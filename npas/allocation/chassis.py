@@ -2,16 +2,20 @@
 
 Why a module of its own: a chassis is what a space file, an allocation, a trained directory and a
 Hugging Face checkpoint all agree on before anything is shared or narrowed, and its checks are the
-first ones user input meets. The llama family's own checks live in `npas.allocation.llama_chassis`,
-the weight slots in `npas.allocation.slots`; `npas.allocation.config` re-exports the public names.
+first ones user input meets. The llama family's own checks (`llama_problems`) follow Hugging Face's
+conventions (grouped-query K/V heads, an explicit head_dim, the rotary base and its `rope_scaling`
+types, RMSNorm's epsilon, a tied or untied head); `Chassis.problems` runs them for a space file, an
+allocation and a checkpoint's config.json (`npas.conversion.hf_source.hf_chassis`) alike, so a value is
+refused in the same words wherever it comes from. The weight slots live in `npas.allocation.slots`;
+`npas.allocation.config` re-exports the public names.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
-from npas.allocation.llama_chassis import llama_problems
 from npas.allocation.slots import slot_shape
 
 Activation = Literal["gelu", "swiglu"]
@@ -30,6 +34,13 @@ CHASSIS_MAX: dict[str, int] = {"vocab_size": 2**22, "context": 2**20, "d_model":
 # chassis keeps every one of them at its default, and its serialisation omits them (old hashes hold).
 LLAMA_DEFAULTS: dict[str, Any] = {"n_kv_heads": 0, "head_dim": 0, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
                                   "tie_embeddings": True, "rope_scaling": None}
+# llama-only dimensions: 0 means "derived" (n_kv_heads = n_heads, head_dim = d_model / n_heads)
+LLAMA_MAX: dict[str, int] = {"n_kv_heads": 2**12, "head_dim": 2**12}
+# Hugging Face rope_scaling types npas's rotary embedding computes (`layer_ops.rotary`), and the keys each reads
+ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 @dataclass(frozen=True)
@@ -154,3 +165,54 @@ class Chassis:
         else:
             d["rope_scaling"] = self.rope
         return d
+
+
+
+def llama_problems(ch: Chassis) -> list[str]:
+    """Why a llama chassis is not one npas builds: its K/V heads, head width, rotary and norm constants."""
+    out = []
+    for name, top in LLAMA_MAX.items():
+        v = getattr(ch, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            out.append(f"chassis.{name}: must be an integer >= 0 (0: derived), got {v!r}")
+        elif v > top:
+            out.append(f"chassis.{name}: {v:,} is above the largest npas builds ({top:,}); lower it")
+    for name in ("rope_theta", "rms_norm_eps"):
+        v = getattr(ch, name)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            out.append(f"chassis.{name}: must be a finite number > 0, got {v!r}")
+    if not isinstance(ch.tie_embeddings, bool):
+        out.append(f"chassis.tie_embeddings: must be true or false, got {ch.tie_embeddings!r}")
+    out += rope_scaling_problems(ch.rope_scaling)
+    if out:
+        return out
+    if not ch.head_dim and ch.d_model % ch.n_heads:
+        out.append(f"chassis: n_heads={ch.n_heads} does not divide d_model={ch.d_model}; pick d_model a "
+                   f"multiple of n_heads, or give head_dim explicitly")
+    elif ch.head_size % 2:
+        out.append(f"chassis: head_dim={ch.head_size} is odd; rotary embeddings rotate pairs of channels, "
+                   f"so pick an even head_dim (d_model a multiple of 2 x n_heads)")
+    if ch.n_heads % ch.kv_heads:
+        out.append(f"chassis: n_kv_heads={ch.kv_heads} does not divide n_heads={ch.n_heads}; grouped-query "
+                   f"attention gives each K/V head the same number of query heads")
+    return out
+
+
+def rope_scaling_problems(rope_scaling: Any) -> list[str]:
+    """Why a rope_scaling value is not one npas computes (empty when it is, or is None)."""
+    if rope_scaling is None:
+        return []
+    if not isinstance(rope_scaling, tuple | dict):
+        return [f"chassis.rope_scaling: must be a mapping or null, got {rope_scaling!r}"]
+    d = dict(rope_scaling)
+    kind = d.get("rope_type", d.get("type"))
+    if kind not in ROPE_SCALING_KEYS:
+        return [f"chassis.rope_scaling: rope_type {kind!r} is not supported; npas computes the default rotary "
+                f"embedding and rope_type {' or '.join(ROPE_SCALING_KEYS)}"]
+    bad = [k for k in ROPE_SCALING_KEYS[kind] if isinstance(d.get(k), bool)
+           or not isinstance(d.get(k), int | float) or not d[k] > 0]
+    if bad:
+        return [f"chassis.rope_scaling: {kind} needs positive numbers {list(ROPE_SCALING_KEYS[kind])}, "
+                f"got {d!r}"]
+    return []
+

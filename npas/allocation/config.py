@@ -5,9 +5,11 @@ fully explicit: every layer's MLP width, the layer -> block tying map, every par
 members, generator and sizes, every LoRA rank. Nothing in it depends on the search space that
 produced it, which is why a YAML file of it rebuilds the exact module on any machine.
 
-The chassis (`npas.allocation.chassis`), its llama checks (`npas.allocation.llama_chassis`) and the
-weight slots (`npas.allocation.slots`) live in modules of their own; their public names are
-re-exported here, so `from npas.allocation.config import Chassis` keeps working.
+The chassis with its llama checks (`npas.allocation.chassis`), the weight slots
+(`npas.allocation.slots`) and the parts an allocation names (`npas.allocation.parts`: banks, atom
+dictionaries, expert pools, the fields' closed choices) live in modules of their own, and so do reading
+a file (`schema`) and the parts' checks (`validation`); the public names are re-exported here, so
+`from npas.allocation.config import Chassis, Bank` keeps working.
 """
 
 from __future__ import annotations
@@ -17,107 +19,48 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, Activation, Chassis, Family
-from npas.allocation.llama_chassis import LLAMA_MAX, ROPE_SCALING_KEYS, llama_problems, rope_scaling_problems
+from npas.allocation.chassis import (
+    CHASSIS_MAX,
+    LLAMA_DEFAULTS,
+    LLAMA_MAX,
+    ROPE_SCALING_KEYS,
+    Activation,
+    Chassis,
+    Family,
+    llama_problems,
+    rope_scaling_problems,
+)
+from npas.allocation.parts import (
+    DEFAULT_LORA_ALPHA,
+    DTYPE_BYTES,
+    AtomScope,
+    AtomSpec,
+    Bank,
+    DType,
+    ExpertPool,
+    ExpertRouter,
+    Generator,
+    KvMode,
+    LoraScaling,
+    lora_scale,
+)
+from npas.allocation.schema import SCHEMA_VERSION, read_fields, upgrade_v1
 from npas.allocation.slots import ATTN_SLOTS, MLP_SLOTS, block_slots, slot_shape
+from npas.allocation.validation import (
+    PER_LAYER,
+    bank_problems,
+    expert_problems,
+    layer_problems,
+    scalar_problems,
+    sharing_problems,
+    tying_problems,
+    width_problems,
+)
 from npas.errors import ConfigError
-
-SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
-
-Generator = Literal["tie", "slice", "tile", "template_mix"]
-DType = Literal["float32", "bfloat16", "float16"]
-LoraScaling = Literal["standard", "rslora"]
-KvMode = Literal["kv", "v"]  # cross-layer sharing of keys and values, or of values only
-AtomScope = Literal["layer", "block"]  # atom coefficients per depth position, or per unique block
-ExpertRouter = Literal["per_layer", "shared"]  # a router per layer, or one per expert pool read by all its layers
-
-# LoRA deltas are scaled alpha / r (PEFT's convention; rslora: alpha / sqrt(r)) with alpha fixed
-# across ranks, so the update size of a delta does not grow with r and a rank sweep is not also a
-# learning-rate sweep. 16 is a common PEFT setting (r = 8..16 gives a scale of 1..2 at the proxy's
-# ranks 4..16); B starts at zero, so alpha changes how fast a delta learns, never the initial model.
-DEFAULT_LORA_ALPHA = 16.0
-
-# `dtype` is the dtype the allocation's weights are stored and exported in: `build_model` returns
-# parameters of that dtype, `count(...).param_bytes` and `inference_bytes` count its size, and the
-# safetensors weights `npas train` writes hold it. Training keeps fp32 master weights whatever the
-# dtype (the proxy casts the built model up; low-precision AdamW states lose small updates on CPU),
-# so the training-memory estimate counts 4 bytes for weights and for gradients.
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class Bank:
-    """A shared parameter bank (Shapeshifter-style) and the block slots it generates.
-
-    `members` are (block, slot) pairs. `size` is the flat length of one template; `templates` is T
-    for `template_mix` (1 otherwise). Generators:
-      tie          - every member is the leading n elements of the bank (nested slice); size >= max n
-      slice        - member i reads a circular window at an offset spread over the bank; size = sum n
-                     is exactly untied, size = max n nearly tied, in between partial overlap
-      tile         - every member repeats the bank to its length (SSN 'repeat'); size <= max n
-      template_mix - member i is (coef[i] @ templates)[:n], tiled when templates are shorter than n;
-                     T templates, learned per-member coefficients (m, T)
-    """
-
-    members: tuple[tuple[int, str], ...]
-    generator: Generator
-    size: int
-    templates: int = 1
-
-
-@dataclass(frozen=True)
-class AtomSpec:
-    """One projection type generated from a shared dictionary of matrix atoms (MASA).
-
-    Every layer (or block, with scope "block") that reads `slot` gets its (d, d) weight as
-    sum_k coef[row, k] * atoms[k]: `n_atoms` atoms of d x d shared across depth, plus one row of
-    `n_atoms` coefficients per reader. Stored: n_atoms * d^2 + rows * n_atoms. On a llama chassis
-    an atom has the slot's shape (Chassis.slot_shape: GQA's K/V atoms are n_kv_heads x head_dim by d).
-    """
-
-    slot: str  # one of attn_q, attn_k, attn_v, attn_o
-    n_atoms: int
-    scope: AtomScope = "layer"
-
-
-@dataclass(frozen=True)
-class ExpertPool:
-    """The MLP as a mixture of experts drawn from pools shared across layers (UniPool / MoEUT / WideNet).
-
-    Pool p stores `pool_sizes[p]` experts, each an MLP of width `d_expert` (up/down, plus gate for
-    SwiGLU). Layer i's router scores the experts of pool `pool_of_layer[i]` and each token runs its
-    `top_k` best, weighted by their router probabilities. One pool read by every layer is the global
-    pool; one pool per layer of E experts is the per-layer MoE. Routers are per layer (d x P rows
-    each) or, with `router: shared`, one per pool. `balance_weight` scales the Switch-style
-    load-balancing loss (pool size x sum_e f_e P_e, over the pool's layers) added to the training loss.
-    Stored: sum(pool_sizes) x experts' matrices + routers; a token activates k experts per layer.
-    """
-
-    pool_sizes: tuple[int, ...]
-    pool_of_layer: tuple[int, ...]
-    d_expert: int
-    top_k: int = 1
-    router: ExpertRouter = "per_layer"
-    balance_weight: float = 0.01
-
-    @property
-    def n_experts(self) -> int:
-        return sum(self.pool_sizes)
-
-    def router_rows(self) -> tuple[int, ...]:
-        """Experts each stored router scores: one router per layer, or one per pool."""
-        if self.router == "shared":
-            return self.pool_sizes
-        return tuple(self.pool_sizes[p] for p in self.pool_of_layer)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pool_sizes": list(self.pool_sizes), "pool_of_layer": list(self.pool_of_layer),
-                "d_expert": self.d_expert, "top_k": self.top_k, "router": self.router,
-                "balance_weight": self.balance_weight}
 
 
 @dataclass(frozen=True)
@@ -245,9 +188,23 @@ class ArchConfig:
     # ---- validation --------------------------------------------------------------------------
     def problems(self) -> list[str]:
         """Every reason this allocation cannot be built, as text (empty when it can)."""
-        from npas.allocation.validation import allocation_problems  # reads this module's types
-
-        return allocation_problems(self)
+        # the parts' checks (npas.allocation.validation), each stage only once the one before it passed (a
+        # later check reads what an earlier one vouched for), then what only the whole allocation knows:
+        # which slots each block stores, for the banks' members
+        c = self.chassis
+        out = c.problems() or layer_problems(self.version, c.n_layers, {n: getattr(self, n) for n in PER_LAYER})
+        if out:
+            return out
+        out = width_problems(self.mlp_widths, self.lora_attn + self.lora_mlp)
+        if numbering := tying_problems(self.block_of_layer):
+            return out + numbering
+        out += sharing_problems(self.kv_source, self.kv_mode, self.atoms)
+        out += expert_problems(self.experts, c.n_layers, self.lora_mlp)
+        if out:
+            return out
+        return scalar_problems(self.lora_alpha, self.lora_scaling, self.dtype) + bank_problems(
+            self.banks, set(block_slots(c.activation)), self.n_blocks, self.block_stores,
+            lambda b, s: math.prod(self.slot_shape(b, s)))
 
     def lora_scale(self, rank: int) -> float:
         """The factor on B @ A at this rank: alpha / r, or alpha / sqrt(r) with rslora."""
@@ -301,8 +258,6 @@ class ArchConfig:
         unknown = sorted(set(d) - set(known))
         if unknown:
             raise ConfigError(f"unknown allocation keys {unknown}; allowed: {sorted(known)}")
-        from npas.allocation.schema import read_fields, upgrade_v1  # reads Chassis and Bank from here
-
         problems: list[str] = []
         kwargs = read_fields(d, problems)
         if problems:
@@ -367,13 +322,6 @@ class ArchConfig:
         return " ".join(parts)
 
 
-def lora_scale(alpha: float, rank: int, scaling: str = "standard") -> float:
-    """alpha / r (PEFT's LoRA) or alpha / sqrt(r) (rsLoRA, stable as r grows); 0 at rank 0."""
-    if rank <= 0:
-        return 0.0
-    return alpha / (math.sqrt(rank) if scaling == "rslora" else rank)
-
-
 def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:
     """The untied, uniform model of a chassis: the 1x reference every budget is relative to."""
     L = chassis.n_layers
@@ -394,21 +342,30 @@ def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]
 __all__ = [
     "ATTN_SLOTS",
     "CHASSIS_MAX",
+    "DEFAULT_LORA_ALPHA",
+    "DTYPE_BYTES",
     "LLAMA_DEFAULTS",
     "LLAMA_MAX",
     "MLP_SLOTS",
     "ROPE_SCALING_KEYS",
+    "SCHEMA_VERSION",
     "Activation",
     "ArchConfig",
+    "AtomScope",
     "AtomSpec",
     "Bank",
     "Chassis",
+    "DType",
     "ExpertPool",
+    "ExpertRouter",
     "Family",
-    "SCHEMA_VERSION",
+    "Generator",
+    "KvMode",
+    "LoraScaling",
     "block_slots",
     "canonical_blocks",
     "llama_problems",
+    "lora_scale",
     "reference_config",
     "rope_scaling_problems",
     "slot_shape",

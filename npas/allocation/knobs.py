@@ -9,10 +9,11 @@ Parsing collects problems into a list instead of raising, so a whole file is che
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from npas.errors import closest as closest  # re-exported: recipes and plans name their keys with it
 
 if TYPE_CHECKING:  # optuna only types a trial here; training code imports this module without it
     import optuna
@@ -56,12 +57,6 @@ class Knob:
         if self.kind == "int":
             return trial.suggest_int(name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
-
-
-def closest(word: str, allowed: list[str] | tuple[str, ...]) -> str:
-    """' (did you mean X?)' when a close match exists, else ''."""
-    match = difflib.get_close_matches(str(word), [str(a) for a in allowed], n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def check_keys(where: str, data: dict, allowed: tuple[str, ...], problems: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Reading an allocation file: strict field types, and the upgrade from older schema versions.
 
-`ArchConfig.from_dict` calls these. A wrongly typed field is refused with its name rather than
+`ArchConfig.from_dict` calls these; `SCHEMA_VERSION` is the version this npas writes. A wrongly typed field is refused with its name rather than
 coerced (`bool("false")` is True, `int(5.7)` is 5), because a coerced file would build a different
 model than the one its author wrote; every problem is collected so one pass fixes a file.
 """
@@ -10,21 +10,19 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, get_args
 
-from npas.allocation.config import (
-    CHASSIS_MAX,
+from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, LLAMA_MAX, Chassis
+from npas.allocation.parts import (
     DEFAULT_LORA_ALPHA,
     DTYPE_BYTES,
-    LLAMA_DEFAULTS,
-    LLAMA_MAX,
-    SCHEMA_VERSION,
     AtomSpec,
     Bank,
-    Chassis,
     ExpertPool,
     Generator,
     LoraScaling,
 )
 from npas.errors import ConfigError
+
+SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
 
 _OPTIONAL_CHASSIS = ("family", *LLAMA_DEFAULTS)  # chassis keys a file may leave out (classic defaults)
 

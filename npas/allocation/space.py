@@ -19,7 +19,13 @@ from typing import Any
 
 import optuna
 
-from npas.allocation.budget import BUDGET_SCOPES, embedding_params, parse_budget, reference_params
+from npas.allocation.budget import (
+    BUDGET_SCOPES,
+    below_embeddings,
+    embedding_params,
+    parse_budget,
+    reference_params,
+)
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
 from npas.allocation.fill import FILL_TARGET, FIT_VERSION, grow_pooled, shortfall
 from npas.allocation.fit import (
@@ -41,13 +47,11 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob
+from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
 from npas.errors import BudgetError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("val_loss", "val_bpc", "val_bpb", "param_bytes", "train_memory_bytes", "inference_bytes", "flops_per_token",
-              "peak_memory_bytes", "kv_cache_bytes_per_token")
-LOSS_OBJECTIVES = ("val_loss", "val_bpc", "val_bpb")  # val_bpb: bits per byte, comparable across tokenizers
 _PLAIN = {"kv_group": 1, "atom_slots": "none"}  # baselines share no K/V and use no atoms
 BASELINES: dict[str, dict[str, Any]] = {
     # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives;
@@ -180,7 +184,7 @@ class Space:
         `chassis` replaces the file's chassis with a starting checkpoint's (`--init-from HF_DIR`): its
         weights fix every dimension, so the file's chassis is only a default, and candidates fit the
         budget by their MLP widths (d_model stays the checkpoint's whatever `fit.width` says). The knobs
-        are checked against it as the file's own chassis would be (`space_parser.pin_chassis`), and it
+        are checked against it as the file's own chassis would be (`space_file.pin_chassis`), and it
         is recorded in `overrides` like the other launch bindings, so a resume and the exporter rebind it."""
         space = self if chassis is None else self._pin(chassis)
         return space._bind(vocab_size, budget, budget_scope)
@@ -191,10 +195,8 @@ class Space:
                          budget_scope=overrides.get("budget_scope"), chassis=overrides.get("chassis"))
 
     def _pin(self, chassis: Chassis | Mapping[str, Any]) -> Space:
-        from npas.allocation.space_parser import pin_chassis
-
         ch = chassis if isinstance(chassis, Chassis) else Chassis(**chassis)
-        knobs = pin_chassis(self, ch)
+        knobs = pin_chassis(self.text, self.source, ch)
         return replace(self, chassis=knobs, pinned=ch, overrides={**self.overrides, "chassis": ch.to_dict()})
 
     def _bind(self, vocab_size: int | None, budget: str | None, budget_scope: str | None) -> Space:
@@ -391,15 +393,3 @@ class Space:
             if cfg is not None and 2 * cfg.experts.d_expert >= cfg.chassis.d_model:
                 return vals
         return None
-
-
-# ---- budgets -------------------------------------------------------------------------------
-def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
-    """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
-    d_model, so a cap at or under them leaves every candidate infeasible."""
-    floor = embedding_params(ch) + ch.d_model
-    if cap > floor:
-        return None
-    return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
-            f"d_model={ch.d_model} and vocab_size={ch.vocab_size}; raise the budget, lower d_model, or cap only "
-            f"the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)")

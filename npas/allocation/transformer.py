@@ -14,7 +14,8 @@ computing its own.
 
 Families (`Chassis.family`): classic uses bias-free LayerNorms and a learned position table `wpe`;
 llama follows Hugging Face LlamaForCausalLM (RMSNorm in fp32, rotary q/k, grouped-query attention
-with repeat_kv, bias-free projections, optional untied `lm_head`). An untied uniform llama allocation
+with repeat_kv, bias-free projections, optional untied `lm_head`); the norms, rotary positions and
+attention masks are in `npas.allocation.layer_ops`. An untied uniform llama allocation
 maps onto HF's state dict name for name (layer i = block i):
   wte.weight            model.embed_tokens.weight
   blocks.{i}.attn_q/k/v/o   model.layers.{i}.self_attn.q_proj/k_proj/v_proj/o_proj.weight
@@ -39,8 +40,9 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from npas.allocation.atoms import AtomDictionary
-from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, Chassis, block_slots
+from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
 from npas.allocation.experts import ExpertPools, PerForward
+from npas.allocation.layer_ops import apply_rotary, causal_mask, norm_for, padded_mask, repeat_kv, rotary
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
 
@@ -53,110 +55,6 @@ LLAMA_HF_NAMES: dict[str, str] = {
 }
 
 
-class RMSNorm(nn.Module):
-    """Hugging Face LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, cast back, times the gain."""
-
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-
-def _norm(c: Chassis) -> nn.Module:
-    if c.llama:
-        return RMSNorm(c.d_model, c.rms_norm_eps)  # d parameters, like the LayerNorm's gain
-    return nn.LayerNorm(c.d_model, bias=False)  # bias-free LayerNorm: d parameters
-
-
-def rotary(c: Chassis, T: int, device: torch.device, start: int = 0,
-           positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(cos, sin), each (T, head_dim), of Hugging Face's default rotary embedding: inv_freq =
-    1 / theta^(2i / head_dim) for i < head_dim / 2, angles pos x inv_freq, repeated for both halves.
-    Positions are start..start+T-1, or per row `positions` (B, T) (left-padded batches, whose rows
-    start at different offsets): then each is (B, 1, T, head_dim), broadcasting over the heads.
-    Computed in fp32 per forward (a few thousand elements), so no buffer changes with the model's dtype."""
-    hd = c.head_size
-    inv_freq = scaled_inv_freq(1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device)
-                                                      .float() / hd)), c.rope)
-    if positions is not None:
-        freqs = (positions.float()[..., None] * inv_freq)[:, None]  # (B, 1, T, hd/2)
-    else:
-        freqs = torch.outer(torch.arange(start, start + T, device=device).float(), inv_freq)  # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def scaled_inv_freq(inv_freq: Tensor, rope: dict) -> Tensor:
-    """Hugging Face's rope_scaling applied to the default inverse frequencies (modeling_rope_utils):
-    linear divides every frequency by `factor`; llama3 (Llama 3.1) divides the low frequencies by
-    `factor`, keeps the high ones and interpolates between. Neither rescales cos/sin (attention_factor 1)."""
-    kind = rope.get("rope_type", rope.get("type"))
-    if not kind or kind == "default":
-        return inv_freq
-    factor = float(rope["factor"])
-    if kind == "linear":
-        return inv_freq / factor
-    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
-    old = rope["original_max_position_embeddings"]
-    low_wavelen, high_wavelen = old / low, old / high
-    wavelen = 2 * math.pi / inv_freq
-    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * out / factor + smooth * out
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, out)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension (Hugging Face's rotate_half)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, heads, T, head_dim) rotated per position: x cos + rotate_half(x) sin."""
-    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
-
-
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """(B, n_kv, T, hd) -> (B, n_kv * n_rep, T, hd), each K/V head repeated for its n_rep query heads
-    in order (Hugging Face's repeat_kv: query head j reads K/V head j // n_rep)."""
-    if n_rep == 1:
-        return x
-    B, n_kv, T, hd = x.shape
-    return x[:, :, None].expand(B, n_kv, n_rep, T, hd).reshape(B, n_kv * n_rep, T, hd)
-
-
-def _causal(T: int, S: int, start: int, device: torch.device) -> dict[str, Any]:
-    """Causal attention of T new queries (positions start..start+T-1) over S = start + T keys: the
-    plain causal flag without a cache prefix, no mask for one new token, else an explicit mask."""
-    if start == 0 and S == T:
-        return {"is_causal": True}
-    if T == 1:
-        return {}
-    pos = torch.arange(start, start + T, device=device)
-    return {"attn_mask": torch.arange(S, device=device)[None, :] <= pos[:, None]}
-
-
-def _padded(keep: Tensor, T: int) -> dict[str, Any]:
-    """Causal attention of the last T of S positions, over the keys `keep` (B, S) marks real (a
-    transformers attention_mask, 1 = token, 0 = padding): a (B, 1, T, S) boolean mask. Each query may
-    also read its own position, so a padding query (all its earlier keys padding too) gets a finite
-    output rather than NaN, which would leak into later layers through the values it writes."""
-    B, S = keep.shape
-    q = torch.arange(S - T, S, device=keep.device)
-    k = torch.arange(S, device=keep.device)
-    causal = k[None, :] <= q[:, None]  # (T, S)
-    own = k[None, :] == q[:, None]
-    return {"attn_mask": (causal & keep.bool()[:, None, :] | own)[:, None]}
-
-
 class Block(nn.Module):
     """A unique block: direct Parameters for its slots that no bank generates, and shared norms."""
 
@@ -165,8 +63,8 @@ class Block(nn.Module):
         for slot in direct:
             self.register_parameter(slot, nn.Parameter(torch.empty(cfg.slot_shape(b, slot))))
         if own_norms:
-            self.ln_1 = _norm(cfg.chassis)
-            self.ln_2 = _norm(cfg.chassis)
+            self.ln_1 = norm_for(cfg.chassis)
+            self.ln_2 = norm_for(cfg.chassis)
 
 
 class Layer(nn.Module):
@@ -182,8 +80,8 @@ class Layer(nn.Module):
         self.width = cfg.mlp_widths[layer]
         self.gated = c.activation == "swiglu"
         if cfg.norms_in_layer(layer):
-            self.ln_1 = _norm(c)
-            self.ln_2 = _norm(c)
+            self.ln_1 = norm_for(c)
+            self.ln_2 = norm_for(c)
         self.lora = nn.ModuleDict()
         # a KV consumer computes q (and k in "v" mode) only; K/V come from its source layer
         self.computes = tuple(s for s in ("attn_q", "attn_k", "attn_v") if cfg.layer_reads(layer, s))
@@ -214,7 +112,7 @@ class Layer(nn.Module):
         With `moe` the MLP is this layer's mixture of pooled experts (its depth is `layer`). On a
         llama chassis `rope` is the (cos, sin) of the positions: q and k are rotated before attention
         (a shared k is shared rotated), and grouped K/V heads are repeated to the query heads.
-        `attn` is the attention's mask arguments (`_causal` / `_padded`); None is plain causal."""
+        `attn` is the attention's mask arguments (`causal_mask` / `padded_mask`); None is plain causal."""
         B, T, C = x.shape
         hs = self.head_size
         # q, k and v are separate slots (each may be tied, banked or relaxed on its own), but one
@@ -297,7 +195,7 @@ class TransformerLM(nn.Module):
             cfg.experts, c.d_model, c.activation == "swiglu", INIT_STD, resid_std)
         self._last = PerForward([torch.zeros(())])  # the weighted expert balance loss of the last forward
         self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
-        self.ln_f = _norm(c)
+        self.ln_f = norm_for(c)
         self._init_direct(resid_std)
 
     def _init_direct(self, resid_std: float) -> None:
@@ -341,10 +239,10 @@ class TransformerLM(nn.Module):
                              "(the cached tokens and the new ones)")
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
-            attn = _padded(attention_mask, T)
+            attn = padded_mask(attention_mask, T)
             end = int(positions.max()) + 1
         else:
-            attn = None if start == 0 else _causal(T, start + T, start, idx.device)
+            attn = None if start == 0 else causal_mask(T, start + T, start, idx.device)
             end = start + T
         if end > c.context:
             raise ValueError(f"sequence length {end} exceeds the chassis context {c.context}")

@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from npas.errors import SpaceError, closest
+
 Kind = Literal["spaces", "recipes"]
 
 
@@ -45,9 +47,6 @@ def find_named(kind: Kind, name: str, local_dir: str) -> Path | None:
 def space_path(arg: str) -> Path:
     """The search-space file a user named: an existing path, or a bare name such as `full` (see
     `find_named`). Raises SpaceError naming the shipped spaces when neither exists."""
-    from npas.allocation.knobs import closest
-    from npas.errors import SpaceError
-
     p = Path(arg).expanduser()
     if p.is_file():
         return p

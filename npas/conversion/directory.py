@@ -27,6 +27,7 @@ from npas.conversion.convert import Conversion, convert_model, convertible_probl
 from npas.conversion.tying import TieInit
 from npas.errors import ConfigError, DataError, NpasError
 from npas.files import read_text
+from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
 from npas.training.data import Corpus, load_corpus, load_known_corpus
 from npas.training.proxy import eval_batches, evaluate, pick_device
 from npas.training.recipe import Recipe
@@ -40,6 +41,7 @@ from npas.training.train import (
     read_metrics,
     save_trained,
 )
+from npas.version import __version__
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -74,8 +76,6 @@ def read_allocation(path: str | Path) -> ArchConfig:
 def source_corpus(metrics: dict, recipe: Recipe, data: str | None, tokenizer: Tokenizer | None = None) -> Corpus:
     """The corpus the source was trained on (refused if its text changed), or `data` when given, read
     with the source's own `tokenizer` (a BPE model's ids mean nothing under a character vocabulary)."""
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
-
     described = metrics.get("data") or {}
     glob, field = described.get("glob") or DEFAULT_GLOB, described.get("text_field") or DEFAULT_TEXT_FIELD
     if data is not None:
@@ -131,8 +131,6 @@ def convert_dir(dense_dir: str | Path, alloc: str | Path | ArchConfig, out: str 
         torch.set_num_threads(prev)
     conversion.model.to("cpu")
     src_result = metrics.get("result") or {}
-    from npas import __version__
-
     doc = {
         "conversion": {
             "source_dir": str(dense_dir), "source_hash": src_cfg.hash, "source_weights": fingerprint_weights(dense_dir),

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from npas.allocation.fit import Similarity, groups_from_similarity
 from npas.conversion.source import read_source
+from npas.training.train import load_trained
 
 
 def _describe(ws: dict[str, Tensor]) -> Tensor:
@@ -48,6 +49,4 @@ def learned_groups(model: torch.nn.Module, n_groups: int) -> tuple[int, ...]:
 
 def similarity_of(directory: str | Path) -> Similarity:
     """The layer similarity of a `npas train` directory, as the plain floats a study records."""
-    from npas.training.train import load_trained
-
     return tuple(tuple(float(x) for x in row) for row in layer_similarity(load_trained(directory)[0]).tolist())

@@ -26,12 +26,19 @@ from typing import Any
 import torch
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.transformer import export_state
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import Conversion, convert_model, convertible_problems
 from npas.conversion.directory import PROVENANCE_FILE, ConvertResult, read_allocation
+from npas.conversion.hf_export import unroll_problems, write_hf
 from npas.conversion.hf_source import fingerprint_hf_weights, read_hf_dir, require_transformers
 from npas.conversion.tying import TieInit
 from npas.errors import ConfigError, DataError, NpasError
+from npas.training.data import load_corpus
+from npas.training.proxy import eval_batches, evaluate
+from npas.training.recipe import load_recipe
+from npas.training.train import CONFIG_FILE, METRICS_FILE, MODEL_FILE, TOKENIZER_FILE, load_trained
+from npas.version import __version__
 
 LOSS_RECIPE = "smoke"  # the loss pass's windows: 4 batches of 16 x 64 tokens
 FORMATS = ("npas", "hf")
@@ -51,8 +58,6 @@ def check_output(cfg: ArchConfig, fmt: str, unroll: bool) -> None:
     """Refuse an output `cfg` cannot be written as, before any training or conversion writes the
     directory: `--unroll` of an allocation a stock LlamaForCausalLM cannot express."""
     if fmt == "hf" and unroll:
-        from npas.conversion.hf_export import unroll_problems
-
         if problems := unroll_problems(cfg):
             raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(problems))
 
@@ -65,10 +70,6 @@ def _target(src_cfg: ArchConfig, alloc: str | Path | ArchConfig | None, dtype: s
 
 def _loss_pass(ck: Any, data: str | None, conversion: Conversion | None = None) -> tuple[Any, Any, float]:
     """(recipe, corpus, source val loss) on `data` read with the checkpoint's tokenizer."""
-    from npas.training.data import load_corpus
-    from npas.training.proxy import eval_batches, evaluate
-    from npas.training.recipe import load_recipe
-
     recipe = load_recipe(LOSS_RECIPE)
     if recipe.seq_len > ck.cfg.chassis.context:
         recipe = replace(recipe, seq_len=ck.cfg.chassis.context)
@@ -83,13 +84,8 @@ def write_output(model: torch.nn.Module, cfg: ArchConfig, tokenizer: Any, out: P
     """The model directory in `fmt`: npas's (model.safetensors, config.yaml, tokenizer.json) or Hugging
     Face's (see `hf_export.write_hf`); returns write_hf's summary for hf."""
     if fmt == "hf":
-        from npas.conversion.hf_export import write_hf
-
         return write_hf(model, cfg, out, tokenizer, unroll=unroll)
     from safetensors.torch import save_file
-
-    from npas.allocation.transformer import export_state
-    from npas.training.train import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE
 
     out.mkdir(parents=True, exist_ok=True)
     save_file(export_state(model), str(out / MODEL_FILE), metadata={"format": "npas", "config_hash": cfg.hash})
@@ -103,8 +99,6 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
                    tie_init: TieInit = "auto", data: str | None = None, force: bool = False, seed: int = 0,
                    fmt: str = "npas", unroll: bool = False, dtype: str | None = None) -> ConvertResult:
     """Convert the Hugging Face checkpoint in `hf_dir` into `alloc` (None: its identity allocation)."""
-    from npas.training.train import METRICS_FILE, MODEL_FILE
-
     check_format(fmt, unroll)
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"--dtype {dtype!r} is not one of float32, bfloat16, float16")
@@ -131,15 +125,11 @@ def convert_hf_dir(hf_dir: str | Path, alloc: str | Path | ArchConfig | None, ou
     conversion = convert_model(ck.model, cfg, tie_init=tie_init, seed=seed,
                                calibration=None if corpus is None else calibration_ids(corpus, recipe.seq_len))
     if corpus is not None:
-        from npas.training.proxy import eval_batches, evaluate
-
         val = evaluate(conversion.model, eval_batches(corpus, recipe), torch.device("cpu"), recipe)
     if out.exists() and force:
         for name in ("model.safetensors", "config.json", "config.yaml", "model.safetensors.index.json"):
             (out / name).unlink(missing_ok=True)
     written = write_output(conversion.model, cfg, ck.tokenizer, out, fmt, unroll)
-    from npas import __version__
-
     finite = math.isfinite(val)
     doc: dict[str, Any] = {
         "conversion": {
@@ -169,13 +159,10 @@ def reformat_dir(model_dir: str | Path, unroll: bool) -> dict[str, Any]:
     """Rewrite an npas model directory (`npas train --out`, `npas convert --out`) in place as a Hugging
     Face checkpoint: its model.safetensors and config.yaml become config.json and HF weights;
     tokenizer.json, metrics.json and provenance.json stay."""
-    from npas.training.train import CONFIG_FILE, load_trained
-
     d = Path(model_dir)
     model, tokenizer, cfg = load_trained(d)
     tmp = d / ".hf-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    from npas.conversion.hf_export import write_hf
 
     written = write_hf(model, cfg, tmp, tokenizer, unroll=unroll)
     (d / CONFIG_FILE).unlink(missing_ok=True)

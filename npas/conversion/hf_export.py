@@ -33,6 +33,7 @@ from torch import Tensor
 from npas.allocation.config import ArchConfig
 from npas.allocation.transformer import LLAMA_HF_NAMES, TORCH_DTYPES, TransformerLM, build_model, export_state
 from npas.conversion.hf_source import HF_CONFIG, HF_WEIGHTS, require_transformers
+from npas.conversion.source import read_source
 from npas.errors import ConfigError
 
 MODEL_TYPE = "npas"
@@ -62,8 +63,6 @@ def unroll_problems(cfg: ArchConfig) -> list[str]:
 
 def llama_state(model: TransformerLM) -> tuple[dict[str, Tensor], int]:
     """(Hugging Face LLaMA state dict, intermediate_size) of `model`'s effective per-layer weights."""
-    from npas.conversion.source import read_source
-
     src = read_source(model)
     width = max(model.cfg.mlp_widths)
     out: dict[str, Tensor] = {}

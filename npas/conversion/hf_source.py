@@ -34,6 +34,8 @@ from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.allocation.transformer import LLAMA_HF_NAMES, TransformerLM, build_model
 from npas.conversion.hf_fields import check_fields
 from npas.errors import ConfigError, DataError
+from npas.training.tokenizers import tokenizer_from_json
+from npas.training.train import check_finite
 
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
@@ -239,8 +241,6 @@ def read_hf_tokenizer(d: Path, vocab_size: int) -> tuple[Any, str | None]:
     A tokenizer with fewer tokens than the model's `vocab_size` is usable: checkpoints often pad the
     embedding to a multiple of 64 or 128 for faster matmuls, and the rows past the tokenizer's ids are
     never read (the model keeps them; npas's sampler never emits them). More tokens than rows is not."""
-    from npas.training.tokenizers import tokenizer_from_json
-
     if not (d / TOKENIZER_JSON).is_file():
         what = f"only {SENTENCEPIECE}" if (d / SENTENCEPIECE).is_file() else "no tokenizer"
         return None, f"{d} has {what} (npas reads tokenizer.json)"
@@ -285,7 +285,6 @@ def read_hf_dir(path: str | Path) -> HFCheckpoint:
     except RuntimeError as err:
         raise DataError(f"{d}: a tensor's shape does not match its config.json ({str(err).splitlines()[-1].strip()})"
                         "; re-save it with save_pretrained") from None
-    from npas.training.train import check_finite
 
     check_finite(model, d)
     tokenizer, note = read_hf_tokenizer(d, chassis.vocab_size)

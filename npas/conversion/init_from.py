@@ -21,15 +21,14 @@ from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import convert_model, convertible_problems
 from npas.conversion.directory import MODEL_FILE, fingerprint_weights
+from npas.conversion.hf_source import fingerprint_hf_weights, is_hf_dir, read_hf_dir, read_hf_tokenizer
 from npas.errors import ConfigError, DataError, StudyError
+from npas.training.train import TOKENIZER_FILE, VOCAB_FILE, load_trained
 
 
 def _load(d: str | Path) -> tuple[Any, Any, ArchConfig]:
     """(model, tokenizer or None, cfg) of an npas model directory or a Hugging Face checkpoint
     (`hf_source` reads those: config.json + safetensors, tokenizer.json when it has one)."""
-    from npas.conversion.hf_source import is_hf_dir, read_hf_dir
-    from npas.training.train import load_trained
-
     if is_hf_dir(d):
         ck = read_hf_dir(d)
         return ck.model, ck.tokenizer, ck.cfg
@@ -37,8 +36,6 @@ def _load(d: str | Path) -> tuple[Any, Any, ArchConfig]:
 
 
 def _fingerprint(d: str | Path) -> str:
-    from npas.conversion.hf_source import fingerprint_hf_weights, is_hf_dir
-
     return fingerprint_hf_weights(d) if is_hf_dir(d) else fingerprint_weights(d)
 
 
@@ -66,8 +63,6 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
                         "and continue it with `npas train` instead")
     problems = convertible_problems(cfg, reference_config(reference))
     if problems:
-        from npas.conversion.hf_source import is_hf_dir
-
         if is_hf_dir(d):  # the space must state the checkpoint's chassis: say which, ready to paste
             import yaml
 
@@ -82,8 +77,6 @@ def source_chassis(dense_dir: str | Path) -> Chassis | None:
     fix every dimension, and its config.json is all a user has; `Space.bind(chassis=...)` pins it),
     or None for an npas model directory, whose weights convert into the space's chassis, narrowed
     where it is narrower. An unreadable checkpoint is refused here, in the reader's words."""
-    from npas.conversion.hf_source import is_hf_dir
-
     if not is_hf_dir(dense_dir):
         return None
     return read_source(dense_dir)[2].chassis
@@ -94,9 +87,6 @@ def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
     (its embeddings index those tokens) when none is given; a given one is kept, and `describe_source`
     refuses it unless it is that very tokenizer. A directory that cannot be read is left to
     `describe_source` to refuse, with its own message."""
-    from npas.conversion.hf_source import is_hf_dir, read_hf_tokenizer
-    from npas.training.train import TOKENIZER_FILE, VOCAB_FILE
-
     d = Path(dense_dir).expanduser()
     if is_hf_dir(d) and not (d / TOKENIZER_FILE).is_file() and tokenizer is None:
         _, note = read_hf_tokenizer(d, 0)

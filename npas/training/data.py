@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from npas.errors import DataError
+from npas.training.char_vocab import CharTokenizer, token_dtype
 from npas.training.corpora import (
     BUNDLED_NAME,
     DEFAULT_GLOB,
@@ -36,11 +37,9 @@ from npas.training.metrics import scored_bytes
 from npas.training.tokenized import tokenize_splits
 from npas.training.tokenizers import (
     CharLevel,
-    CharTokenizer,
     Tokenizer,
     TokenizerSpec,
     parse_tokenizer_spec,
-    token_dtype,
     tokenizer_from_json,
 )
 

@@ -13,7 +13,7 @@ import pytest
 from bench.device import load_module
 from bench.harness import store, version
 from npas.allocation.config import Chassis, reference_config
-from npas.training.numerics import NUMERICS_VERSION
+from npas.conversion.numerics import NUMERICS_VERSION
 from npas.training.recipe import Recipe
 from tests.conftest import ROOT
 

@@ -159,7 +159,7 @@ def test_allocation_info_has_a_row_per_front_trial_and_a_column_per_layer(smoke)
 
 def _map_text(cfg) -> tuple[list, list[str]]:
     """The allocation map of one trial holding `cfg`: its cells and the text drawn in each cell."""
-    from npas.presentation.dashboard.info import AllocationInfo, allocation_row
+    from npas.presentation.dashboard.allocations import AllocationInfo, allocation_row
     from npas.presentation.dashboard.render import render_allocation
 
     t = create_trial(values=[1.0, 2.0], user_attrs={TrialAttr.ALLOC: cfg.to_dict(),

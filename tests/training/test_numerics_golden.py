@@ -1,4 +1,4 @@
-"""The golden numerics (npas.training.numerics): this code's trainings give the recorded values, and the
+"""The golden numerics (npas.conversion.numerics): this code's trainings give the recorded values, and the
 comparison tells another machine's rounding from a change of the numerics."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from npas.training import numerics, proxy
+from npas.conversion import numerics
+from npas.training import proxy
 from npas.training.data import load_corpus
 from npas.training.recipe import Recipe
 
@@ -58,7 +59,7 @@ def test_a_moved_value_names_the_constant_to_bump_and_the_command_that_re_record
     moved = _scaled(recorded, 1e-4, lambda p: p[:4] == ("runs", "banks", "losses", "val"))
     problem = numerics.check(recorded, moved)
     assert problem is not None and "runs.banks.losses" in problem
-    assert "bump NUMERICS_VERSION in npas/training/numerics.py" in problem
+    assert "bump NUMERICS_VERSION in npas/conversion/numerics.py" in problem
     assert numerics.RECORD_COMMAND in problem and "tests/data/numerics_golden.json" in numerics.RECORD_COMMAND
     older = {**recorded, "numerics_version": numerics.NUMERICS_VERSION - 1}
     assert "re-record" in numerics.check(older, recorded)

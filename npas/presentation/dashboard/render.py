@@ -15,15 +15,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from npas.presentation.dashboard.allocations import AllocationInfo, LayerCell, TaperInfo
 from npas.presentation.dashboard.info import (
-    AllocationInfo,
     CurvesInfo,
     FidelityInfo,
     HypervolumeInfo,
     ImportanceInfo,
-    LayerCell,
     ParetoInfo,
-    TaperInfo,
 )
 
 MIB = 2**20

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import optuna
 
-from npas import __version__
 from npas.allocation.fill import fill_note
+from npas.presentation.dashboard import allocations as A
 from npas.presentation.dashboard import info as I
 from npas.presentation.dashboard import render as R
 from npas.presentation.dashboard import rungs as G
+from npas.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def report_html(study: optuna.Study) -> str:
     study = snapshot(study)
     summary = I.summary_info(study)
     pareto, hv = I.pareto_info(study), I.hypervolume_info(study)
-    alloc, taper, curves = I.allocation_info(study), I.taper_info(study), I.curves_info(study)
+    alloc, taper, curves = A.allocation_info(study), A.taper_info(study), I.curves_info(study)
     importance = I.importance_info(study)
     fidelity = I.fidelity_info(study)
     ladder = G.rungs_info(study)

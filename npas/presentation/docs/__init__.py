@@ -27,6 +27,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from npas.presentation.docs import api_page, cli_page, errors_page, recipe_page, space_page
+
 COMMAND = "python -m npas.presentation.docs"
 DOCS = Path(__file__).resolve().parents[3] / "docs"  # a checkout's docs/; pass --docs elsewhere
 _MARK = re.compile(r"(<!-- generated:(?P<key>[\w-]+) \(" + re.escape(COMMAND) + r"\) -->\n)(?P<body>.*?)"
@@ -34,9 +36,7 @@ _MARK = re.compile(r"(<!-- generated:(?P<key>[\w-]+) \(" + re.escape(COMMAND) + 
 
 
 def _sections() -> dict[str, dict[str, Callable[[], str]]]:
-    """page -> {section key -> renderer}; imported here so `--help` stays fast."""
-    from npas.presentation.docs import api_page, cli_page, errors_page, recipe_page, space_page
-
+    """page -> {section key -> renderer}."""
     return {
         "cli.md": {"commands": cli_page.render},
         "search-spaces.md": {"example": space_page.render_example, "file-keys": space_page.render_file_keys, "knobs": space_page.render_knobs,

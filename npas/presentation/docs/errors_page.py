@@ -12,6 +12,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npas.presentation import cli
+from npas.presentation.cli import search as search_cli
+
 # the files some examples read, written into the scratch folder first
 FILES = {
     "space.yaml": "name: tiny\nchassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 4, n_heads: 4, d_ff: 256}\n"
@@ -75,9 +78,6 @@ def _refuse_to_search(*_: object, **__: object) -> None:
 
 def run(command: str, cwd: Path) -> tuple[int, str]:
     """Exit status and stderr of one `npas ...` command, run in-process in `cwd` with no storage set."""
-    from npas.presentation import cli
-    from npas.presentation.cli import search as search_cli
-
     argv = shlex.split(command)[1:]
     err = io.StringIO()
     old_cwd, old_env = Path.cwd(), {k: os.environ.pop(k) for k in ("NPAS_STORAGE",) if k in os.environ}

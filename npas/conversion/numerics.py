@@ -6,10 +6,14 @@ settings its runs share, never by the bytes of the code that trained it: a refac
 golden value in place keeps every cache; a change that moves them fails
 ``tests/training/test_numerics_golden.py``, whose message names this constant. Bump it, then re-record:
 
-    python -m npas.training.numerics record tests/data/numerics_golden.json
+    python -m npas.conversion.numerics record tests/data/numerics_golden.json
 
 ``record`` refuses to overwrite the values of the version it finds in the file with values that differ
 beyond tolerance: a change of the numerics is a new version, never a quiet rewrite of the old one.
+
+Why in `npas.conversion`: one golden run converts a trained model and uptrains it, so the numerics these
+runs pin are training's and conversion's, and conversion is the layer that sees both (it trains; training
+never converts).
 
 The golden runs (``golden_runs``) train tiny models (d_model 16, 2 layers) on the bundled corpus, on one
 CPU thread with deterministic algorithms, each from a fixed seed:
@@ -71,7 +75,7 @@ RTOL = 1e-5  # a value within this (relative) is equal
 OUTLIER_FRACTION = 0.01  # at most this share of values may lie beyond RTOL ...
 RTOL_MAX = 1e-3  # ... and none beyond this
 ATOL = 1e-9  # differences below this are zero (a loss or moment that is exactly 0 on both sides)
-RECORD_COMMAND = "python -m npas.training.numerics record tests/data/numerics_golden.json"
+RECORD_COMMAND = "python -m npas.conversion.numerics record tests/data/numerics_golden.json"
 
 CHASSIS = Chassis(vocab_size=68, context=64, d_model=16, n_layers=2, n_heads=2, d_ff=32)
 LLAMA = Chassis(vocab_size=68, context=64, d_model=16, n_layers=2, n_heads=2, d_ff=32, activation="swiglu",
@@ -285,18 +289,18 @@ def check(recorded: dict[str, Any], measured: dict[str, Any]) -> str | None:
     """None when the recording holds for this code; else what to do about it, in one message."""
     if recorded.get("numerics_version") != NUMERICS_VERSION:
         return (f"the golden values are of numerics version {recorded.get('numerics_version')}, the code declares "
-                f"NUMERICS_VERSION = {NUMERICS_VERSION} (npas/training/numerics.py): re-record them: {RECORD_COMMAND}")
+                f"NUMERICS_VERSION = {NUMERICS_VERSION} (npas/conversion/numerics.py): re-record them: {RECORD_COMMAND}")
     moved = mismatch(recorded, measured)
     if moved is None:
         return None
     return (f"the training numerics moved: {moved}. If the change is meant, bump NUMERICS_VERSION in "
-            f"npas/training/numerics.py (now {NUMERICS_VERSION}; every bench cache is keyed by it) and re-record "
+            f"npas/conversion/numerics.py (now {NUMERICS_VERSION}; every bench cache is keyed by it) and re-record "
             f"the golden values: {RECORD_COMMAND}")
 
 
 # ------------------------------------------------------------------------------------------ command line
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m npas.training.numerics", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m npas.conversion.numerics", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("record", "check"),
                    help="record: write this code's golden values to PATH; check: compare them with PATH's")
     p.add_argument("path", type=Path, help="the golden values (tests/data/numerics_golden.json)")
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         moved = mismatch(recorded, measured)
         if moved is not None:
             print(f"error: {a.path} holds other values for numerics version {NUMERICS_VERSION} ({moved}); bump "
-                  "NUMERICS_VERSION in npas/training/numerics.py first, so no cache keyed by the old numerics is "
+                  "NUMERICS_VERSION in npas/conversion/numerics.py first, so no cache keyed by the old numerics is "
                   "read as the new", file=sys.stderr)
             return 2
     measured["recorded_with"] = {"torch": torch.__version__, "machine": platform.machine(),
