@@ -32,7 +32,7 @@ cache key adds a second version, of the WSD recipe, so the cosine runs keep thei
 
 Every finished run is cached in ``bench/results/proxy_fidelity/`` (``bench/harness/store.py``) keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
-never reruns. The code version is that of the training numerics (``npas.training.numerics``) and the
+never reruns. The code version is that of the training numerics (``npas.conversion.numerics``) and the
 base recipe (``bench/harness/version.py``), so a change to either starts afresh; the frozen space keeps
 later edits of the shipped one from moving the candidates.
 
