@@ -16,9 +16,8 @@ factor, ran under); a file that records neither is of unknown provenance and tra
 same note, unless ``--lr-factor located``. A model directory's factor is the one it was trained at,
 under the recipe its ``metrics.json`` records.
 
-Why the recipe's rates and not each group's multiplier, as the search's climb does
-(``climb.scale_rates``): ``forks.train_model`` and ``proxy.train_model`` build their optimizer
-themselves, from the recipe. The two are the same numbers bit for bit when the factor is a power of two
+Why the recipe's rates and not the loop's factor, as the search's climb uses (``Trainer.lr_factor``):
+an export's recipe at its factor is what ``metrics.json`` and the certificate record. The two are the same numbers bit for bit when the factor is a power of two
 -- scaling by one is exact in floating point, so ``(f * lr) * mult == lr * (mult * f)`` at every step --
 and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2 steps past them:
 ``npas.training.located_rate``). So ``npas train`` of an export reproduces its WSD trial's loss at T
