@@ -12,7 +12,9 @@ trial's `rung_losses`.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+from types import MappingProxyType
 
 import optuna
 import pytest
@@ -70,6 +72,10 @@ def test_it_resumes_and_joins_without_a_recipe_changed_refusal(url):
     given = plan_search(space, study=NAME, storage=url, recipe=recipe, init_from=str(BEFORE_LOOP_MODEL),
                         repeats=2, launch=Launch(workers=1))
     assert join_problem(given, record, url) is None
+    every_field = {**dataclasses.asdict(recipe), "betas": list(recipe.betas)}  # none left out at its default
+    assert set(every_field) - set(record.recipe) >= {"decay_fraction", "decay_shape", "rungs"}
+    written_whole = dataclasses.replace(given, given=MappingProxyType({**given.given, "recipe": every_field}))
+    assert join_problem(written_whole, record, url) is None
     changed = Recipe.from_dict({**recipe.to_dict(), "lr": 0.02})  # the check itself still bites
     other = plan_search(space, study=NAME, storage=url, recipe=changed, init_from=str(BEFORE_LOOP_MODEL))
     assert "created with other settings: --recipe" in join_problem(other, record, url)
