@@ -38,7 +38,6 @@ from npas.training.forks import train_model  # the recipe's schedule: cosine, or
 from npas.training.lr_factor import (
     LR_FACTOR_KEY,
     LR_FACTOR_RECIPE_KEY,
-    at_lr_factor,
     check_lr_factor,
     located_under,
 )
@@ -77,8 +76,8 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, result = train_model(cfg, at_lr_factor(recipe, lr_factor), corpus, report=report, device=device,
-                                progress=progress, reference=reference, init_state=init_state)
+    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
+                                reference=reference, init_state=init_state, lr_factor=lr_factor)
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
