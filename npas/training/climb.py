@@ -62,7 +62,7 @@ class Climb:
     fork_steps: int = 0
     lr_factor: float = 1.0
     failed: str | None = None  # why the climb cannot go on (a non-finite loss), else None
-    # told the climb every few steps while it trains (each host sync of ``forks.advance``): a search
+    # told the climb every few steps while it trains (each host sync of ``Trainer.advance``): a search
     # reports its steps so far, so steps lost with a crashed driver are still counted; not checkpointed
     on_progress: Callable[[Climb], None] | None = field(default=None, repr=False, compare=False)
 

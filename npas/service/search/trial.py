@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from npas.allocation.config import ArchConfig
 from npas.service.search.outcome import repeat_seeds
 from npas.training.init_source import InitSource
 from npas.training.recipe import Recipe
@@ -22,7 +23,7 @@ from npas.training.recipe import Recipe
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from npas.allocation.config import ArchConfig, Chassis
+    from npas.allocation.config import Chassis
     from npas.service.search.worker import WorkerSpec
     from npas.training.data import Corpus
 
@@ -74,8 +75,6 @@ class TrialContext:
     def of(cls, config: Mapping[str, Any], spec: WorkerSpec, node: str = "") -> TrialContext:
         """The context of the trial Tune configured (``config``: its allocation, recipe and, under the
         ladder, its objectives' values) in the study ``spec`` describes; the corpus loaded once per process."""
-        from npas.allocation.config import ArchConfig
-
         recipe = Recipe.from_dict(config["recipe"])
         return cls(cfg=ArchConfig.from_dict(config["allocation"]), recipe=recipe, corpus=spec.load_corpus(recipe),
                    seeds=repeat_seeds(recipe.seed, spec.repeats), init_from=spec.init_from,

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npas.allocation.config import Chassis
+from npas.service.search.climber import climb
+from npas.service.search.trial import TrialContext
 from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
 from npas.training.init_source import InitSource
 
 if TYPE_CHECKING:
-    from npas.service.search.trial import TrialContext
     from npas.service.study.record import StudyRecord
     from npas.training.data import Corpus
     from npas.training.recipe import Recipe
@@ -81,13 +82,9 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     runs reporting at their evaluations (`run_whole`)."""
     import ray
 
-    from npas.service.search.trial import TrialContext
-
     node = ray.get_runtime_context().get_node_id()  # recorded so a study shows where each trial ran
     ctx = TrialContext.of(config, spec, node)
     if spec.ladder:
-        from npas.service.search.climber import climb
-
         return climb(ctx, config)
     return run_whole(ctx)
 
