@@ -121,11 +121,9 @@ def _join(plan: SearchPlan, handle: StorageHandle) -> optuna.Study:
     record = read_record(existing)
     if problem := join_problem(plan, record, handle.redacted):
         raise StudyError(problem)
-    from npas.conversion.init_from import check_same_source
-
-    check_same_source(name, record.init_from, plan.init_from)
+    # the plan's starting model, read and described once by plan_search: the resume plan checks it is the study's
     return _continue(handle, existing, record, trials=plan.trials, data=plan.data, launch=plan.launch,
-                     init_from=plan.init_from.dir if plan.init_from else None)
+                     init_from=plan.init_from)
 
 
 def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:

@@ -207,12 +207,13 @@ def check_space_change(name: str, record: StudyRecord, space_text: str | None,
 
 def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, storage: str | None = None,
                 space_text: str | None = None, allow_space_change: bool = False, data: str | None = None,
-                launch: Launch, repeats: int | None = None, init_from: str | None = None,
+                launch: Launch, repeats: int | None = None, init_from: str | InitSource | None = None,
                 tokenizer: str | None = None) -> SearchPlan:
     """The plan of a study that continues (`npas resume`, or a driver joining it), built from its
     record: its space, recipe, sampler, seed, seeds per trial and early stopping as created, its
     stored tokenizer loaded (never retrained), and its corpus and starting model proven the same.
-    `launch` was checked by `check_launch`."""
+    `launch` was checked by `check_launch`. `init_from`: a directory (`npas resume --init-from`), or the
+    `InitSource` a joining driver's plan already read (not read again)."""
     import logging
 
     from npas.allocation.space_parser import parse_space
@@ -256,7 +257,8 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     if stored_init is not None or init_from is not None:
         from npas.conversion.init_from import check_same_source, describe_source
 
-        given_init = describe_source(init_from or stored_init["dir"], space.reference_chassis, corpus)
+        given_init = init_from if isinstance(init_from, InitSource) else \
+            describe_source(init_from or stored_init.dir, space.reference_chassis, corpus)
         check_same_source(name, stored_init, given_init)
         init = stored_init.moved_to(given_init.dir)
     # the stored launch setting wins over "the study's" (None)
