@@ -36,7 +36,7 @@ _LAZY = {
     "Candidate": "npas.allocation.space",
     "load_corpus": "npas.training.data",
     "load_recipe": "npas.training.recipe",
-    "run_proxy": "npas.training.forks",  # cosine recipes run npas.training.proxy's loop as ever
+    "run_proxy": "npas.training.forks",  # the one loop, any schedule (cosine or wsd)
     "search": "npas.service.search.driver",
     "SearchPlan": "npas.service.search.plan",
     "plan_search": "npas.service.search.plan",

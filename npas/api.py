@@ -23,7 +23,7 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "resolve_recipe": ("npas.training.recipe", "resolve_recipe"),  # a recipe name or path -> its file
     "SHARING_EXPONENT": ("npas.training.parameterization", "SHARING_EXPONENT"),
     "apply_init": ("npas.training.parameterization", "apply_init"),
-    "train_model": ("npas.training.forks", "train_model"),  # any schedule; cosine runs proxy's loop untouched
+    "train_model": ("npas.training.forks", "train_model"),  # the one loop, any schedule
     "NUMERICS_VERSION": ("npas.conversion.numerics", "NUMERICS_VERSION"),  # what a training computes: keys caches
     **{n: ("npas.training.proxy", n) for n in (
         "autocast_for", "eval_batches", "evaluate", "make_optimizer", "pick_device")},

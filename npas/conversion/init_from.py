@@ -12,6 +12,7 @@ allocation; the proxy recipe then trains from those weights.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from npas.conversion.convert import convert_model, convertible_problems
 from npas.conversion.directory import MODEL_FILE, fingerprint_weights
 from npas.conversion.hf_source import fingerprint_hf_weights, is_hf_dir, read_hf_dir, read_hf_tokenizer
 from npas.errors import ConfigError, DataError, StudyError
+from npas.training.init_source import InitSource
 from npas.training.train import TOKENIZER_FILE, VOCAB_FILE, load_trained
 
 
@@ -39,8 +41,8 @@ def _fingerprint(d: str | Path) -> str:
     return fingerprint_hf_weights(d) if is_hf_dir(d) else fingerprint_weights(d)
 
 
-def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> dict[str, str]:
-    """{"dir", "weights", "config_hash"} of a trained model a study's trials can start from, or the
+def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> InitSource:
+    """The `InitSource` of a trained model a study's trials can start from, or the
     reason it cannot be (its chassis does not fit the space's reference, its vocabulary the corpus).
     `dense_dir` is an npas model directory or a Hugging Face LLaMA checkpoint (`hf_source`)."""
     d = Path(dense_dir).expanduser().resolve()
@@ -69,7 +71,7 @@ def describe_source(dense_dir: str | Path, reference: Chassis, corpus: Any) -> d
             chassis = yaml.safe_dump(cfg.chassis.to_dict(), default_flow_style=True, width=1 << 16).strip()
             problems.append(f"give the space the checkpoint's chassis: {chassis}")
         raise ConfigError(f"--init-from {dense_dir}: " + "; ".join(problems))
-    return {"dir": str(d), "weights": weights, "config_hash": cfg.hash}
+    return InitSource(str(d), weights, cfg.hash)
 
 
 def source_chassis(dense_dir: str | Path) -> Chassis | None:
@@ -100,7 +102,7 @@ def source_tokenizer(dense_dir: str | Path, tokenizer: Any = None) -> Any:
     return None
 
 
-def check_same_source(study_name: str, stored: dict | None, given: dict | None) -> None:
+def check_same_source(study_name: str, stored: Mapping[str, str] | None, given: Mapping[str, str] | None) -> None:
     """Refuse to continue a study from another starting model than the one it was created with."""
     if stored is None and given is None:
         return
@@ -142,7 +144,7 @@ def _source(directory: str, weights: str):
     return model
 
 
-def initial_state(init: dict, cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64
+def initial_state(init: Mapping[str, str], cfg: ArchConfig, seed: int, corpus: Any = None, seq_len: int = 64
                   ) -> dict[str, Tensor]:
     """The state dict of `cfg` converted from the study's starting model (MLPs narrowed on the
     corpus's training text when one is given, see `calibration`)."""

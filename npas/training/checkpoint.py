@@ -29,11 +29,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from npas.errors import DataError
-from npas.training import forks
-from npas.training.climb import Climb, build, recipe_threads
+from npas.training.climb import Climb, recipe_threads
 from npas.training.data import Corpus
+from npas.training.forks import build
 from npas.training.proxy import check_compatible, eval_batches, make_optimizer, pick_device
 from npas.training.recipe import Recipe
+from npas.training.trainer import Stream, Trainer
 
 FORMAT = 1
 TENSORS = "tensors.safetensors"
@@ -70,6 +71,7 @@ def save(climb: Climb, directory: str | Path) -> Path:
     state = {
         "format": FORMAT, "step": tr.step, "recipe": climb.recipe.to_dict(), "stream_block": tr.stream.block,
         "param_groups": groups, "opt_scalars": scalars, "lr_factor": climb.lr_factor,
+        "lr_factor_in_loop": True,
         "rung_losses": {str(t): _finite_or_none(v) for t, v in climb.rung_losses.items()},
         "fork_steps": climb.fork_steps, "failed": climb.failed,
         "config_hash": str(getattr(getattr(tr.model, "cfg", None), "hash", "")),
@@ -140,11 +142,15 @@ def load(directory: str | Path, cfg: Any, corpus: Corpus, device: str | torch.de
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in state["param_groups"]]
     opt.load_state_dict({"state": opt_state, "param_groups": groups})
     data = corpus.train.to(dev)
-    stream = forks.Stream(len(data), recipe.batch_size, recipe.seq_len, recipe.seed, dev)
+    stream = Stream(len(data), recipe.batch_size, recipe.seq_len, recipe.seed, dev)
     stream.gen.set_state(tensors["stream.gen"])
     stream.block = int(state["stream_block"])
     stream.offsets = tensors["stream.offsets"].to(dev)
-    tr = forks.Trainer(model, opt, stream, recipe, data, dev, int(state["step"]))
+    # the loop applies the factor (Trainer.lr_factor); a checkpoint written before it did carries the
+    # factor inside its groups' lr_mult instead, and is continued at x1 on top of those
+    in_loop = bool(state.get("lr_factor_in_loop"))
+    tr = Trainer(model, opt, stream, recipe, data, dev, int(state["step"]),
+                 lr_factor=float(state["lr_factor"]) if in_loop else 1.0)
     evals = tuple(t.to(dev) for t in eval_batches(corpus, recipe))
     torch.set_rng_state(tensors["rng.cpu"])
     if dev.type == "cuda" and "rng.cuda" in tensors:

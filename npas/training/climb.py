@@ -4,20 +4,20 @@
 at its rungs: train the stable phase to the next rung's fork point, score the rung with a cooldown
 fork, and then either go on or *pause* -- hand the stable state to a checkpoint
 (``npas.training.checkpoint``) and resume it later, in another process, from exactly there. A
-``Climb`` is that run: a ``forks.Trainer`` (the stable run), the fixed validation windows, the losses
-of the rungs passed and the steps the forks cost. Its steps are ``forks.advance`` and
-``forks.fork_loss`` themselves, so a climb to the top rung computes bit for bit what
-``forks.train_model`` computes (tests/training/test_checkpoint.py checks it).
+``Climb`` is that run: a ``Trainer`` (``npas.training.trainer``: the stable run), the fixed validation
+windows, the losses of the rungs passed and the steps the forks cost. Its steps are
+``Trainer.advance`` and ``forks.fork_loss`` themselves, so a climb to the top rung computes bit for
+bit what ``forks.train_model`` computes (tests/training/test_checkpoint.py checks it).
 
 Where a climb stands between rungs: at rung ``t`` short of the top, the stable run is at
 ``decay_start(t)`` (the fork point; the fork's decay ran on a discarded copy), which is where the
 next rung's stable segment starts. The top rung ``steps`` decays the stable run itself, as
-``forks._wsd_loop`` does. So ``trained_steps`` -- the stable run's steps plus every fork's decay -- is
+``forks.run_wsd`` does. So ``trained_steps`` -- the stable run's steps plus every fork's decay -- is
 the top rung reached plus the decays of the forks below it, and no step is ever trained twice.
 
-``lr_factor`` (issue #35) multiplies every parameter group's ``lr_mult``: the whole schedule, warmup
-and floor included, runs at ``factor`` x the recipe's fair rate for each group. It lives in the
-optimizer's groups, so a checkpoint carries it; at factor 1 nothing changes (``mult * 1.0 == mult``).
+``lr_factor`` is the trainer's (``Trainer.lr_factor``): the whole schedule, warmup and floor
+included, runs at ``factor`` x the recipe's fair rate for each group; a checkpoint carries it; at
+factor 1 nothing changes (``mult * 1.0 == mult``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ import torch
 
 from npas.training import forks
 from npas.training.data import Corpus
-from npas.training.proxy import check_compatible, eval_batches, evaluate, pick_device
+from npas.training.forks import build
+from npas.training.proxy import check_compatible, eval_batches, evaluate, make_trainer, pick_device
 from npas.training.recipe import Recipe
+from npas.training.trainer import Trainer, stop_if_not_finite
 
 
 @contextlib.contextmanager
@@ -54,13 +56,13 @@ class Climb:
     """One WSD run between rungs: ``trainer`` is its stable run, ``rung_losses`` the finished-at-t
     losses of the rungs it passed, ``fork_steps`` the steps its forks' decays trained."""
 
-    trainer: forks.Trainer
+    trainer: Trainer
     evals: tuple[torch.Tensor, torch.Tensor]
     rung_losses: dict[int, float] = field(default_factory=dict)
     fork_steps: int = 0
     lr_factor: float = 1.0
     failed: str | None = None  # why the climb cannot go on (a non-finite loss), else None
-    # told the climb every few steps while it trains (each host sync of ``forks.advance``): a search
+    # told the climb every few steps while it trains (each host sync of ``Trainer.advance``): a search
     # reports its steps so far, so steps lost with a crashed driver are still counted; not checkpointed
     on_progress: Callable[[Climb], None] | None = field(default=None, repr=False, compare=False)
 
@@ -97,7 +99,7 @@ class Climb:
         tr, recipe, last = self.trainer, self.recipe, t == self.recipe.steps
         with recipe_threads(recipe, tr.device):
             # the stable segment: under the schedule of the whole run, flat until decay_start(steps)
-            if forks.advance(tr, recipe.steps if last else recipe.decay_start(t), recipe.steps, self._check):
+            if tr.advance(recipe.steps if last else recipe.decay_start(t), recipe.steps, self._check):
                 loss = math.nan
             elif last:  # the top rung decays the stable run itself
                 loss = evaluate(tr.model, self.evals, tr.device, recipe)
@@ -112,7 +114,7 @@ class Climb:
     def _check(self, done: int, losses: list[torch.Tensor]) -> bool:
         if self.on_progress is not None:
             self.on_progress(self)
-        return forks._stop_if_not_finite(done, losses)
+        return stop_if_not_finite(done, losses)
 
     def climb(self, until: int | None = None) -> dict[int, float]:
         """Step up rung after rung to ``until`` (default: the top), stopping early on a failure."""
@@ -120,31 +122,6 @@ class Climb:
         while self.next_rung is not None and self.next_rung <= end:
             self.step_up()
         return dict(self.rung_losses)
-
-
-def scale_rates(opt: torch.optim.Optimizer, factor: float) -> None:
-    """Multiply every parameter group's ``lr_mult`` (and current ``lr``) by ``factor``: the recipe's fair
-    rule for each group, times one factor located for the whole candidate (issue #35)."""
-    if not (factor > 0 and math.isfinite(factor)):
-        raise ValueError(f"lr_factor must be a finite number > 0, got {factor!r}")
-    for g in opt.param_groups:
-        g["lr_mult"] = g["lr_mult"] * factor
-        g["lr"] = g["lr"] * factor
-
-
-def build(cfg: Any, recipe: Recipe, reference: Any = None, init_state: dict[str, torch.Tensor] | None = None
-          ) -> torch.nn.Module:
-    """The model at step 0 exactly as ``forks.train_model`` builds it: seeded init, the parameterization's
-    init scales, fp32 master weights."""
-    from npas.allocation.transformer import build_model
-    from npas.training.parameterization import apply_init
-
-    torch.manual_seed(recipe.seed)
-    model = build_model(cfg).float()
-    apply_init(model, recipe.parameterization, reference)
-    if init_state is not None:
-        model.load_state_dict(init_state)
-    return model
 
 
 def start(cfg: Any, recipe: Recipe, corpus: Corpus, device: str | torch.device | None = None,
@@ -159,8 +136,6 @@ def start(cfg: Any, recipe: Recipe, corpus: Corpus, device: str | torch.device |
     with recipe_threads(recipe, dev):
         model = build(cfg, recipe, reference, init_state).to(dev)
     model.train()
-    tr = forks.make_trainer(model, recipe, corpus, dev, reference)
-    if lr_factor != 1.0:
-        scale_rates(tr.opt, lr_factor)
+    tr = make_trainer(model, recipe, corpus, dev, reference, lr_factor=lr_factor)
     evals = tuple(t.to(dev) for t in eval_batches(corpus, recipe))
     return Climb(tr, evals, lr_factor=lr_factor)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ floor(N / eta) of a search's N (``npas.service.search.ladder``), so the grid add
 locating rung is the first rung (a ladder whose second rung is above T/4), every trial locates.
 
 The factor multiplies every parameter group's fair rate, warmup and floor included
-(``npas.training.climb.scale_rates``): the fair rules between groups stay as they are and only the
+(``npas.training.trainer.Trainer.lr_factor``): the fair rules between groups stay as they are and only the
 candidate's overall rate moves. The winning run is not retrained: its climb, paused at the locating
 rung, *is* the trial's run and goes on up the ladder, so its steps are the trial's ``trained_steps``;
 the other grid runs' steps (the trial's own climb at x1 included, when another factor wins) are

@@ -3,8 +3,10 @@
 A search that locates each candidate's rate stores the chosen factor of the recipe's fair rate on the
 trial (``lr_factor``); ``npas export`` writes it beside the allocation with the recipe it was located
 under (``lr_factor_recipe``), and ``npas train`` and ``npas validate`` train at it: the recipe's whole
-schedule (peak, warmup and floor) times the factor, every parameter group's fair rule kept
-(``Recipe.with_lr_factor``).
+schedule (peak, warmup and floor) times the factor, every parameter group's fair rule kept. ``npas
+train`` hands the factor to the loop (``Trainer.lr_factor``), as the search's climbs do; a
+certificate's retrainings still train the recipe at its factor (``at_lr_factor``), the same numbers
+for every factor the located grid can choose (see below).
 
 A factor is a multiple of one recipe's rate, so it holds for that recipe only (x16 of a 2.5e-3 WSD
 proxy is not x16 of a 4e-3 cosine run). ``choose_factor`` applies it when the training recipe sets the
@@ -16,11 +18,9 @@ factor, ran under); a file that records neither is of unknown provenance and tra
 same note, unless ``--lr-factor located``. A model directory's factor is the one it was trained at,
 under the recipe its ``metrics.json`` records.
 
-Why the recipe's rates and not each group's multiplier, as the search's climb does
-(``climb.scale_rates``): ``forks.train_model`` and ``proxy.train_model`` build their optimizer
-themselves, from the recipe. The two are the same numbers bit for bit when the factor is a power of two
--- scaling by one is exact in floating point, so ``(f * lr) * mult == lr * (mult * f)`` at every step --
-and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2 steps past them:
+The loop's factor and the recipe's rates at that factor are the same numbers bit for bit when the
+factor is a power of two -- scaling by one is exact in floating point, so ``(f * lr) * mult == lr *
+(mult * f)`` at every step -- and every factor the located-rate grid can choose is one (x0.5, x1, x2, x4 and x2 steps past them:
 ``npas.training.located_rate``). So ``npas train`` of an export reproduces its WSD trial's loss at T
 exactly (tests/training/test_train_lr_factor.py); another factor (``--lr-factor 1.5``) agrees to the
 rounding of the last bit. Factor 1 changes nothing and is not written anywhere: an export or a model

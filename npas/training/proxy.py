@@ -1,16 +1,16 @@
-"""The proxy run: train one allocation briefly on real text and score it on held-out text.
+"""The proxy run's metrics and helpers, and the cosine schedule's strategy.
 
-This loop runs once per trial, thousands of times per study, so it is kept as lean as a hand-written
-nanoGPT loop (``bench/proxy_efficiency.py`` holds it to >= 0.95x of one): batches are drawn in bulk,
-the learning rate comes from a precomputed table, and the host syncs with the device only at check
-points (every ``min(eval_every, 50)`` steps), where losses are inspected for NaN/inf, the progress
-hook runs and validation happens. A diverging run ends as ``status="failed"`` with its reason; no
-exception escapes, so a worker process survives any candidate the search throws at it.
+A proxy run trains one allocation briefly on real text and scores it on held-out text: its steps are
+the one loop's (``npas.training.trainer.Trainer.advance``), driven by its schedule's strategy
+(``run_cosine`` here, ``npas.training.forks.run_wsd``) from the one entry point
+``npas.training.forks.train_model``. The host checks the losses for NaN/inf at every check point
+(``check_window``: every ``min(eval_every, 50)`` steps and before each evaluation), where the progress
+hook runs. A diverging run ends as ``status="failed"`` with its reason; no exception escapes, so a
+worker process survives any candidate the search throws at it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import resource
@@ -24,16 +24,18 @@ import torch
 from torch import nn
 
 from npas.training.data import Corpus, Split
-from npas.training.parameterization import apply_init, optimizer_groups
+from npas.training.parameterization import optimizer_groups
 from npas.training.recipe import Recipe
+from npas.training.trainer import CHECK_EVERY, OFFSET_BLOCK, Check, Stream, Trainer, autocast_for
+
+__all__ = ["CHECK_EVERY", "OFFSET_BLOCK", "ProxyResult", "autocast_for", "check_compatible", "check_window", "eval_batches",
+           "evaluate", "make_optimizer", "make_trainer", "param_groups", "peak_rss_bytes", "pick_device", "run_cosine", "RunLog", "to_bpb"]
 
 log = logging.getLogger(__name__)
 
 Status = Literal["ok", "failed", "stopped"]
 Report = Callable[[int, float], bool | None]  # (step, val_loss) -> True to stop early
 Progress = Callable[[int, float, float], None]  # (step, smoothed train loss, tokens/s)
-CHECK_EVERY = 50  # host-device syncs at most this often (NaN check, progress), besides evaluations
-OFFSET_BLOCK = 1024  # batch offsets are drawn this many steps at a time
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _finite(v: float | None) -> float | None:
 
 
 @dataclass
-class _Run:
+class RunLog:
     """Mutable bookkeeping of one run, kept out of the hot loop."""
 
     step: int = 0
@@ -100,14 +102,6 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def autocast_for(device: torch.device, recipe: Recipe) -> contextlib.AbstractContextManager:
-    """bf16 autocast on GPUs that support it when the recipe asks; CPU always runs float32, since
-    CPU bf16 is slower than fp32 on most machines without AMX and would skew a study's timings."""
-    if device.type == "cuda" and recipe.dtype == "bfloat16" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -136,6 +130,16 @@ def make_optimizer(model: nn.Module, recipe: Recipe, device: torch.device,
     except (RuntimeError, TypeError, ValueError):
         log.debug("fused AdamW unavailable on %s; using foreach", device)
         return torch.optim.AdamW(groups, foreach=True, **kwargs)
+
+
+def make_trainer(model: nn.Module, recipe: Recipe, corpus: Any, dev: torch.device, reference: Any = None,
+                 lr_factor: float = 1.0) -> Trainer:
+    """A trainer at step 0 for ``model`` (built and initialised, on ``dev``): its optimizer from the
+    recipe's parameterization against ``reference``, the train split on the device."""
+    opt = make_optimizer(model, recipe, dev, reference)
+    data = corpus.train.to(dev)  # uint8: the whole split lives on the device, batches are gathered there
+    return Trainer(model, opt, Stream(len(data), recipe.batch_size, recipe.seq_len, recipe.seed, dev), recipe,
+                   data, dev, lr_factor=lr_factor)
 
 
 def eval_batches(corpus: Corpus, recipe: Recipe, split: Split = "val") -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,138 +197,25 @@ def check_compatible(cfg: Any, recipe: Recipe, corpus: Corpus, padded: bool = Fa
     corpus.check_fits(recipe.seq_len, recipe.batch_size)
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB, macOS bytes
 
 
-def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
-                device: str | torch.device | None = None, progress: Progress | None = None,
-                reference: Any = None, init_state: dict[str, torch.Tensor] | None = None
-                ) -> tuple[nn.Module, ProxyResult]:
-    """Build ``cfg``, train it under ``recipe`` and return the trained module with its metrics.
-
-    Memory: on CUDA ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` over the run. On CPU
-    torch has no allocator statistics and the process's peak RSS is a high-water mark shared with
-    everything the process did before (a worker's second trial usually adds 0), so the figure is
-    the analytic ``npas.count(...).train_memory_bytes`` and the measured peak-RSS growth is kept
-    beside it as ``rss_delta_bytes`` for sanity checks only. ``reference`` is the chassis whose
-    untied model ``recipe.lr`` is tuned for (default ``cfg.chassis``; ``bench/lr_transfer.py`` moves
-    width and depth away from it). ``init_state`` starts training from given weights (a model
-    converted from a trained one, ``npas.conversion``) instead of the recipe's fresh init.
-    """
-    from npas.allocation.budget import count
-    from npas.allocation.transformer import build_model
-
-    t_start = time.perf_counter()
-    dev = pick_device(device)
-    check_compatible(cfg, recipe, corpus, padded=init_state is not None)
-    acc = count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
-    prev_threads = torch.get_num_threads()
-    if dev.type == "cpu" and recipe.threads > 0:
-        torch.set_num_threads(recipe.threads)
-    rss0 = _peak_rss_bytes()
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    try:
-        torch.manual_seed(recipe.seed)  # init is reproducible from the recipe alone
-        model = build_model(cfg).float()  # fp32 master weights at any cfg.dtype
-        apply_init(model, recipe.parameterization, reference)
-        if init_state is not None:
-            model.load_state_dict(init_state)
-        model = model.to(dev)
-        model.train()
-        run = _loop(model, recipe, corpus, dev, report, progress, reference)
-    finally:
-        torch.set_num_threads(prev_threads)
-    stored = sum(p.numel() for p in model.parameters())
-    if dev.type == "cuda":
-        peak, source = torch.cuda.max_memory_allocated(dev), "cuda_max_allocated"
-    else:
-        peak, source = acc.train_memory_bytes, "analytic"
-    wall = time.perf_counter() - t_start
-    train_s = max(1e-9, run.train_s - run.eval_s)
-    val = run.val_loss if run.status != "failed" else None
-    result = ProxyResult(
-        status=run.status, val_loss=val, val_bpc=None if val is None else val / math.log(2),
-        train_loss=run.train_loss, steps_done=run.step, stored_params=stored,
-        param_bytes=acc.param_bytes, peak_memory_bytes=int(peak), memory_source=source,
-        rss_delta_bytes=max(0, _peak_rss_bytes() - rss0), flops_per_token=acc.flops_per_token,
-        tokens_per_s=run.step * recipe.tokens_per_step / train_s, wall_s=wall, curve=tuple(run.curve),
-        failure_reason=run.reason, device=str(dev), config_hash=getattr(cfg, "hash", ""),
-        val_bpb=to_bpb(val, eval_tokens_per_byte(corpus, recipe)),
-        train_bpb=to_bpb(run.train_loss, 1.0 / corpus.bytes_per_token("train")),
-    )
-    log.info("proxy %s %s: %s val_loss=%s steps=%d %.0f tok/s %.1fs", result.config_hash, recipe.name,
-             result.status, "-" if val is None else f"{val:.4f}", run.step, result.tokens_per_s, wall)
-    return model, result
+def run_cosine(tr: Trainer, evals: tuple[torch.Tensor, torch.Tensor], run: RunLog, report: Report | None,
+               check: Check) -> None:
+    """The cosine schedule's strategy: one run to ``steps``, scored on the validation windows every
+    ``eval_every`` steps and at its end, each score told to ``report`` (which may stop the run)."""
+    recipe = tr.recipe
+    while tr.step < recipe.steps:
+        done = min(recipe.steps, (tr.step // recipe.eval_every + 1) * recipe.eval_every)
+        if tr.advance(done, recipe.steps, check):
+            return
+        if _evaluate(run, tr.model, evals, tr.device, recipe, report, done):
+            return
 
 
-def run_proxy(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None = None,
-              device: str | torch.device | None = None, progress: Progress | None = None,
-              reference: Any = None, init_state: dict[str, torch.Tensor] | None = None) -> ProxyResult:
-    """Train and score one allocation; see ``train_model``. ``report(step, val_loss)`` is called at
-    every evaluation and may return True to stop the run early (ASHA-style early stopping)."""
-    return train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
-                       reference=reference, init_state=init_state)[1]
-
-
-def _loop(model: nn.Module, recipe: Recipe, corpus: Corpus, dev: torch.device, report: Report | None,
-          progress: Progress | None, reference: Any = None) -> _Run:
-    run = _Run()
-    B, T, steps = recipe.batch_size, recipe.seq_len, recipe.steps
-    opt = make_optimizer(model, recipe, dev, reference)
-    groups = opt.param_groups
-    mults = [g["lr_mult"] for g in groups]
-    params = [p for g in groups for p in g["params"]]
-    lrs = [recipe.lr_at(s) for s in range(steps)]
-    data = corpus.train.to(dev)  # uint8: the whole split lives on the device, batches are gathered there
-    window = torch.arange(T + 1, device=dev)
-    gen = torch.Generator().manual_seed(recipe.seed + 1)  # batch order (seed itself draws the init)
-    evals = tuple(t.to(dev) for t in eval_batches(corpus, recipe))
-    amp = autocast_for(dev, recipe)
-    clip = recipe.grad_clip
-    check = min(recipe.eval_every, CHECK_EVERY)
-    losses: list[torch.Tensor] = []
-    offsets = torch.empty(0)
-    t0 = time.perf_counter()
-    try:
-        for step in range(steps):
-            if step % OFFSET_BLOCK == 0:
-                n = min(OFFSET_BLOCK, steps - step)
-                offsets = torch.randint(len(data) - T, (n, B, 1), generator=gen).to(dev)
-            lr = lrs[step]
-            for g, mult in zip(groups, mults, strict=True):
-                g["lr"] = lr * mult  # per-group rule applied on top of the schedule at every step
-            xy = data[offsets[step % OFFSET_BLOCK] + window].long()  # (B, T+1)
-            with amp:
-                _, loss = model(xy[:, :-1], xy[:, 1:])
-            # expert pools' weighted load-balancing loss (0 without experts) trains with the LM loss;
-            # the logged and evaluated losses stay the LM loss alone
-            aux = getattr(model, "aux_loss", None)
-            (loss if aux is None else loss + aux).backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-            done = step + 1
-            is_eval = done % recipe.eval_every == 0 or done == steps
-            if done % check == 0 or is_eval:
-                if _check(run, losses, done, t0, recipe, progress):
-                    break
-                losses = []
-                if is_eval and _evaluate(run, model, evals, dev, recipe, report, done):
-                    break
-    except torch.cuda.OutOfMemoryError as err:  # a too-large candidate fails; the worker lives on
-        run.status, run.reason = "failed", f"out of memory after step {run.step}: {str(err).splitlines()[0]}"
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    run.train_s = time.perf_counter() - t0
-    return run
-
-
-def _check(run: _Run, losses: list[torch.Tensor], done: int, t0: float, recipe: Recipe,
+def check_window(run: RunLog, losses: list[torch.Tensor], done: int, t0: float, recipe: Recipe,
            progress: Progress | None) -> bool:
     """Inspect the window's losses (one sync); True when the run must end because one was not finite."""
     window = torch.stack(losses).float().cpu()
@@ -345,7 +236,7 @@ def _check(run: _Run, losses: list[torch.Tensor], done: int, t0: float, recipe: 
     return False
 
 
-def _evaluate(run: _Run, model: nn.Module, evals: tuple[torch.Tensor, torch.Tensor], dev: torch.device,
+def _evaluate(run: RunLog, model: nn.Module, evals: tuple[torch.Tensor, torch.Tensor], dev: torch.device,
               recipe: Recipe, report: Report | None, done: int) -> bool:
     """Score the fixed validation batches and ask ``report``; True when the run should stop."""
     t = time.perf_counter()

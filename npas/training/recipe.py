@@ -7,6 +7,7 @@ single ConfigError, so a user fixes a file in one edit instead of one error per 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -144,6 +145,11 @@ class Recipe:
         if self.rungs is not None:
             d["rungs"] = [r for r in self.rungs if r <= steps] or None  # none left: the horizon's defaults
         return Recipe.from_dict(d)
+
+    def with_seed(self, seed: int) -> Recipe:
+        """This recipe on another seed (a trial's repeats, a certificate's retrainings): init, batch
+        order and nothing else change; the recipe itself when ``seed`` is already its own."""
+        return self if seed == self.seed else dataclasses.replace(self, seed=seed)
 
     def with_lr_factor(self, factor: float) -> Recipe:
         """This recipe at ``factor`` x its learning rate, the cosine floor scaled with it: a learning-rate

@@ -38,13 +38,13 @@ from npas.training.forks import train_model  # the recipe's schedule: cosine, or
 from npas.training.lr_factor import (
     LR_FACTOR_KEY,
     LR_FACTOR_RECIPE_KEY,
-    at_lr_factor,
     check_lr_factor,
     located_under,
 )
 from npas.training.proxy import Progress, ProxyResult, Report, check_compatible
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import Tokenizer, tokenizer_from_json
+from npas.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
     check_compatible(cfg, recipe, corpus, padded=init_state is not None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model, result = train_model(cfg, at_lr_factor(recipe, lr_factor), corpus, report=report, device=device,
-                                progress=progress, reference=reference, init_state=init_state)
+    model, result = train_model(cfg, recipe, corpus, report=report, device=device, progress=progress,
+                                reference=reference, init_state=init_state, lr_factor=lr_factor)
     if result.status != "failed":
         save_trained(model, cfg, corpus.tokenizer, out)
     else:
@@ -218,7 +218,6 @@ def load_start(model_dir: str | Path) -> Start:
 
 def write_metrics(out_dir: str | Path, result: ProxyResult, recipe: Recipe, corpus: Corpus,
                   extra: dict | None = None) -> dict:
-    from npas import __version__
 
     doc = {"result": result.to_dict(), "recipe": recipe.to_dict(), "data": corpus.describe(), **(extra or {}),
            "npas_version": __version__}

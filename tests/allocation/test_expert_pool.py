@@ -171,7 +171,7 @@ def test_balance_loss_is_part_of_the_training_loss():
     """Two trainings that differ only in the balance weight: the weight changes nothing in the forward
     pass, so the routers end up different only if the proxy loop adds the balance loss to the loss."""
     from npas.training.data import load_corpus
-    from npas.training.proxy import train_model
+    from npas.training.forks import train_model
     from npas.training.recipe import Recipe
 
     ch = Chassis(vocab_size=68, context=32, d_model=16, n_layers=2, n_heads=2, d_ff=32)

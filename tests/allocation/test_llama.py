@@ -282,7 +282,7 @@ def test_llama_converts_within_its_chassis_and_nowhere_else():
 @pytest.mark.slow  # loads and tokenizes the bundled corpus
 def test_a_shared_llama_allocation_trains_through_the_proxy():
     from npas.training.data import load_corpus
-    from npas.training.proxy import run_proxy
+    from npas.training.forks import run_proxy
     from npas.training.recipe import Recipe
 
     cfg = ArchConfig(chassis=chassis(vocab_size=68), mlp_widths=(48,) * 4, block_of_layer=(0, 1, 0, 1),

@@ -360,7 +360,7 @@ def test_search_init_from_starts_trials_from_the_model_and_pins_it(ray_local, tm
         first = t.user_attrs[TrialAttr.CURVE][0][1]
         assert first < math.log(68) - 1.2 and first < dense_val + 0.6, (t.number, first, dense_val)
     # the same allocation from scratch under the same recipe is far behind at that point
-    from npas.training.proxy import run_proxy
+    from npas.training.forks import run_proxy
 
     t = done[0]
     recipe = load_recipe(FAST)

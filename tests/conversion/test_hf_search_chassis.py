@@ -94,7 +94,7 @@ def test_the_plan_pins_the_checkpoints_chassis_and_a_resume_rebinds_it(checkpoin
         ("llama", 4, 32, 2, 1e-5, False)
     assert ref.rope["rope_type"] == "llama3" and plan.corpus.vocab_size == V
     assert plan.space.budget_params == round(0.75 * plan.space.reference_params)
-    assert plan.init is not None and plan.init["config_hash"] == read_hf_dir(checkpoint).cfg.hash
+    assert plan.init_from is not None and plan.init_from["config_hash"] == read_hf_dir(checkpoint).cfg.hash
     cand = plan.space.sample(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask())
     assert cand.config is not None and cand.config.chassis == want and cand.config.n_blocks == 2
     # a resume, the exporter and the certificate rebind the study's recorded overrides: the same space
@@ -116,7 +116,7 @@ def test_each_trial_starts_from_the_converted_checkpoint(checkpoint: Path, tmp_p
         return float(torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1)))
 
     warm = npas.build_model(cfg)
-    warm.load_state_dict(initial_state(dict(plan.init), cfg, 0, plan.corpus, 32))  # what each worker does
+    warm.load_state_dict(initial_state(dict(plan.init_from), cfg, 0, plan.corpus, 32))  # what each worker does
     cold = npas.build_model(cfg)
     # the checkpoint's validation loss after 60 steps is ~3.7 nats; a fresh model's is ln(300) = 5.7
     assert loss(warm) < math.log(V) - 1.0 < loss(cold) - 0.5, (loss(warm), loss(cold))
@@ -176,7 +176,7 @@ def test_a_search_from_a_checkpoint_runs_on_its_chassis_and_resumes(checkpoint: 
     record = studies.read_record(study)
     assert record.overrides["chassis"]["n_layers"] == 4 and record.init_from is not None
     plan = plan_resume("hf", record, storage=db, launch=Launch())
-    assert plan.space.reference_chassis == want and plan.init["weights"] == record.init_from["weights"]
+    assert plan.space.reference_chassis == want and plan.init_from["weights"] == record.init_from["weights"]
 
 
 def test_a_padded_checkpoint_is_refused_in_one_line_before_the_database(tmp_path: Path, capsys) -> None:
@@ -211,4 +211,4 @@ def test_every_baseline_and_sample_converts_though_the_space_narrows_d_model(che
     assert len(cands) == 6 and all(c.config is not None for c in cands), [c.reason for c in cands]
     for cand in cands:
         assert cand.config.chassis == plan.space.reference_chassis and cand.fill <= 1.0
-        npas.build_model(cand.config).load_state_dict(initial_state(dict(plan.init), cand.config, 0))
+        npas.build_model(cand.config).load_state_dict(initial_state(dict(plan.init_from), cand.config, 0))

@@ -18,7 +18,7 @@ from npas.allocation.config import ArchConfig, reference_config
 from npas.conversion.init_from import describe_source, initial_state, source_tokenizer
 from npas.presentation.cli import main
 from npas.training.data import load_corpus
-from npas.training.proxy import run_proxy
+from npas.training.forks import run_proxy
 from npas.training.recipe import Recipe
 from npas.training.train import load_trained, read_metrics
 from tests.conftest import ROOT

@@ -22,7 +22,7 @@ from npas.allocation.transformer import build_model
 from npas.errors import BudgetError, DataError, StudyError
 from npas.training.corpora import SEPARATOR, bundled_text
 from npas.training.data import load_corpus, load_known_corpus, split_bounds
-from npas.training.proxy import run_proxy
+from npas.training.forks import run_proxy
 from npas.training.recipe import Recipe
 from npas.training.tokenizers import train_bpe
 from tests.conftest import ROOT

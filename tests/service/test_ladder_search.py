@@ -254,7 +254,7 @@ def test_init_from_climbs_start_from_the_converted_model(ray_local, tmp_path):
     t = told[-1]
     cfg = ArchConfig.from_dict(t.user_attrs[TrialAttr.ALLOC])
     warm = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=space.reference_chassis,
-                       init_state=initial_state(dict(plan.init), cfg, plan.recipe.seed, plan.corpus,
+                       init_state=initial_state(dict(plan.init_from), cfg, plan.recipe.seed, plan.corpus,
                                                 plan.recipe.seq_len))
     cold = climb.start(cfg, plan.recipe, plan.corpus, device="cpu", reference=space.reference_chassis)
     warm.climb(until=10)

@@ -22,7 +22,7 @@ from npas.service.search.outcome import combine_repeats, repeat_seeds
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study.studies import read_record
 from npas.training.data import load_corpus
-from npas.training.proxy import run_proxy
+from npas.training.forks import run_proxy
 from npas.training.recipe import Recipe, load_recipe
 from tests.conftest import ROOT, record_launches
 

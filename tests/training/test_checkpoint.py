@@ -11,7 +11,7 @@ import torch
 
 from npas.allocation.config import ArchConfig, Chassis, reference_config
 from npas.errors import DataError
-from npas.training import checkpoint, climb, forks
+from npas.training import checkpoint, climb, forks, trainer
 from npas.training.data import load_corpus
 from npas.training.recipe import Recipe
 
@@ -34,7 +34,7 @@ def corpus():
 def small_blocks(monkeypatch):
     # batch offsets drawn 3 steps at a time: the pause (step 6) falls inside a block, so a resume that
     # lost the stream's generator or its current block would read other batches
-    monkeypatch.setattr(forks, "OFFSET_BLOCK", 3)
+    monkeypatch.setattr(trainer, "OFFSET_BLOCK", 3)
 
 
 def test_a_climb_to_the_top_is_the_one_go_wsd_run(corpus, small_blocks):

@@ -39,7 +39,7 @@ def test_the_optimizer_sees_the_factor_times_the_fair_rule_for_every_group_mid_s
         lambda opt, args, kwargs: seen.append({id(p): g["lr"] for g in opt.param_groups for p in g["params"]}))
     try:
         c = climb.start(TIED, WSD, corpus, device="cpu", reference=REFERENCE, lr_factor=2.0)
-        forks.advance(c.trainer, 15, WSD.steps)  # stable to 13, then two steps into the run's own decay
+        c.trainer.advance(15, WSD.steps)  # stable to 13, then two steps into the run's own decay
     finally:
         handle.remove()
     mid = 14  # 0-based: inside the decay, below the peak and above the floor

@@ -15,8 +15,8 @@ import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.allocation.space_parser import load_space
 from npas.training.data import load_corpus
+from npas.training.forks import run_proxy, train_model
 from npas.training.parameterization import apply_init, optimizer_groups
-from npas.training.proxy import run_proxy, train_model
 from npas.training.recipe import Recipe
 from tests.conftest import ROOT
 

@@ -13,7 +13,8 @@ import npas
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import ConfigError, DataError
 from npas.training.data import load_corpus
-from npas.training.proxy import ProxyResult, eval_batches, param_groups, run_proxy
+from npas.training.forks import run_proxy
+from npas.training.proxy import ProxyResult, eval_batches, param_groups
 from npas.training.recipe import Recipe, load_recipe
 
 CHASSIS = Chassis(vocab_size=68, context=64, d_model=64, n_layers=2, n_heads=4, d_ff=256)

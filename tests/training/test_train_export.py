@@ -27,8 +27,8 @@ from npas.presentation.cli import main
 from npas.service.export.exporter import write_export
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.training.data import load_corpus, load_known_corpus
+from npas.training.forks import run_proxy
 from npas.training.parameterization import optimizer_groups
-from npas.training.proxy import run_proxy
 from npas.training.recipe import Recipe
 from npas.training.train import read_allocation_file, read_metrics
 

@@ -220,7 +220,7 @@ def _execute(linked: optuna.Study, plan: Plan, jobs: list, retrain: Retrain, opt
 
     def recipe_for(seed: int, target: Target) -> Recipe:
         """The long recipe on a fresh seed, at the target's located learning-rate factor."""
-        r = Recipe.from_dict({**plan.recipe.to_dict(), "seed": seed})
+        r = plan.recipe.with_seed(seed)
         assert r.seed != plan.recipe.seed, "a retraining reused the recipe's own seed"
         return at_lr_factor(r, target.lr_factor)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from npas.service.search.trial import TrialContext
     from npas.service.search.worker import WorkerSpec
     from npas.training.climb import Climb
 
@@ -53,14 +54,14 @@ def save_climbs(climbs: list[Climb], root: str | Path, meta: dict[str, Any]) -> 
     (Path(root) / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")  # last: marks a whole save
 
 
-def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict]:
+def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec | TrialContext, repeats: int) -> tuple[list[Climb], dict]:
     from npas.training import checkpoint
 
     climbs = [checkpoint.load(seed_dir(root, i), cfg, corpus, reference=spec.reference) for i in range(repeats)]
     return climbs, json.loads((Path(root) / META).read_text(encoding="utf-8"))
 
 
-def from_storage(uri: str, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict] | None:
+def from_storage(uri: str, cfg: Any, corpus: Any, spec: WorkerSpec | TrialContext, repeats: int) -> tuple[list[Climb], dict] | None:
     """The climbs of a checkpoint on Ray's storage (``--checkpoint-storage s3://...``: a URI recorded by
     another driver), or None when ``uri`` is a plain path or holds no whole checkpoint (the trial
     then starts afresh, as it does when a local checkpoint is gone)."""
@@ -107,7 +108,7 @@ def checkpoints_in(trial_dir: str) -> list[str]:
     return [name_of(fs, p) for _, p in sorted(found, reverse=True)]
 
 
-def _load(where: str, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> tuple[list[Climb], dict] | None:
+def _load(where: str, cfg: Any, corpus: Any, spec: WorkerSpec | TrialContext, repeats: int) -> tuple[list[Climb], dict] | None:
     if "://" in where:
         return from_storage(where, cfg, corpus, spec, repeats)
     if not is_checkpoint(where, repeats):
@@ -119,7 +120,7 @@ def _load(where: str, cfg: Any, corpus: Any, spec: WorkerSpec, repeats: int) -> 
         return None
 
 
-def restore(config: dict[str, Any], cfg: Any, corpus: Any, spec: WorkerSpec,
+def restore(config: dict[str, Any], cfg: Any, corpus: Any, spec: WorkerSpec | TrialContext,
             repeats: int) -> tuple[list[Climb], dict[str, Any], str] | None:
     """A re-enqueued trial's climbs, their meta and where they were found: the newest whole checkpoint
     in the earlier attempt's directory (``config["resume_dir"]``), else the one it recorded

@@ -1,7 +1,7 @@
 """The trainable of a search under the promotion ladder: a trial climbs its WSD run rung by rung.
 
-A ``wsd`` recipe's search (``SearchPlan.fidelity == "ladder"``) runs this instead of
-``npas.service.search.worker.trainable``. A trial starts a ``Climb`` per seed (``--repeats R``: the
+A ``wsd`` recipe's search (``SearchPlan.fidelity == "ladder"``) trains its trials this way: the one
+trainable (``npas.service.search.worker.trainable``) hands ``climb`` the trial's context. A trial starts a ``Climb`` per seed (``--repeats R``: the
 seeds climb together), or restores them from ``tune.get_checkpoint()`` when the ladder resumes it
 after a pause. At each rung it steps every seed's climb up, and reports the seed mean with a
 checkpoint of all the climbs (Tune's checkpoint mechanism: storage under the run's storage path).
@@ -41,12 +41,11 @@ from typing import TYPE_CHECKING, Any
 from npas.service.search.climb_store import count_lost, load_climbs, remove, restore, save_climbs
 
 if TYPE_CHECKING:
-    from npas.service.search.worker import WorkerSpec
+    from npas.service.search.trial import TrialContext
     from npas.training.climb import Climb
 
 log = logging.getLogger(__name__)
 
-OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
 PROGRESS_EVERY_S = 5.0  # a climbing trial reports its steps so far at most this often (see the module docstring)
 
 
@@ -95,42 +94,20 @@ def ranked_record(proxy: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def trainable(config: dict, spec: WorkerSpec) -> None:
-    """One trial under the ladder: its seeds' climbs, one rung at a time; see the module docstring."""
-    import ray
+def climb(ctx: TrialContext, config: dict) -> None:
+    """One trial under the ladder: its seeds' climbs, one rung at a time; see the module docstring.
+    ``config``: Tune's, for a re-enqueued trial's earlier attempt (``resume_dir``, ``resume_from``,
+    ``steps_before``)."""
     from ray import tune
 
-    from npas.allocation.config import ArchConfig
-    from npas.service.search.outcome import combine_repeats, repeat_seeds
+    from npas.service.search.outcome import combine_repeats
     from npas.training import climb as climbing
     from npas.training.located_rate import locate_rung
-    from npas.training.recipe import Recipe
 
-    cfg = ArchConfig.from_dict(config["allocation"])
-    recipe = Recipe.from_dict(config["recipe"])
-    corpus = spec.load_corpus(recipe)
-    seeds = repeat_seeds(recipe.seed, spec.repeats)
-    node = ray.get_runtime_context().get_node_id()
-    objectives = {OBJECTIVE_PREFIX + k: float(v) for k, v in (config.get("ladder_objectives") or {}).items()}
+    cfg, recipe, corpus, seeds, node = ctx.cfg, ctx.recipe, ctx.corpus, ctx.seeds, ctx.node
 
     def fail(reason: str, rung: int = 0, steps: int = 0) -> None:
-        tune.report({"val_loss": math.inf, "rung": rung, "step": rung, "final": True, "node": node, **objectives,
-                     "trained_steps": steps, "proxy": json.dumps({"status": "failed", "failure_reason": reason[:1500],
-                                                                  "steps_trained": steps})})
-
-    state: dict[str, Any] = {}
-
-    def init_state() -> Any:
-        """``--init-from``: every seed's run (and every run of the rate grid) starts from the trained
-        model, converted; computed once, when a run first needs it."""
-        if spec.init_from and "init" not in state:
-            from npas.conversion.init_from import initial_state
-
-            state["init"] = initial_state(spec.init_from, cfg, recipe.seed, corpus, recipe.seq_len)
-        return state.get("init")
-
-    def seed_recipe(seed: int) -> Recipe:
-        return recipe if seed == recipe.seed else Recipe.from_dict({**recipe.to_dict(), "seed": seed})
+        tune.report(ctx.failed(reason, rung, steps))
 
     grid: dict[int, int] = {}  # a rate-grid run in progress (not one of `climbs`) -> its steps so far
     last = {"at": time.monotonic()}
@@ -156,15 +133,15 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         so far are the grid's cost too) and are climbed to the rung with the rest."""
         from npas.training.located_rate import locate
 
-        first, located = locate(cfg, recipe, corpus, reference=spec.reference, init_state=init_state(),
+        first, located = locate(cfg, recipe, corpus, reference=ctx.reference, init_state=ctx.init_state(),
                                 fair=climbs[0], on_progress=progress)
         grid.clear()
         dropped = 0
         if located.factor != 1.0:
             for i in range(1, len(climbs)):
                 dropped += climbs[i].trained_steps
-                climbs[i] = climbing.start(cfg, seed_recipe(seeds[i]), corpus, reference=spec.reference,
-                                           init_state=init_state(), lr_factor=located.factor)
+                climbs[i] = climbing.start(cfg, ctx.seed_recipe(seeds[i]), corpus, reference=ctx.reference,
+                                           init_state=ctx.init_state(), lr_factor=located.factor)
                 climbs[i].on_progress = progress
         climbs[0] = first
         first.on_progress = progress
@@ -175,16 +152,16 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
     try:
         if ckpt is not None:
             with ckpt.as_directory() as d:
-                climbs, meta = load_climbs(d, cfg, corpus, spec, len(seeds))
-        elif (got := restore(config, cfg, corpus, spec, len(seeds))) is not None:
+                climbs, meta = load_climbs(d, cfg, corpus, ctx, len(seeds))
+        elif (got := restore(config, cfg, corpus, ctx, len(seeds))) is not None:
             climbs, meta, old = got
         else:
             climbs, meta = [], {"wall_s": 0.0, "train_s": 0.0}
             for seed in seeds:
-                climbs.append(climbing.start(cfg, seed_recipe(seed), corpus, reference=spec.reference,
-                                             init_state=init_state()))
+                climbs.append(climbing.start(cfg, ctx.seed_recipe(seed), corpus, reference=ctx.reference,
+                                             init_state=ctx.init_state()))
     except Exception as e:  # raised by the set-up itself: it would raise again on every retry
-        return fail(f"starting the climb raised {type(e).__name__}: {' '.join(str(e).split())}")
+        return fail(ctx.failure.raised("starting the climb", e))
     for c in climbs:
         c.on_progress = progress
     if ckpt is None and config.get("steps_before"):  # re-enqueued: the steps its earlier attempt lost
@@ -205,7 +182,7 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
             proxy["lost_steps"] = int(meta["lost_steps"])
             proxy["steps_trained"] += proxy["lost_steps"]
         row = {"val_loss": proxy["val_loss"], "rung": t, "step": t, "final": t == recipe.steps, "node": node,
-               "trained_steps": steps_paid(), **objectives, "proxy": json.dumps(proxy)}
+               "trained_steps": steps_paid(), **ctx.objectives, "proxy": json.dumps(proxy)}
         if not with_checkpoint:
             tune.report(row)
             return
@@ -220,16 +197,16 @@ def trainable(config: dict, spec: WorkerSpec) -> None:
         t0 = time.perf_counter()
         try:
             rung = climbs[0].next_rung
-            if spec.locate_lr and "located" not in meta and rung == locate_rung(recipe):
+            if ctx.locate_lr and "located" not in meta and rung == locate_rung(recipe):
                 locate_here()
             for i, c in enumerate(climbs):
                 c.climb(until=rung)  # one rung up; a seed restarted by the grid climbs through the lower ones
                 if c.failed is not None:
-                    which = f"seed {seeds[i]} (repeat {i + 1} of {len(seeds)}): " if len(seeds) > 1 else ""
+                    which = ctx.which(seeds[i])
                     rate = f"at the located rate x{c.lr_factor:g}: " if c.lr_factor != 1.0 else ""
                     return fail(which + rate + c.failed, c.top, steps_paid())
         except Exception as e:
-            return fail(f"the climb raised {type(e).__name__}: {' '.join(str(e).split())}", climbs[0].top, steps_paid())
+            return fail(ctx.failure.raised("the climb", e), climbs[0].top, steps_paid())
         took = time.perf_counter() - t0
         meta["wall_s"] += took
         meta["train_s"] += took

@@ -97,7 +97,7 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
         overrides=dict(space.overrides), data_split=corpus.describe()["split"], repeats=plan.repeats,
         tokenizer=plan.tokenizer, tokenizer_json=corpus.tokenizer.to_json(),
         tokenizer_fingerprint=corpus.tokenizer.fingerprint, data_glob=corpus.glob, text_field=corpus.text_field,
-        init_from=plan.init, learned=learned, locate_lr=plan.locate_lr)
+        init_from=plan.init_from, learned=learned, locate_lr=plan.locate_lr)
     created.set_metric_names(list(space.objectives))
     write_record(created, record)
     enqueue_baselines(created, space, TrialAttr.BASELINE)  # with knob values as params, so samplers model them
@@ -121,11 +121,9 @@ def _join(plan: SearchPlan, handle: StorageHandle) -> optuna.Study:
     record = read_record(existing)
     if problem := join_problem(plan, record, handle.redacted):
         raise StudyError(problem)
-    from npas.conversion.init_from import check_same_source
-
-    check_same_source(name, record.init_from, plan.init)
+    # the plan's starting model, read and described once by plan_search: the resume plan checks it is the study's
     return _continue(handle, existing, record, trials=plan.trials, data=plan.data, launch=plan.launch,
-                     init_from=plan.init["dir"] if plan.init else None)
+                     init_from=plan.init_from)
 
 
 def _await_setup(name: str, handle: StorageHandle) -> optuna.Study:
@@ -208,7 +206,7 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
     corpus, launch, recipe = plan.corpus, plan.launch, plan.recipe
     bundled_chars = corpus.source.startswith("bundled") and corpus.tokenizer.name == "char"
     # embedded Ray: ship the tensors through the object store
-    worker = WorkerSpec.of(corpus, plan.space.reference_chassis, plan.repeats, plan.init,
+    worker = WorkerSpec.of(corpus, plan.space.reference_chassis, plan.repeats, plan.init_from,
                            embed=launch.ray_address is None and not bundled_chars)
     if plan.locate_lr:
         worker = dataclasses.replace(worker, locate_lr=True)

@@ -10,13 +10,15 @@ it before it boots Ray in the background, so it must not import the driver (ray.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import optuna
 
-from npas.errors import StorageError, StudyError
+from npas.errors import ConfigError, StorageError, StudyError
 from npas.service.study.storage import open_storage
 from npas.service.study.studies import is_set_up, read_record
+from npas.training.recipe import Recipe
 
 if TYPE_CHECKING:
     from npas.service.search.plan import SearchPlan
@@ -32,7 +34,7 @@ def join_problem(plan: SearchPlan, record: StudyRecord, where: str) -> str | Non
     stored = {"recipe": _plain(record.recipe), "sampler": record.sampler, "seed": record.seed,
               "repeats": record.repeats, "tokenizer": record.tokenizer_fingerprint, "locate_lr": record.locate_lr}
     mismatch = [f"--{k} {_show(v)} (the study's is {_show(stored[k])})" for k, v in plan.given.items()
-                if v is not None and _plain(v) != stored[k]]
+                if v is not None and not _same(k, v, stored[k])]
     if mismatch:
         return (f"study {name!r} was created with other settings: {'; '.join(mismatch)}; drop the option to use "
                 "the study's, or pick another --study name")
@@ -52,6 +54,18 @@ def check_join(plan: SearchPlan) -> None:
     existing = optuna.load_study(study_name=plan.study_name, storage=handle.storage)
     if is_set_up(existing) and (problem := join_problem(plan, read_record(existing), handle.redacted)):
         raise StudyError(problem)
+
+
+def _same(key: str, given: object, stored: object) -> bool:
+    """Whether a setting given equals the study's. Recipes compare as recipes, not as the mappings
+    written at different times: a study stores its recipe as the npas of its day wrote it (fields added
+    later left out at their defaults), and the same recipe written with every field is the same recipe."""
+    if key == "recipe" and isinstance(given, Mapping) and isinstance(stored, Mapping):
+        try:
+            return Recipe.from_dict(dict(given)) == Recipe.from_dict(dict(stored))
+        except ConfigError:  # a stored mapping this npas cannot read: compare it as written
+            pass
+    return _plain(given) == stored
 
 
 def _plain(value: object) -> object:

@@ -39,12 +39,12 @@ from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service.search.climb_store import checkpoints_in, filesystem, name_of, remove
-from npas.service.search.climber import OBJECTIVE_PREFIX
 from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.launch import checkpoint_uri
 from npas.service.search.outcome import objective_values
 from npas.service.search.rung_exchange import RungExchange
+from npas.service.search.trial import OBJECTIVE_PREFIX
 from npas.service.study.record import TrialAttr
 
 if TYPE_CHECKING:

@@ -31,6 +31,7 @@ from npas.errors import StudyError
 if TYPE_CHECKING:
     from npas.service.search.plan import SearchPlan
     from npas.service.study.storage import StorageHandle
+    from npas.training.init_source import InitSource
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ def learn_for_study(study: optuna.Study, handle: StorageHandle, plan: SearchPlan
     pretraining marker. A failure deletes the half-made study and the pretraining's directory,
     leaving the database and its folder as they were."""
     try:
-        if plan.init is None:
+        if plan.init_from is None:
             study.set_user_attr(PRETRAINING_ATTR, True)
-        return learn_source(plan.space, plan.init, plan.recipe, plan.corpus,
+        return learn_source(plan.space, plan.init_from, plan.recipe, plan.corpus,
                             source_dir(study.study_name, handle.sqlite_path))
     except BaseException:
         optuna.delete_study(study_name=study.study_name, storage=handle.storage)
@@ -59,18 +60,18 @@ def source_dir(study: str, sqlite_path: Path | None) -> Path:
     return (sqlite_path.parent if sqlite_path is not None else Path.cwd()) / f"{study}.learned-source"
 
 
-def learn_source(space: Space, init: dict | None, recipe: Any, corpus: Any, out: Path) -> dict:
+def learn_source(space: Space, init: InitSource | None, recipe: Any, corpus: Any, out: Path) -> dict:
     """The record of the model the study's groups are learned from, with its layer similarity.
 
-    From the --init-from model when there is one (`init`: its `describe_source` record), else from one
+    From the --init-from model when there is one (`init`), else from one
     proxy-length training of the space's reference written to `out`."""
     from npas.conversion.directory import fingerprint_weights
     from npas.conversion.groups import similarity_of
 
     if init is not None:
-        sim = similarity_of(init["dir"])
+        sim = similarity_of(init.dir)
         space.with_similarity(sim)  # its shape is checked against the space here, before anything is recorded
-        return {"origin": "init_from", "dir": init["dir"], "weights": init["weights"],
+        return {"origin": "init_from", "dir": init.dir, "weights": init.weights,
                 "similarity": [list(r) for r in sim]}
     from npas.training.train import train_allocation
 

@@ -23,6 +23,7 @@ from npas.service.search.launch import Launch, check_inputs
 from npas.service.search.outcome import check_repeats
 from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
+from npas.training.init_source import InitSource
 
 if TYPE_CHECKING:
     from npas.service.study.record import StudyRecord
@@ -40,7 +41,7 @@ class SearchPlan:
     """Everything a driver needs to create, join or continue one study, checked.
 
     `space` is bound to the corpus's vocabulary and the budget; `corpus` is loaded with the study's
-    tokenizer; `init` is the starting model's record (`--init-from`, read and fingerprinted once).
+    tokenizer; `init_from` is the starting model (`--init-from`, read and fingerprinted once).
     `given` holds the settings the user named explicitly, which a join compares with the study's.
     `trials=None` means: the default for a new study, the stored target when joining."""
 
@@ -55,7 +56,7 @@ class SearchPlan:
     seed: int = DEFAULT_SEED
     repeats: int = DEFAULT_REPEATS
     tokenizer: str = DEFAULT_TOKENIZER
-    init: Mapping[str, str] | None = None
+    init_from: InitSource | None = None
     data: str | None = None  # the --data given (a join or resume reads the study's corpus from it)
     locate_lr: bool = False  # --locate-lr: each trial's rate chosen at the ladder's rung at T/4 (located_rate)
     given: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -163,18 +164,18 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     corpus.check_fits(rec.seq_len, rec.batch_size)
     space = space.bind(vocab_size=corpus.vocab_size, budget=budget, budget_scope=budget_scope)
     check_reachable(space, DEFAULT_SEED if seed is None else seed)  # a budget nothing fits: refused before any write
-    init = None
+    source = None
     if init_from is not None:  # the starting model must fit the space and corpus
         from npas.conversion.init_from import describe_source
 
-        init = describe_source(init_from, space.reference_chassis, corpus)
+        source = describe_source(init_from, space.reference_chassis, corpus)
     given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
              "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None, "locate_lr": locate_lr}
     plan = SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=study or default_study_name(space.name),
                       launch=launch, storage=storage, trials=trials, sampler=sampler or DEFAULT_SAMPLER,
                       seed=DEFAULT_SEED if seed is None else seed,
                       repeats=DEFAULT_REPEATS if repeats is None else repeats,
-                      tokenizer=str(tokenizer or DEFAULT_TOKENIZER), init=init, data=data,
+                      tokenizer=str(tokenizer or DEFAULT_TOKENIZER), init_from=source, data=data,
                       given=MappingProxyType(given), locate_lr=bool(locate_lr))
     object.__setattr__(plan, "checked", True)  # frozen: only plan_search marks a plan as checked
     return plan
@@ -206,12 +207,13 @@ def check_space_change(name: str, record: StudyRecord, space_text: str | None,
 
 def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, storage: str | None = None,
                 space_text: str | None = None, allow_space_change: bool = False, data: str | None = None,
-                launch: Launch, repeats: int | None = None, init_from: str | None = None,
+                launch: Launch, repeats: int | None = None, init_from: str | InitSource | None = None,
                 tokenizer: str | None = None) -> SearchPlan:
     """The plan of a study that continues (`npas resume`, or a driver joining it), built from its
     record: its space, recipe, sampler, seed, seeds per trial and early stopping as created, its
     stored tokenizer loaded (never retrained), and its corpus and starting model proven the same.
-    `launch` was checked by `check_launch`."""
+    `launch` was checked by `check_launch`. `init_from`: a directory (`npas resume --init-from`), or the
+    `InitSource` a joining driver's plan already read (not read again)."""
     import logging
 
     from npas.allocation.space_parser import parse_space
@@ -255,14 +257,15 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     if stored_init is not None or init_from is not None:
         from npas.conversion.init_from import check_same_source, describe_source
 
-        given_init = describe_source(init_from or stored_init["dir"], space.reference_chassis, corpus)
+        given_init = init_from if isinstance(init_from, InitSource) else \
+            describe_source(init_from or stored_init.dir, space.reference_chassis, corpus)
         check_same_source(name, stored_init, given_init)
-        init = dict(stored_init, dir=given_init["dir"])
+        init = stored_init.moved_to(given_init.dir)
     # the stored launch setting wins over "the study's" (None)
     launch = launch if launch.early_stop is not None else _with_early_stop(launch, record.early_stop)
     return SearchPlan(space=space, recipe=rec, corpus=corpus, study_name=name, launch=launch, storage=storage,
                       trials=trials, sampler=record.sampler, seed=record.seed, repeats=record.repeats,
-                      tokenizer=str(record.tokenizer), init=init,
+                      tokenizer=str(record.tokenizer), init_from=init,
                       data=data, locate_lr=record.locate_lr)
 
 

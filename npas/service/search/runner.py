@@ -9,6 +9,7 @@ validation loss (ASHA). The searcher in `npas.service.search.searcher` does the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -321,7 +322,6 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
-    from npas.service.search import climber
     from npas.service.search.ladder_run import Checkpoints
     from npas.service.search.worker import trainable
 
@@ -373,8 +373,8 @@ def run_trials(searcher, *, study_name: str, recipe_steps: int, eval_every: int,
         os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     name = f"{study_name}-{int(time.time())}"
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(climber.trainable if ladder is not None else trainable,
-                                                 spec=worker), resources),
+        tune.with_resources(tune.with_parameters(trainable, spec=dataclasses.replace(worker, ladder=ladder is not None)),
+                            resources),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=-1,
                                     max_concurrent_trials=None if ladder is not None else workers,
                                     reuse_actors=True),

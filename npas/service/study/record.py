@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from npas.errors import StudyError
+from npas.training.init_source import InitSource, as_init_source
 
 
 class StudyAttr(StrEnum):
@@ -158,7 +159,7 @@ class StudyRecord:
     tokenizer_fingerprint: str | None = None
     data_glob: str = "**/*.txt"  # npas.training.corpora.DEFAULT_GLOB
     text_field: str = "text"  # npas.training.corpora.DEFAULT_TEXT_FIELD
-    init_from: dict | None = None  # `--init-from`: {"dir", "weights", "config_hash"} of the model trials start from
+    init_from: InitSource | None = None  # `--init-from`: the model trials start from (stored as its mapping)
     learned: dict | None = None  # learned groups' source and layer similarity; None: the space learns no groups
     locate_lr: bool = False  # each trial's rate located at the rung at T/4; studies before it ran at the fair rate
 
@@ -210,6 +211,7 @@ class StudyRecord:
         values["objectives"] = tuple(values["objectives"])
         values["overrides"] = dict(values.get("overrides") or {})
         values["repeats"] = int(values.get("repeats", 1))
+        values["init_from"] = as_init_source(values.get("init_from"))
         return cls(**values)
 
     def corpus_args(self) -> dict[str, Any]:

@@ -1,0 +1,109 @@
+"""`TrialContext`: what one trial trains, built once in the worker from Tune's config and the `WorkerSpec`.
+
+The search's one trainable (`npas.service.search.worker.trainable`) turns the config Tune hands it
+into this typed, frozen context -- the allocation, the recipe, the study's corpus, the trial's seeds,
+the model it starts from and how its failures are told -- and passes it whole to the way the trial
+trains: whole runs on their evaluations (ASHA, or no early stopping) or a climb up the ladder's rungs
+(`npas.service.search.climber`). Neither rebuilds any of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from npas.allocation.config import ArchConfig
+from npas.service.search.outcome import repeat_seeds
+from npas.training.init_source import InitSource
+from npas.training.recipe import Recipe
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from npas.allocation.config import Chassis
+    from npas.service.search.worker import WorkerSpec
+    from npas.training.data import Corpus
+
+OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
+REASON_CHARS = 1500  # a failure's reason travels in one result row: cut past this
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """How a trial fails: whatever its run raises or wherever it diverges, the trial is *told* as failed
+    with the reason (naming the seed when it has several), never raised -- a run that raised would
+    raise again on every retry, and Tune retries only workers and nodes that died. ``ladder``: the row
+    carries the rung reached and the steps paid (the ladder's compute counts failed trials too)."""
+
+    ladder: bool = False
+
+    def raised(self, what: str, err: BaseException) -> str:
+        return f"{what} raised {type(err).__name__}: {' '.join(str(err).split())}"
+
+    def row(self, reason: str, node: str, objectives: Mapping[str, float], rung: int = 0, steps: int = 0
+            ) -> dict[str, Any]:
+        """The final result row of a failed trial."""
+        proxy: dict[str, Any] = {"status": "failed", "failure_reason": reason[:REASON_CHARS]}
+        if not self.ladder:
+            return {"val_loss": math.inf, "step": 0, "final": True, "node": node, "proxy": json.dumps(proxy)}
+        return {"val_loss": math.inf, "rung": rung, "step": rung, "final": True, "node": node, **objectives,
+                "trained_steps": steps, "proxy": json.dumps({**proxy, "steps_trained": steps})}
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """One trial as its worker trains it: ``cfg`` under ``recipe`` on ``corpus``, once per seed of
+    ``seeds`` (the recipe's own first), from ``init_from``'s weights converted when given, with the
+    per-group rates of the fair parameterization taken against ``reference``."""
+
+    cfg: ArchConfig
+    recipe: Recipe
+    corpus: Corpus
+    seeds: tuple[int, ...]
+    init_from: InitSource | None = None
+    reference: Chassis | None = None
+    failure: FailurePolicy = field(default_factory=FailurePolicy)
+    node: str = ""  # the Ray node the trial runs on: recorded so a study shows where each trial ran
+    objectives: Mapping[str, float] = field(default_factory=dict)  # the ladder: the other objectives' values
+    locate_lr: bool = False  # the ladder: choose the rate at the rung at T/4 (npas.training.located_rate)
+    _init: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the converted state, once
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], spec: WorkerSpec, node: str = "") -> TrialContext:
+        """The context of the trial Tune configured (``config``: its allocation, recipe and, under the
+        ladder, its objectives' values) in the study ``spec`` describes; the corpus loaded once per process."""
+        recipe = Recipe.from_dict(config["recipe"])
+        return cls(cfg=ArchConfig.from_dict(config["allocation"]), recipe=recipe, corpus=spec.load_corpus(recipe),
+                   seeds=repeat_seeds(recipe.seed, spec.repeats), init_from=spec.init_from,
+                   reference=spec.reference, failure=FailurePolicy(ladder=spec.ladder), node=node,
+                   objectives={OBJECTIVE_PREFIX + k: float(v)
+                               for k, v in (config.get("ladder_objectives") or {}).items()},
+                   locate_lr=spec.locate_lr)
+
+    def seed_recipe(self, seed: int) -> Recipe:
+        return self.recipe.with_seed(seed)
+
+    def which(self, seed: int) -> str:
+        """The prefix that names a seed in a failure's reason, when the trial has several."""
+        if len(self.seeds) < 2:
+            return ""
+        return f"seed {seed} (repeat {self.seeds.index(seed) + 1} of {len(self.seeds)}): "
+
+    def init_state(self) -> dict[str, Tensor] | None:
+        """``--init-from``: the starting model converted into this allocation, once, when a run first
+        needs it; every seed's run (and every run of the rate grid) starts from it. None from scratch."""
+        if self.init_from is None:
+            return None
+        if "state" not in self._init:
+            from npas.conversion.init_from import initial_state
+
+            self._init["state"] = initial_state(self.init_from, self.cfg, self.recipe.seed, self.corpus,
+                                                self.recipe.seq_len)
+        return self._init["state"]
+
+    def failed(self, reason: str, rung: int = 0, steps: int = 0) -> dict[str, Any]:
+        """The row that tells this trial failed (``FailurePolicy.row``)."""
+        return self.failure.row(reason, self.node, self.objectives, rung, steps)
