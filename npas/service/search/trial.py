@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from npas.allocation.config import ArchConfig
+from npas.conversion.init_from import initial_state
 from npas.service.search.outcome import repeat_seeds
 from npas.training.init_source import InitSource
 from npas.training.recipe import Recipe
@@ -98,8 +99,6 @@ class TrialContext:
         if self.init_from is None:
             return None
         if "state" not in self._init:
-            from npas.conversion.init_from import initial_state
-
             self._init["state"] = initial_state(self.init_from, self.cfg, self.recipe.seed, self.corpus,
                                                 self.recipe.seq_len)
         return self._init["state"]
