@@ -185,7 +185,7 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
     process did before (a worker's second trial usually adds 0), so the figure is the analytic
     ``npas.count(...).train_memory_bytes`` and the measured peak-RSS growth is kept beside it as
     ``rss_delta_bytes`` for sanity checks only. ``reference`` is the chassis whose untied model
-    ``recipe.lr`` is tuned for (default ``cfg.chassis``; ``bench/lr_transfer.py`` moves width and
+    ``recipe.lr`` is tuned for (default ``cfg.chassis``; a learning-rate transfer study moves width and
     depth away from it). ``init_state`` starts training from given weights (a model converted from a
     trained one, ``npas.conversion``) instead of the recipe's fresh init. ``lr_factor``: the run's
     rates times this factor (``Trainer.lr_factor``). ``report(step, val_loss)`` is called at every

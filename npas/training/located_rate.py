@@ -1,7 +1,7 @@
 """A learning rate located per candidate at a quarter of the run: a factor of the recipe's fair rate.
 
 The fair parameterization keeps learning-rate optima close across allocations but not close enough
-to rank them (issue #35: at the proxy recipe one allocation gains 0.091 nats from x1 to x2 while
+to rank them (at the proxy recipe one allocation gains 0.091 nats from x1 to x2 while
 another is best at x1, more than twice the long-run spread of the candidates it must order). A
 search that trains every candidate at one rate ranks rates as much as allocations. So each
 candidate's stable-phase rate is chosen from a multiplicative grid around its fair rate (default
@@ -13,11 +13,11 @@ most ``MAX_EXTENSIONS`` times (an optimum still at the edge after that is report
 ``Located.at_edge``).
 
 Why a quarter of the run and not the first rung: the first version chose at the first rung (T/16,
-where runs are cheapest), and on the frozen fidelity candidates (``bench/located_rate.py``) the
+where runs are cheapest), and on the frozen fidelity candidates the
 factor chosen there was not the best at T on either of the first two held out; at T/16 the runs are
 barely past warmup, the factors differ by less than run noise, and the lower rate wins where the
 higher one wins at T. Scored at T/4, those two held runs' forks already ordered their rates as T did
-(the T/4 rule's own check at T is ``bench/located_rate.py``'s hold target).
+(the T/4 rule's own check at T: docs/results/located-rate.md).
 
 What it costs. Each located trial trains 2 to 6 runs to the locating rung (the grid's runs up to the
 first clearly worse factor, and at most ``MAX_EXTENSIONS`` past an edge); all but the winner are the
@@ -55,7 +55,7 @@ STEP = 2.0  # an extension moves one x2 step past the edge
 MAX_EXTENSIONS = 2
 # nats: a factor whose loss at the locating rung is this much above the best so far is past the optimum, beyond run
 # noise (twice the noise of a difference of two runs: 2 x sqrt(2) x 0.010, the long-run seed standard
-# error of issue #33); the grid's larger factors are then not trained
+# error of the frozen fidelity candidates); the grid's larger factors are then not trained
 CLEARLY_WORSE = 0.028
 
 

@@ -1,4 +1,4 @@
-"""A learning-rate factor located per candidate, applied outside the search (issue #35).
+"""A learning-rate factor located per candidate, applied outside the search.
 
 A search that locates each candidate's rate stores the chosen factor of the recipe's fair rate on the
 trial (``lr_factor``); ``npas export`` writes it beside the allocation with the recipe it was located

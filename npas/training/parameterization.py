@@ -61,13 +61,13 @@ fan-out changes nothing), and o's fan-in is n_heads x head_dim; ``w`` compares e
 of the reference chassis, so the reference still trains at multiplier 1.
 
 ``a = WIDTH_EXPONENT`` and ``b = DEPTH_EXPONENT`` (1 is full muP / depth-muP; the default 1/2 is
-what bench/lr_transfer.py supports at proxy scale, see the constants). ``mean over uses`` is weighted by the elements each use reads. Init: hidden matrices are rescaled
+what transfers at proxy scale, see the constants). ``mean over uses`` is weighted by the elements each use reads. Init: hidden matrices are rescaled
 after the model draws them, by ``sqrt(mean w)``, which makes their std scale as 1/sqrt(fan-in)
 relative to the reference (muP init); the reference keeps its draw bit for bit. ``SHARING_EXPONENT``
 is 1/2: Adam's per-entry normalisation alone would ask for no correction (k**0), fully coherent
 updates of the k reads would ask for 1/k; the geometric middle is the documented default, and
-``bench/lr_transfer.py`` measures whether the optimum of tied, pooled and relaxed models lands
-where the reference's does under it.
+whether the optimum of tied, pooled and relaxed models lands where the reference's does under it is
+measured, not assumed (docs/results/learning-rates.md).
 
 Every parameter of every mechanism has a row above: ``RULES`` maps parameter names to them, and
 ``rules`` raises ``UnruledParameter`` for a name no row matches (a new mechanism must add its row,
@@ -94,7 +94,7 @@ from npas.allocation.sharing import RESIDUAL_SLOTS
 
 SHARING_EXPONENT = 0.5  # lr multiplier k**-0.5 for a tensor read k times per element (see the table)
 # Width and depth corrections of the learning rate are muP / depth-muP's raised to these powers. Full
-# transfer theory (1.0 each) is for long training at large width; bench/lr_transfer.py measured it
+# transfer theory (1.0 each) is for long training at large width; measured here it was found
 # overshooting at npas's proxy scale (d_model 32-128, 2-8 layers, 400 steps): with exponent 1 the
 # d_model x2 model's optimum moved two x2 steps up and the x0.5, depth /2 and depth x2 ones one step
 # the other way, while one rate for all kept width within a step. Half the correction (the geometric

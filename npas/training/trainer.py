@@ -7,7 +7,7 @@ given length. The schedule itself is the recipe's (``Recipe.lr_at``: cosine, or 
 what a run does between segments -- evaluate every ``eval_every`` steps, or fork a decay at each rung
 -- is the schedule's strategy (``npas.training.proxy.run_cosine``, ``npas.training.forks.run_wsd``).
 
-The loop is kept as lean as a hand-written nanoGPT loop (``bench/proxy_efficiency.py`` holds it to
+The loop is kept as lean as a hand-written nanoGPT loop (the proxy-efficiency benchmark holds it to
 >= 0.95x of one): batch offsets are drawn in bulk, the learning rate comes from a table per run
 length, and the host syncs with the device only at check points (every ``min(eval_every,
 CHECK_EVERY)`` steps and at the segment's end), where ``check`` sees the losses.

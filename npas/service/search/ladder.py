@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from npas.service.certify.fidelity import Interval, rank_correlation, rank_flips
 
 DEFAULT_ETA = 4  # each rung keeps its top quarter: the k-th sends on at most N/4**k of a search's N trials
-MIN_TAU_PAIRS = 10  # a rung-to-rung tau over fewer trials is not shown (issue #34: suppressed below 10)
+MIN_TAU_PAIRS = 10  # a rung-to-rung tau over fewer trials is not shown (too few pairs to say anything)
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class Ladder:
 @dataclass(frozen=True)
 class RungAgreement:
     """How well a rung's order predicts the next rung's, over the trials promoted between them: the free
-    certificate every promotion gives (issue #34 item 5). ``tau`` is None below ``MIN_TAU_PAIRS``."""
+    certificate every promotion gives. ``tau`` is None below ``MIN_TAU_PAIRS``."""
 
     rung: int
     next_rung: int
