@@ -89,7 +89,7 @@ PLAN_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sampler": (lambda v: isinstance(v, str), f"one of {', '.join(SAMPLERS)}"),
     "seed": (_is_int, f"an int from 0 to {SEED_MAX}"),
     "tokenizer": (lambda v: isinstance(v, str), "the tokenizer spec string"),
-    "init": (_optional(lambda v: isinstance(v, Mapping)), "None or the starting model's record"),
+    "init_from": (_optional(lambda v: isinstance(v, Mapping)), "None or the starting model's InitSource"),
     "data": (_optional(_path), "None or a corpus path"),
     "locate_lr": (lambda v: isinstance(v, bool), "True or False"),
     "given": (lambda v: isinstance(v, Mapping), "a mapping of the settings given"),
