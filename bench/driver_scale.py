@@ -249,7 +249,7 @@ def drivers_run(n_drivers: int, per_driver: int, space: Space) -> bool:
 
 
 def quiet() -> None:
-    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.search.faults)."""
+    """Optuna warns that heartbeats are meant for `Study.optimize`; npas beats them itself (npas.service.study.faults)."""
     warnings.filterwarnings("ignore", message="Heartbeat of storage")
 
 

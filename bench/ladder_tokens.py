@@ -10,7 +10,7 @@ equal or the run says they are not):
 
 - ``ladder``: a ``schedule: wsd`` recipe of T steps, rungs T/16, T/4, T (a recipe's when it names none),
   early stopping on: every trial climbs, and the k-th rung sends on at most floor(N / 4**k) trials,
-  each while in the best quarter of its rung so far (``npas/service/search/ladder.py``); the rest stop
+  each while in the best quarter of its rung so far (``npas/service/study/ladder.py``); the rest stop
   where they are. ``bench/results/ladder_tokens/`` was measured under the rule before that cap
   (baselines never paused, a noise tie promoted one more);
 - ``asha``: the same recipe with ``schedule: cosine``: npas's ASHA (reduction 3, grace one evaluation,

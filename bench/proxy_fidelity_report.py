@@ -4,7 +4,7 @@ rows that say where a miss comes from (the long seeds' ceiling, the proxy's repe
 
 Only statistics and printing live here; ``bench/proxy_fidelity.py`` chooses the candidates, trains
 and caches the runs, and hands this module the cached records. tau and its bootstrap interval are
-``npas.service.certify.fidelity.rank_correlation``, the statistic ``npas validate`` reports.
+``npas.service.study.fidelity.rank_correlation``, the statistic ``npas validate`` reports.
 """
 
 from __future__ import annotations

@@ -54,12 +54,12 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "init_ray": ("npas.service.search.runner", "init_ray"),
     "hypervolume": ("npas.service.study.optuna_adapter", "hypervolume"),
     "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
-    **{n: ("npas.service.search.ladder", n) for n in ("Ladder", "RungResult")},
-    "ladder_agreement": ("npas.service.search.ladder", "agreement"),
+    **{n: ("npas.service.study.ladder", n) for n in ("Ladder", "RungResult")},
+    "ladder_agreement": ("npas.service.study.ladder", "agreement"),
     # the promotion rule's pure parts, for replays of cached runs under a variant of the rule
-    "LadderDecision": ("npas.service.search.ladder", "Decision"),
-    "ladder_decide": ("npas.service.search.ladder", "decide"),
-    "ladder_rank": ("npas.service.search.ladder", "rank"),
+    "LadderDecision": ("npas.service.study.ladder", "Decision"),
+    "ladder_decide": ("npas.service.study.ladder", "decide"),
+    "ladder_rank": ("npas.service.study.ladder", "rank"),
     "ladder_objective_config": ("npas.service.search.ladder_run", "objective_config"),
     "STOPPED_AS": ("npas.service.search.recorder", "STOPPED_AS"),  # what a trial stopped below T may be told
     # the located learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
@@ -68,7 +68,7 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "lr_locate_rung": ("npas.training.located_rate", "locate_rung"),
     "lr_next_factor": ("npas.training.located_rate", "next_factor"),
     "lr_best_factor": ("npas.training.located_rate", "best_factor"),
-    **{n: ("npas.service.certify.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},
+    **{n: ("npas.service.study.fidelity", n) for n in ("BOOTSTRAP", "mean_interval", "paired_delta", "rank_correlation")},
     "certify": ("npas.service.certify.retrain", "certify"),
     "CertifyOptions": ("npas.service.certify.retrain", "Options"),
     "certificate_table": ("npas.presentation.cli.validate", "format_table"),

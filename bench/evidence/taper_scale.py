@@ -95,7 +95,7 @@ def device_specs() -> list[dict]:
 
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval of paired differences (npas.service.certify.fidelity's, as `npas validate` uses)."""
+    """Mean and 95% t-interval of paired differences (npas.service.study.fidelity's, as `npas validate` uses)."""
     from npas import mean_interval
 
     iv = mean_interval(d)

@@ -23,7 +23,7 @@ What it costs. Each located trial trains 2 to 6 runs to the locating rung (the g
 first clearly worse factor, and at most ``MAX_EXTENSIONS`` past an edge); all but the winner are the
 grid's cost, 1 to 5 x T/4 steps. Only the trials that reach the locating rung pay it: under the
 ladder's default rungs (T/16, T/4, T) that is the trials promoted from the first rung, at most
-floor(N / eta) of a search's N (``npas.service.search.ladder``), so the grid adds at most
+floor(N / eta) of a search's N (``npas.service.study.ladder``), so the grid adds at most
 5/4 x T x N/eta steps, 0.31 N·T at eta = 4 (0.06 to 0.19 N·T for the usual 2 to 4 runs). Where the
 locating rung is the first rung (a ladder whose second rung is above T/4), every trial locates.
 

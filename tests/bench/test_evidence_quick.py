@@ -174,7 +174,7 @@ def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_
 
 def test_claim_verdicts_need_the_whole_interval_on_the_claims_side(evidence):
     stats = evidence.stats
-    from npas.service.certify.fidelity import Interval
+    from npas.service.study.fidelity import Interval
 
     run = [{"name": n, "seed": s, "val_loss": v} for n, losses in
            (("a", [1.00, 1.10, 1.20]), ("b", [1.05, 1.16, 1.24])) for s, v in enumerate(losses)]

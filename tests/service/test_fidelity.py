@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from npas.service.certify import fidelity as F
+from npas.service.study import fidelity as F
 from npas.service.study import noise as N
 
 

@@ -13,8 +13,8 @@ from optuna.trial import TrialState
 import npas.allocation.space as space_module
 from npas.allocation.budget import stored_params
 from npas.allocation.fill import FILL_TARGET, FIT_VERSION
-from npas.service.search import faults
 from npas.service.search.admission import Runnable, prepare
+from npas.service.study import faults
 from npas.service.study.record import TrialAttr
 from tests.allocation.test_fill import UNDER_FILLED, _space
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from npas.service.search.ladder import Ladder, RungResult, decide, fronts, rank
+from npas.service.study.ladder import Ladder, RungResult, decide, fronts, rank
 
 
 def rr(trial: str, loss: float, *objectives: float) -> RungResult:
@@ -59,7 +59,7 @@ def test_rung_pairs_pair_a_trials_losses_at_consecutive_rungs():
 
 
 def test_the_rung_to_rung_agreement_is_suppressed_below_ten_pairs():
-    from npas.service.search.ladder import MIN_TAU_PAIRS, agreement
+    from npas.service.study.ladder import MIN_TAU_PAIRS, agreement
 
     ladder = Ladder(rungs=(1, 2), eta=2)
     for i in range(MIN_TAU_PAIRS - 1):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from npas.service.search.ladder import DEFAULT_ETA
 from npas.service.search.launch import Launch
 from npas.service.search.plan import plan_resume
 from npas.service.study import compute, studies
+from npas.service.study.ladder import DEFAULT_ETA
 from npas.service.study.record import StudyAttr
 from npas.training.recipe import Recipe, load_recipe
 from tests.study_fixture import load

@@ -155,12 +155,12 @@ def test_a_located_trial_is_stored_with_the_losses_the_ladder_ranked_it_on_and_i
     import optuna
 
     from npas.service.search.climber import ranked_record
-    from npas.service.search.ladder import Ladder
     from npas.service.search.ladder_run import rebuild
     from npas.service.search.outcome import combine_repeats
     from npas.service.search.rung_exchange import RungExchange
     from npas.service.search.samplers import make_sampler
     from npas.service.search.searcher import NpasSearcher
+    from npas.service.study.ladder import Ladder
     from tests.service.test_ladder_search import WSD
 
     space = npas.load_space(TINY)

@@ -1,4 +1,4 @@
-"""The ladder's one promotion rule (npas/service/search/ladder.py's docstring): the k-th rung promotes
+"""The ladder's one promotion rule (npas/service/study/ladder.py's docstring): the k-th rung promotes
 at most floor(N / eta**k) trials in a search, each only while in the top floor(n / eta) of the n results
 there so far; noise ties add nobody; baselines follow it; a resume counts the promotions already made
 and caps by its own target; a rung that closes with nobody promoted sends its best on.
@@ -16,8 +16,8 @@ from optuna.trial import TrialState
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from npas.service.search.ladder import Ladder, RungResult, decide
 from npas.service.search.ladder_run import SearchLadder, rebuild
+from npas.service.study.ladder import Ladder, RungResult, decide
 from npas.service.study.record import TrialAttr
 
 RUNGS = (12, 50, 200)  # smoke-wsd's

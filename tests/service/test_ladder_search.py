@@ -308,7 +308,7 @@ def test_orphan_recovery_leaves_a_paused_trial_of_a_live_driver_alone(tmp_path):
 
     from optuna.storages import RDBStorage
 
-    from npas.service.search import faults
+    from npas.service.study import faults
 
     space = npas.load_space(TINY)
     storage = RDBStorage(f"sqlite:///{tmp_path}/h.db", heartbeat_interval=1, grace_period=2)

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
-from npas.service.search import faults
+from npas.service.study import faults
 from npas.service.study import optuna_adapter as adapter
 from npas.service.study.record import TrialAttr
 

@@ -9,8 +9,8 @@ import optuna
 from scipy import stats
 
 from npas.presentation.cli import main
-from npas.service.search.ladder import MIN_TAU_PAIRS
 from npas.service.study import rungs, studies
+from npas.service.study.ladder import MIN_TAU_PAIRS
 from tests import rung_study as R
 
 

@@ -15,9 +15,9 @@ from ray.tune.search import Searcher
 
 import npas
 from npas.allocation.space import Space
-from npas.service.search.faults import recover_orphans
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
+from npas.service.study.faults import recover_orphans
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study.studies import counts_toward_target, status
 from npas.training.recipe import load_recipe

@@ -213,7 +213,7 @@ def run_search(args: argparse.Namespace) -> int:
     check_join(plan)  # a --study that exists with other settings: one line, before Ray and the notes
     _sampler_note(plan.space, plan.sampler)
     if plan.fidelity == "ladder":
-        from npas.service.search.ladder import DEFAULT_ETA
+        from npas.service.study.ladder import DEFAULT_ETA
 
         here = ""
         if plan.trials is not None:  # else a joined study's stored target, not known before it is opened

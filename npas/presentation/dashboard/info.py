@@ -21,7 +21,7 @@ from npas.allocation.knob_table import knob_label
 from npas.allocation.space_parser import parse_space
 from npas.errors import NpasError
 from npas.service.certify.certificate import CERTIFICATE_ATTR
-from npas.service.certify.fidelity import mean_interval
+from npas.service.study.fidelity import mean_interval
 from npas.service.study.optuna_adapter import hypervolume
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study.studies import front_trials, is_full_fidelity, status, was_evaluated

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from npas.allocation.budget import count
-from npas.service.certify import fidelity as F
+from npas.service.study import fidelity as F
 from npas.service.study import noise as N
 from npas.service.study.record import RetrainAttr
 

@@ -25,10 +25,9 @@ from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
-from npas.service.search import faults
 from npas.service.search.runner import sigterm_as_interrupt
 from npas.service.search.worker import WorkerSpec
-from npas.service.study import studies
+from npas.service.study import faults, studies
 from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
 from npas.service.study.storage import open_storage

@@ -24,7 +24,6 @@ import optuna
 from npas import __version__
 from npas.allocation.space import Space
 from npas.errors import ArgumentError, Interrupted, StudyError
-from npas.service.search import faults
 from npas.service.search import learned as groups
 from npas.service.search.join import check_join, join_problem
 from npas.service.search.launch import Launch
@@ -41,6 +40,7 @@ from npas.service.search.runner import check_resources, init_ray, run_trials
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
 from npas.service.search.worker import WorkerSpec
+from npas.service.study import faults
 from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.study.storage import StorageHandle, open_storage
 from npas.service.study.studies import is_set_up, load, mark_ready, read_record, write_record

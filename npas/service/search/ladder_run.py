@@ -4,7 +4,7 @@
 
 - ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.search.climber``),
   ranking on the rung loss and the study's other objectives, each rung capped by the search's trial
-  target (``npas.service.search.ladder``: the rule; the enqueued baselines follow it like every
+  target (``npas.service.study.ladder``: the rule; the enqueued baselines follow it like every
   other trial). On top, at most ``workers`` trials *run*: Tune counts paused trials against
   ``max_concurrent_trials``, so a search that capped live trials there would let paused trials
   starve the upper rungs. The runner sets no ``max_concurrent_trials``; the cap is applied to
@@ -39,12 +39,12 @@ from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service.search.climb_store import checkpoints_in, filesystem, name_of, remove
-from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.launch import checkpoint_uri
 from npas.service.search.outcome import objective_values
 from npas.service.search.rung_exchange import RungExchange
 from npas.service.search.trial import OBJECTIVE_PREFIX
+from npas.service.study.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.study.record import TrialAttr
 
 if TYPE_CHECKING:

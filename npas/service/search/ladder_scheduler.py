@@ -4,7 +4,7 @@ Ray Tune's ASHA stops the trials it does not promote, and a stopped trial never 
 (ray-project/ray#32634): a trial promoted late has to start again from step 0. This scheduler keeps
 them instead. A trial reports at every rung (``tune.report`` with the rung in ``time_attr``, its loss
 in ``metric``, and a checkpoint of its stable-phase state, ``npas.training.checkpoint``). Then
-``on_trial_result`` asks ``npas.service.search.ladder.Ladder`` (whose module docstring states the rule):
+``on_trial_result`` asks ``npas.service.study.ladder.Ladder`` (whose module docstring states the rule):
 
   - promoted at this rung            -> CONTINUE: train on to the next rung, no checkpoint round trip;
   - the rung has promoted its cap    -> STOP: nothing can promote it any more;
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from npas.service.search.ladder import DEFAULT_ETA, Ladder, RungResult, rank
+from npas.service.study.ladder import DEFAULT_ETA, Ladder, RungResult, rank
 
 if TYPE_CHECKING:
     from ray.tune.execution.tune_controller import TuneController

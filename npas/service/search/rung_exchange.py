@@ -37,8 +37,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from npas.service.search.ladder import Ladder, RungResult
 from npas.service.search.outcome import rung_losses_attr
+from npas.service.study.ladder import Ladder, RungResult
 from npas.service.study.record import TrialAttr
 from npas.service.study.rungs import NOT_RESULTS, RETRIED
 

@@ -24,12 +24,15 @@ from ray.tune.search import Searcher  # noqa: E402
 
 from npas.allocation.bounds import SKIPS_BEFORE_EXHAUSTED  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
-from npas.service.search import faults  # noqa: E402
 from npas.service.search.admission import Skip, prepare  # noqa: E402
 from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
-from npas.service.study import compute, rungs  # noqa: E402
+from npas.service.study import (  # noqa: E402
+    compute,
+    faults,  # noqa: E402
+    rungs,
+)
 from npas.service.study import optuna_adapter as adapter  # noqa: E402
 from npas.service.study.record import TrialAttr  # noqa: E402
 from npas.service.study.studies import is_full_fidelity, status, was_evaluated  # noqa: E402

@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from npas.errors import NpasError
-from npas.service.search.ladder import DEFAULT_ETA, Ladder
+from npas.service.study.ladder import DEFAULT_ETA, Ladder
 from npas.service.study.record import StudyAttr, TrialAttr
 from npas.service.study.rungs import NOT_RESULTS, RETRIED, rung_losses
 from npas.service.study.studies import counts_toward_target, status

@@ -65,7 +65,7 @@ class RetrainAttr(StrEnum):
     ROLES = "roles"  # why it was retrained: front, sample, baseline, pick, memory_matched
     SPLIT = "split"
     ALLOC = "allocation"
-    DRIVER = "driver"  # the `npas validate` process that runs it (search.faults.driver_id)
+    DRIVER = "driver"  # the `npas validate` process that runs it (study.faults.driver_id)
     REASON = "failure_reason"
     SOURCE_STUDY = "source_study"  # a user attr of the linked study itself: the searched study's name
     LR_FACTOR = "lr_factor"  # the source trial's located learning-rate factor it was retrained at; absent = 1

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from npas.service.search.ladder import MIN_TAU_PAIRS, Ladder, RungAgreement, agreement
+from npas.service.study.ladder import MIN_TAU_PAIRS, Ladder, RungAgreement, agreement
 from npas.service.study.record import StudyAttr, TrialAttr
 from npas.service.study.studies import counts_toward_target, is_full_fidelity, status, was_evaluated
 

@@ -19,7 +19,7 @@ import optuna
 import sqlalchemy
 
 from npas.errors import StorageError
-from npas.service.search.faults import GRACE_S, HEARTBEAT_S
+from npas.service.study.faults import GRACE_S, HEARTBEAT_S
 from npas.service.study.urls import parse_url, redact, resolve_url, scrub
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from npas.service.certify.fidelity import Interval, rank_correlation, rank_flips
+from npas.service.study.fidelity import Interval, rank_correlation, rank_flips
 
 DEFAULT_ETA = 4  # each rung keeps its top quarter: the k-th sends on at most N/4**k of a search's N trials
 MIN_TAU_PAIRS = 10  # a rung-to-rung tau over fewer trials is not shown (too few pairs to say anything)
