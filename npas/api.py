@@ -51,9 +51,9 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "TrialAttr": ("npas.service.study.record", "TrialAttr"),
     "open_storage": ("npas.service.study.storage", "open_storage"),
     "reachable": ("npas.service.study.storage", "reachable"),
-    "init_ray": ("npas.service.search.runner", "init_ray"),
+    "init_ray": ("npas.service.execution.session", "init_ray"),
     "hypervolume": ("npas.service.study.optuna_adapter", "hypervolume"),
-    "repeat_seeds": ("npas.service.search.outcome", "repeat_seeds"),
+    "repeat_seeds": ("npas.service.execution.outcome", "repeat_seeds"),
     **{n: ("npas.service.study.ladder", n) for n in ("Ladder", "RungResult")},
     "ladder_agreement": ("npas.service.study.ladder", "agreement"),
     # the promotion rule's pure parts, for replays of cached runs under a variant of the rule

@@ -138,7 +138,7 @@ def test_jobs_cheapest_first_and_fresh_long_seeds(pf, tmp_path):
 
 
 def test_diagnostics_come_last_on_the_seeds_a_search_repeats(pf, tmp_path):
-    from npas.service.search.outcome import repeat_seeds
+    from npas.service.execution.outcome import repeat_seeds
 
     setup = pf.make_setup(False, None, 2, tmp_path, 2)  # the full bench's default: 2 proxy seeds
     assert setup.proxy_seeds == repeat_seeds(setup.proxy.seed, 2) == (0, 2)

@@ -112,7 +112,7 @@ def test_gp_needs_scipy_and_it_is_a_declared_dependency():
 
 
 def test_cli_says_what_gp_samples_independently(tmp_path, capsys, monkeypatch):
-    import npas.service.search.runner as runner
+    import npas.service.execution.session as runner
 
     def no_ray(*_a, **_k):
         raise RuntimeError("stop before Ray")

@@ -207,7 +207,7 @@ def test_the_corpus_is_large_enough():
 @pytest.fixture
 def guarded(monkeypatch, tmp_path):
     """No Ray, ever; the working directory is an empty folder whose contents are compared afterwards."""
-    import npas.service.search.runner as runner
+    import npas.service.execution.session as runner
 
     def ray_started(*_a, **_k):
         raise AssertionError("Ray was started for a malformed input")

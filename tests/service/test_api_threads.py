@@ -12,8 +12,8 @@ import optuna
 import pytest
 
 import npas
+from npas.service.execution.session import sigterm_as_interrupt
 from npas.service.search.launch import Launch
-from npas.service.search.runner import sigterm_as_interrupt
 from npas.service.study.studies import counts_toward_target
 from tests.conftest import ROOT
 

@@ -10,9 +10,15 @@ import pytest
 from pyarrow.fs import LocalFileSystem, S3FileSystem
 
 from npas.errors import StudyError
-from npas.service.search.climb_store import from_storage, is_checkpoint, load_climbs, save_climbs
-from npas.service.search.launch import Launch, check_inputs, checkpoint_uri
-from npas.service.search.worker import WorkerSpec
+from npas.service.execution.climb_store import (
+    checkpoint_uri,
+    from_storage,
+    is_checkpoint,
+    load_climbs,
+    save_climbs,
+)
+from npas.service.execution.worker import WorkerSpec
+from npas.service.search.launch import Launch, check_inputs
 from npas.training.data import load_corpus
 
 

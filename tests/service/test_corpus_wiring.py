@@ -147,7 +147,7 @@ def test_bits_per_byte_of_a_bpe_model_divides_by_the_bytes(tmp_path, docs):
 
 def test_val_bpb_is_an_objective(tmp_path):
     from npas.allocation.space_parser import parse_space
-    from npas.service.search.outcome import objective_values
+    from npas.service.execution.outcome import objective_values
 
     text = (ROOT / "search_spaces" / "taper.yaml").read_text()
     space = parse_space(text.replace("objectives: [val_loss,", "objectives: [val_bpb,"), "t")
@@ -261,5 +261,5 @@ def test_bad_corpus_input_is_one_line_exit_2_and_writes_nothing(tmp_path, docs, 
     assert code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and not db.exists()
-    runner = sys.modules.get("npas.service.search.runner")
+    runner = sys.modules.get("npas.service.execution.session")
     assert runner is None or not runner.ray_start_begun()  # refused before Ray was started

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 import npas
 from npas.errors import StudyError
-from npas.service.search import runner
+from npas.service.execution import session as runner
 from npas.service.search.driver import search
 from npas.service.search.launch import Launch
 from npas.service.search.plan import plan_search
@@ -103,7 +103,7 @@ def test_with_repeats_the_other_seeds_restart_at_the_located_factor(ray_local, t
     import statistics
 
     from npas.allocation.config import ArchConfig
-    from npas.service.search.outcome import repeat_seeds
+    from npas.service.execution.outcome import repeat_seeds
     from npas.training import climb
     from npas.training.recipe import Recipe
 
@@ -154,9 +154,9 @@ def test_a_located_trial_is_stored_with_the_losses_the_ladder_ranked_it_on_and_i
 
     import optuna
 
-    from npas.service.search.climber import ranked_record
+    from npas.service.execution.climber import ranked_record
+    from npas.service.execution.outcome import combine_repeats
     from npas.service.search.ladder_run import rebuild
-    from npas.service.search.outcome import combine_repeats
     from npas.service.search.rung_exchange import RungExchange
     from npas.service.search.samplers import make_sampler
     from npas.service.search.searcher import NpasSearcher

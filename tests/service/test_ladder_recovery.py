@@ -14,11 +14,11 @@ import pytest
 from optuna.trial import TrialState
 
 import npas
-from npas.service.search.climb_store import checkpoints_in, count_lost, restore, save_climbs
+from npas.service.execution.climb_store import checkpoints_in, count_lost, restore, save_climbs
+from npas.service.execution.worker import WorkerSpec
 from npas.service.search.ladder_run import pending_checkpoints, sweep
 from npas.service.search.samplers import make_sampler
 from npas.service.search.searcher import NpasSearcher
-from npas.service.search.worker import WorkerSpec
 from npas.service.study.record import TrialAttr
 from npas.training import climb
 from npas.training.data import load_corpus

@@ -105,7 +105,7 @@ def test_steps_a_killed_driver_trained_past_the_last_rung_are_counted_by_the_ret
     report is on record, the resume restarts it from rung 40 and counts the lost steps in trained_steps."""
     import npas
     from npas.allocation.config import ArchConfig
-    from npas.service.search.climber import PROGRESS_EVERY_S
+    from npas.service.execution.climber import PROGRESS_EVERY_S
     from npas.training import climb
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe, load_recipe

@@ -136,7 +136,7 @@ def test_a_real_search_of_8_trials_sends_at_most_2_past_the_first_rung_and_print
     """`npas search` as a user runs it: the tiny space, a ladder at rungs 5, 10 and 40 (the shape of
     smoke-wsd's 12, 50, 200), 8 trials, two workers."""
     from npas.presentation.cli import main
-    from npas.service.search import runner
+    from npas.service.execution import session as runner
     from tests.service.test_ladder_search import TINY, wsd_recipe
 
     monkeypatch.setattr(runner, "RUNS_DIR", tmp_path / "runs")

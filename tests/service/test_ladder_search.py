@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 import npas
-from npas.service.search import runner
+from npas.service.execution import session as runner
 from npas.service.search.driver import search
 from npas.service.search.launch import Launch
 from npas.service.search.plan import plan_search

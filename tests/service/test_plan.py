@@ -30,7 +30,8 @@ def test_every_check_of_a_search_runs_once(monkeypatch, tmp_path):
     CLI's preflight and the driver each ran most of them before the plan)."""
     from npas.allocation.space import Space
     from npas.presentation.cli import main
-    from npas.service.search import driver, launch, plan, runner
+    from npas.service.execution import session as runner
+    from npas.service.search import driver, launch, plan
     from npas.training import data, recipe
 
     calls: Counter = Counter()

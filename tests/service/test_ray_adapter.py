@@ -20,7 +20,7 @@ import tomllib
 import pytest
 import ray
 
-from npas.service.search import ray_adapter as adapter
+from npas.service.execution import ray_adapter as adapter
 from tests.conftest import ROOT
 
 
@@ -31,13 +31,13 @@ def test_installed_ray_is_in_the_declared_range():
     assert m, f"{spec!r}: declare the Ray range as ray[tune]>=A.B,<C"
     lo, hi = (int(m[1]), int(m[2])), (int(m[3]), int(m[4] or 0))
     assert (lo, hi) == adapter.SUPPORTED_RAY, "update ray_adapter.SUPPORTED_RAY with pyproject.toml"
-    assert lo <= adapter.version() < hi, f"ray {ray.__version__} is outside {spec}: re-check npas.service.search.ray_adapter"
+    assert lo <= adapter.version() < hi, f"ray {ray.__version__} is outside {spec}: re-check npas.service.execution.ray_adapter"
 
 
 TOKEN_STATE = """
 import json, os
-from npas.service.search import ray_adapter as a
-from npas.service.search.runner import authenticate_like_a_node
+from npas.service.execution import ray_adapter as a
+from npas.service.execution.session import authenticate_like_a_node
 before = [a.token_available(), a.token_auth_enabled()]
 sends = authenticate_like_a_node()
 print(json.dumps(before + [sends, a.token_auth_enabled(), os.environ.get("RAY_AUTH_MODE")]))
@@ -72,7 +72,7 @@ def test_no_token_leaves_auth_off(tmp_path):
 
 @pytest.mark.parametrize("mode, sends", [("disabled", False), ("token", True), ("TOKEN", True)])
 def test_a_set_auth_mode_is_the_users_word(monkeypatch, mode, sends):
-    from npas.service.search.runner import authenticate_like_a_node
+    from npas.service.execution.session import authenticate_like_a_node
 
     monkeypatch.setenv("RAY_AUTH_MODE", mode)
     assert authenticate_like_a_node() is sends
@@ -108,4 +108,4 @@ def test_no_private_ray_outside_the_adapter():
     found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "npas").rglob("*.py"))
              if path.name != "ray_adapter.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
-    assert not found, f"private Ray APIs outside npas/service/search/ray_adapter.py: {found}"
+    assert not found, f"private Ray APIs outside npas/service/execution/ray_adapter.py: {found}"

@@ -16,9 +16,9 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig, reference_config
 from npas.errors import StudyError
 from npas.presentation.cli import main
+from npas.service.execution.outcome import combine_repeats, repeat_seeds
 from npas.service.search.driver import resume, search
 from npas.service.search.launch import Launch
-from npas.service.search.outcome import combine_repeats, repeat_seeds
 from npas.service.study.record import Constraint, StudyAttr, TrialAttr
 from npas.service.study.studies import read_record
 from npas.training.data import load_corpus

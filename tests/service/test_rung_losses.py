@@ -13,9 +13,9 @@ from ray.tune.search import Searcher
 
 import npas
 from npas.allocation.config import ArchConfig
+from npas.service.execution.outcome import combine_repeats
 from npas.service.search.driver import search
 from npas.service.search.launch import Launch
-from npas.service.search.outcome import combine_repeats
 from npas.service.search.samplers import make_sampler
 from npas.service.search.searcher import NpasSearcher
 from npas.service.study.record import TrialAttr

@@ -16,7 +16,7 @@ def test_ray_started_in_the_background_stays_up(tmp_path):
     outlive init, or the embedded cluster dies as soon as it is ready. A fresh process checks it."""
     code = (
         "import time, ray\n"
-        "from npas.service.search.runner import start_ray_early, init_ray\n"
+        "from npas.service.execution.session import start_ray_early, init_ray\n"
         "start_ray_early(None)\n"
         "init_ray()\n"
         "time.sleep(3)\n"  # a returned thread would have had its daemons SIGKILLed by now
@@ -34,7 +34,7 @@ def test_auto_with_a_stale_cluster_record_fails_fast(tmp_path, monkeypatch):
     import socket
 
     from npas.errors import RayError
-    from npas.service.search import runner
+    from npas.service.execution import session as runner
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,7 +57,7 @@ def test_a_run_that_raises_is_reported_once_not_retried(tmp_path):
         "import json, ray\n"
         "from ray import tune\n"
         "from npas.allocation.config import Chassis, reference_config\n"
-        "from npas.service.search.worker import WorkerSpec, trainable\n"
+        "from npas.service.execution.worker import WorkerSpec, trainable\n"
         "from npas.training.data import load_corpus\n"
         "from npas.training.recipe import load_recipe\n"
         "ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"

@@ -217,7 +217,7 @@ def test_killed_mid_run_resumes_without_rerunning_completed_retrainings(sig, tmp
 ])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from npas.service.search import runner
+    from npas.service.execution import session as runner
 
     started = []  # npas starts Ray only through these; a session's Ray may already be up, so spy on them
     for fn in ("start_ray_early", "check_address_reachable", "init_ray"):

@@ -38,7 +38,7 @@ def _exit_without_ray_shutdown(code: int) -> None:
     its graceful shutdown at exit would add seconds to a one-line error and to every search. The embedded daemons are fate-shared with this process and die with
     it; a cluster the command only connected to is left as it was. Interrupts (exit 130) still
     shut Ray down gracefully."""
-    runner = sys.modules.get("npas.service.search.runner")  # not imported: this command never started Ray
+    runner = sys.modules.get("npas.service.execution.session")  # not imported: this command never started Ray
     if runner is None or not runner.ray_start_begun():
         return
     sys.stdout.flush()

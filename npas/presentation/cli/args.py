@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from npas.service.search.outcome import MAX_REPEATS
+from npas.service.execution.outcome import MAX_REPEATS
 from npas.service.study.names import study_name_problem
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)

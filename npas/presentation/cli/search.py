@@ -171,7 +171,7 @@ def _start_ray(address: str | None) -> None:
     """Boot Ray's daemons in the background now, before the driver's imports (ray.tune, torch) and
     the database: they overlap, so the first trial starts seconds sooner.
     The address was checked with the rest of the input, before this."""
-    from npas.service.search.runner import start_ray_early
+    from npas.service.execution.session import start_ray_early
 
     start_ray_early(address)
 

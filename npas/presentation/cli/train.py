@@ -13,7 +13,7 @@ from pathlib import Path
 
 from npas.errors import ConfigError, NpasError, TrialError
 from npas.presentation.cli.args import COUNT_MAX, POSITIVE, SEED, add_data_args, int_in, temperature
-from npas.service.search.runner import RUNS_DIR
+from npas.service.execution.session import RUNS_DIR
 
 DEFAULT_RECIPE = "long"
 

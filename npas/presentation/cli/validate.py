@@ -76,7 +76,7 @@ def run_validate(args: argparse.Namespace) -> int:
     load_recipe(args.recipe)  # a missing or invalid recipe names itself here
     check_url(args.storage)  # a malformed storage URL fails here, without connecting
     if args.ray_address:
-        from npas.service.search.runner import check_address_reachable
+        from npas.service.execution.session import check_address_reachable
 
         check_address_reachable(args.ray_address)
     import optuna

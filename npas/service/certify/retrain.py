@@ -25,8 +25,9 @@ from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
 from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
-from npas.service.search.runner import sigterm_as_interrupt
-from npas.service.search.worker import WorkerSpec
+from npas.service.execution import session
+from npas.service.execution.session import sigterm_as_interrupt
+from npas.service.execution.worker import WorkerSpec
 from npas.service.study import faults, studies
 from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
@@ -273,11 +274,9 @@ def _start_ray(opts: Options, plan: Plan):
     to the end), and the Optuna ask/tell stays in this process, the only writer of the database."""
     import ray
 
-    from npas.service.search.runner import check_resources, init_ray
-
-    init_ray(opts.ray_address, num_cpus=None)
+    session.init_ray(opts.ray_address, num_cpus=None)
     cpus = float(max(1, plan.recipe.threads))
-    check_resources(max(1, opts.workers), cpus, 0.0)
+    session.check_resources(max(1, opts.workers), cpus, 0.0)
     return ray.remote(num_cpus=cpus, max_retries=1)(_call)
 
 

@@ -36,9 +36,9 @@ from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
 from npas.allocation.space import LOSS_OBJECTIVES
 from npas.errors import ConfigError
+from npas.service.execution.outcome import repeat_seeds
 from npas.service.export.picks import objective_index
 from npas.service.export.picks import pick as choose
-from npas.service.search.outcome import repeat_seeds
 from npas.service.study import studies
 from npas.service.study.record import StudyAttr, TrialAttr
 from npas.training.lr_factor import LOCATED, not_its_rate

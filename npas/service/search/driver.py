@@ -24,6 +24,8 @@ import optuna
 from npas import __version__
 from npas.allocation.space import Space
 from npas.errors import ArgumentError, Interrupted, StudyError
+from npas.service.execution import session
+from npas.service.execution.worker import WorkerSpec
 from npas.service.search import learned as groups
 from npas.service.search.join import check_join, join_problem
 from npas.service.search.launch import Launch
@@ -36,10 +38,9 @@ from npas.service.search.plan import (
     plan_search,
 )
 from npas.service.search.plan_checks import check_keywords, check_plan, check_resume_arguments, check_space
-from npas.service.search.runner import check_resources, init_ray, run_trials
+from npas.service.search.runner import run_trials
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
-from npas.service.search.worker import WorkerSpec
 from npas.service.study import faults
 from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.study.storage import StorageHandle, open_storage
@@ -108,8 +109,8 @@ def search(plan: SearchPlan | Space, **options: Any) -> optuna.Study:
 
 def _prove_ray(plan: SearchPlan) -> float:
     """Start or join Ray and check the resources a trial needs; returns the CPUs per trial."""
-    init_ray(plan.launch.ray_address, num_cpus=None)
-    check_resources(plan.launch.workers, plan.cpus_per_trial, plan.launch.gpus_per_trial)
+    session.init_ray(plan.launch.ray_address, num_cpus=None)
+    session.check_resources(plan.launch.workers, plan.cpus_per_trial, plan.launch.gpus_per_trial)
     return plan.cpus_per_trial
 
 

@@ -2,7 +2,7 @@
 
 ``SearchPlan.fidelity == "ladder"`` (a ``wsd`` recipe, early stopping on) makes the runner use these:
 
-- ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.search.climber``),
+- ``SearchLadder``: ``LadderScheduler`` on the trials' rung reports (``npas.service.execution.climber``),
   ranking on the rung loss and the study's other objectives, each rung capped by the search's trial
   target (``npas.service.study.ladder``: the rule; the enqueued baselines follow it like every
   other trial). On top, at most ``workers`` trials *run*: Tune counts paused trials against
@@ -38,12 +38,11 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
 from npas.allocation.space import LOSS_OBJECTIVES
-from npas.service.search.climb_store import checkpoints_in, filesystem, name_of, remove
+from npas.service.execution.climb_store import checkpoint_uri, checkpoints_in, filesystem, name_of, remove
+from npas.service.execution.outcome import objective_values
+from npas.service.execution.trial import OBJECTIVE_PREFIX
 from npas.service.search.ladder_scheduler import LadderScheduler
-from npas.service.search.launch import checkpoint_uri
-from npas.service.search.outcome import objective_values
 from npas.service.search.rung_exchange import RungExchange
-from npas.service.search.trial import OBJECTIVE_PREFIX
 from npas.service.study.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
 from npas.service.study.record import TrialAttr
 

@@ -99,9 +99,8 @@ def check_inputs(trials: int | None, launch: Launch, storage: str | None) -> Lau
 
 
 # storage URI schemes pyarrow's filesystems read (Ray Tune's storage goes through them), and the scheme
-# each filesystem's ``type_name`` is written back as (``checkpoint_uri``)
+# each filesystem's ``type_name`` is written back as (``climb_store.checkpoint_uri``)
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "file")
-URI_SCHEME_OF = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}
 
 
 PROBE_S = 10.0  # how long a storage URI may take to answer npas's one look at it before it is refused
@@ -189,12 +188,3 @@ def _probe(uri: str) -> str | None:
     return None
 
 
-def checkpoint_uri(filesystem: object, path: str) -> str | None:
-    """What a later driver can resume a checkpoint from: its path on a local (or shared, mounted)
-    filesystem, else its URI on the storage it was saved to; None for a filesystem npas cannot name."""
-    from pyarrow.fs import LocalFileSystem
-
-    if isinstance(filesystem, LocalFileSystem):
-        return path
-    scheme = URI_SCHEME_OF.get(getattr(filesystem, "type_name", ""))
-    return None if scheme is None else f"{scheme}://{path.lstrip('/')}"

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from npas.allocation.bounds import check_reachable
 from npas.allocation.space import Space
 from npas.errors import SpaceError, StudyError
+from npas.service.execution import session
+from npas.service.execution.outcome import check_repeats
 from npas.service.search.launch import Launch, check_inputs
-from npas.service.search.outcome import check_repeats
 from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
 from npas.training.init_source import InitSource
@@ -108,12 +109,10 @@ def _check_default_study_name(space_name: str) -> None:
 
 def check_launch(trials: int | None, launch: Launch, storage: str | None, repeats: int | None = None) -> Launch:
     """The counts, the storage URL and a cluster's address: nothing is started or written."""
-    from npas.service.search.runner import check_address_reachable
-
     launch = check_inputs(trials, launch, storage)
     check_repeats(repeats)
     if launch.ray_address:
-        check_address_reachable(launch.ray_address)
+        session.check_address_reachable(launch.ray_address)
     return launch
 
 

@@ -23,8 +23,8 @@ from typing import Any
 from npas.allocation.knobs import closest
 from npas.allocation.space import Space
 from npas.errors import ArgumentError, StudyError
+from npas.service.execution.outcome import check_repeats
 from npas.service.search.launch import check_inputs
-from npas.service.search.outcome import check_repeats
 from npas.service.search.samplers import SAMPLERS
 from npas.service.study.names import study_name_problem
 from npas.training.recipe import Recipe

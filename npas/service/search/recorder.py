@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from npas.service.search.outcome import (
+from npas.service.execution.outcome import (
     fidelity_constraint,
     objective_values,
     rung_attrs,

@@ -37,7 +37,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from npas.service.search.outcome import rung_losses_attr
+from npas.service.execution.outcome import rung_losses_attr
 from npas.service.study.ladder import Ladder, RungResult
 from npas.service.study.record import TrialAttr
 from npas.service.study.rungs import NOT_RESULTS, RETRIED

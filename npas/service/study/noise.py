@@ -1,7 +1,7 @@
 """Seed noise of a front: per-seed losses of trials run with `npas search --repeats R`, and whether
 one front point's loss advantage over another is larger than that noise.
 
-Every trial of a study trains seed index r on the same seed (`npas.service.search.outcome.repeat_seeds`),
+Every trial of a study trains seed index r on the same seed (`npas.service.execution.outcome.repeat_seeds`),
 so the same batches in the same order: two trials' losses are compared seed by seed (paired), which
 removes the part of the noise both runs share. An advantage counts as resolved when the mean of the
 per-seed differences exceeds `NOISE_SIGMAS` times their standard deviation (ddof=1). A study run

@@ -95,7 +95,7 @@ class TrialAttr(StrEnum):
     NODE = "ray_node"
     SAME_AS = "same_as"  # for a duplicate: the trial whose result stands
     RETRIES = "retries"  # times Ray Tune restarted the trial after its worker or node died
-    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.search.outcome.repeat_seeds)
+    SEEDS = "seeds"  # the training seeds of its repeats, in repeat order (npas.service.execution.outcome.repeat_seeds)
     SEED_LOSSES = "seed_losses"  # the validation loss of each seed, same order; the loss objective is their mean
     LOSS_STD = "seed_loss_std"  # sample std (ddof=1) of seed_losses; None with one seed
     # wsd recipes: {"t": loss of a WSD run of length t} at every rung passed, the loss the ladder ranked the trial

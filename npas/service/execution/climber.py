@@ -1,7 +1,7 @@
 """The trainable of a search under the promotion ladder: a trial climbs its WSD run rung by rung.
 
 A ``wsd`` recipe's search (``SearchPlan.fidelity == "ladder"``) trains its trials this way: the one
-trainable (``npas.service.search.worker.trainable``) hands ``climb`` the trial's context. A trial starts a ``Climb`` per seed (``--repeats R``: the
+trainable (``npas.service.execution.worker.trainable``) hands ``climb`` the trial's context. A trial starts a ``Climb`` per seed (``--repeats R``: the
 seeds climb together), or restores them from ``tune.get_checkpoint()`` when the ladder resumes it
 after a pause. At each rung it steps every seed's climb up, and reports the seed mean with a
 checkpoint of all the climbs (Tune's checkpoint mechanism: storage under the run's storage path).
@@ -38,10 +38,10 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from npas.service.search.climb_store import count_lost, load_climbs, remove, restore, save_climbs
+from npas.service.execution.climb_store import count_lost, load_climbs, remove, restore, save_climbs
 
 if TYPE_CHECKING:
-    from npas.service.search.trial import TrialContext
+    from npas.service.execution.trial import TrialContext
     from npas.training.climb import Climb
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def climb(ctx: TrialContext, config: dict) -> None:
     ``steps_before``)."""
     from ray import tune
 
-    from npas.service.search.outcome import combine_repeats
+    from npas.service.execution.outcome import combine_repeats
     from npas.training import climb as climbing
     from npas.training.located_rate import locate_rung
 

@@ -1,6 +1,6 @@
 """Every use of a private Ray API in npas, in one place.
 
-npas checks a cluster before it writes anything (`npas.service.search.runner.check_address_reachable`):
+npas checks a cluster before it writes anything (`npas.service.execution.session.check_address_reachable`):
 one bounded request to the head, with the token authentication a node of that cluster would use.
 Ray's public surface has no call that makes one request with a deadline (`ray.init` retries a
 refused token for ~20 s, then reports only "Failed to connect"), none that says whether a token is

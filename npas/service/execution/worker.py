@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npas.allocation.config import Chassis
-from npas.service.search.climber import climb
-from npas.service.search.trial import TrialContext
+from npas.service.execution.climber import climb
+from npas.service.execution.trial import TrialContext
 from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
 from npas.training.init_source import InitSource
 
@@ -42,7 +42,7 @@ class WorkerSpec:
     init_from: InitSource | None = None  # `search --init-from`: each worker converts this model
     corpus: Any = None  # embedded Ray: the corpus itself, shipped through the object store
     locate_lr: bool = False  # the ladder: choose each trial's rate at the rung at T/4 (npas.training.located_rate)
-    ladder: bool = False  # trials climb the ladder's rungs (npas.service.search.climber), else whole runs
+    ladder: bool = False  # trials climb the ladder's rungs (npas.service.execution.climber), else whole runs
 
     @classmethod
     def of(cls, corpus: Corpus, reference: Chassis, repeats: int, init: InitSource | None, embed: bool) -> WorkerSpec:
@@ -95,13 +95,13 @@ def run_whole(ctx: TrialContext) -> None:
     Only the first seed reports its validation loss at each evaluation, so ASHA ranks and stops a
     trial on one seed's curve, exactly as without repeats, and decides before the other R-1 seeds
     cost anything; a trial it lets through trains the remaining seeds without reports, and the final
-    report carries the mean over all seeds (`npas.service.search.outcome.combine_repeats`). A seed whose run
+    report carries the mean over all seeds (`npas.service.execution.outcome.combine_repeats`). A seed whose run
     fails or diverges ends the trial as failed, naming the seed: a mean without it would not be
     comparable with the other trials'.
     """
     from ray import tune
 
-    from npas.service.search.outcome import combine_repeats
+    from npas.service.execution.outcome import combine_repeats
     from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
 
     seeds = ctx.seeds

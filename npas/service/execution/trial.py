@@ -1,10 +1,10 @@
 """`TrialContext`: what one trial trains, built once in the worker from Tune's config and the `WorkerSpec`.
 
-The search's one trainable (`npas.service.search.worker.trainable`) turns the config Tune hands it
+The search's one trainable (`npas.service.execution.worker.trainable`) turns the config Tune hands it
 into this typed, frozen context -- the allocation, the recipe, the study's corpus, the trial's seeds,
 the model it starts from and how its failures are told -- and passes it whole to the way the trial
 trains: whole runs on their evaluations (ASHA, or no early stopping) or a climb up the ladder's rungs
-(`npas.service.search.climber`). Neither rebuilds any of it.
+(`npas.service.execution.climber`). Neither rebuilds any of it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from npas.allocation.config import ArchConfig
 from npas.conversion.init_from import initial_state
-from npas.service.search.outcome import repeat_seeds
+from npas.service.execution.outcome import repeat_seeds
 from npas.training.init_source import InitSource
 from npas.training.recipe import Recipe
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from npas.allocation.config import Chassis
-    from npas.service.search.worker import WorkerSpec
+    from npas.service.execution.worker import WorkerSpec
     from npas.training.data import Corpus
 
 OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)

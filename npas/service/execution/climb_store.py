@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from npas.service.search.trial import TrialContext
-    from npas.service.search.worker import WorkerSpec
+    from npas.service.execution.trial import TrialContext
+    from npas.service.execution.worker import WorkerSpec
     from npas.training.climb import Climb
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,23 @@ def filesystem(where: str) -> tuple[Any, str]:
     return LocalFileSystem(), str(Path(where).resolve())
 
 
+# the scheme each pyarrow filesystem's ``type_name`` is written back as
+URI_SCHEME_OF = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}
+
+
+def checkpoint_uri(filesystem: object, path: str) -> str | None:
+    """What a later driver can resume a checkpoint from: its path on a local (or shared, mounted)
+    filesystem, else its URI on the storage it was saved to; None for a filesystem npas cannot name."""
+    from pyarrow.fs import LocalFileSystem
+
+    if isinstance(filesystem, LocalFileSystem):
+        return path
+    scheme = URI_SCHEME_OF.get(getattr(filesystem, "type_name", ""))
+    return None if scheme is None else f"{scheme}://{path.lstrip('/')}"
+
+
 def name_of(fs: Any, path: str) -> str:
     """``path`` on ``fs`` as a recorded location: the path itself here, a URI on cloud storage."""
-    from npas.service.search.launch import checkpoint_uri
-
     return checkpoint_uri(fs, path) or path
 
 
