@@ -60,7 +60,7 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "LadderDecision": ("npas.service.study.ladder", "Decision"),
     "ladder_decide": ("npas.service.study.ladder", "decide"),
     "ladder_rank": ("npas.service.study.ladder", "rank"),
-    "ladder_objective_config": ("npas.service.search.ladder_run", "objective_config"),
+    "ladder_objective_config": ("npas.service.search.admission", "objective_config"),
     "STOPPED_AS": ("npas.service.search.recorder", "STOPPED_AS"),  # what a trial stopped below T may be told
     # the located learning-rate rule (npas.training.located_rate): its grid and the pure next/best choice
     "LR_GRID": ("npas.training.located_rate", "DEFAULT_GRID"),

@@ -281,10 +281,17 @@ def rules(model: nn.Module, reference: Chassis | None = None) -> dict[str, Rule]
     return out
 
 
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The model's own groups when it has them, else decay only >= 2-D parameters (matrices)."""
+    if hasattr(model, "param_groups"):
+        return model.param_groups(weight_decay)
+    params = list(model.parameters())
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 def _decays(model: nn.Module, weight_decay: float) -> dict[int, float]:
     """Parameter id -> weight decay, from the model's own groups (or matrices-only decay)."""
-    from npas.training.proxy import param_groups
-
     return {id(p): g["weight_decay"] for g in param_groups(model, weight_decay) for p in g["params"]}
 
 
@@ -297,8 +304,6 @@ def optimizer_groups(model: nn.Module, weight_decay: float, parameterization: st
     multiplier 1: the old single-learning-rate behaviour. ``fair`` groups parameters with equal
     (group, multiplier, decay) together, so fused AdamW still sees a handful of groups.
     """
-    from npas.training.proxy import param_groups
-
     if parameterization == "uniform" or not isinstance(getattr(model, "cfg", None), ArchConfig):
         return [{**g, "lr_mult": 1.0, "group": "all"} for g in param_groups(model, weight_decay) if g["params"]]
     decay = _decays(model, weight_decay)

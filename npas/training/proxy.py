@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from npas.training.data import Corpus, Split
-from npas.training.parameterization import optimizer_groups
+from npas.training.parameterization import optimizer_groups, param_groups
 from npas.training.recipe import Recipe
 from npas.training.trainer import CHECK_EVERY, OFFSET_BLOCK, Check, Stream, Trainer, autocast_for
 
@@ -102,15 +102,6 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """The model's own groups when it has them, else decay only >= 2-D parameters (matrices)."""
-    if hasattr(model, "param_groups"):
-        return model.param_groups(weight_decay)
-    params = list(model.parameters())
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def make_optimizer(model: nn.Module, recipe: Recipe, device: torch.device,

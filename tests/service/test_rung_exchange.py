@@ -15,7 +15,8 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from npas.service.search.ladder_run import SearchLadder, ranked_objectives
+from npas.service.search.admission import ranked_objectives
+from npas.service.search.ladder_run import SearchLadder
 from npas.service.search.rung_exchange import RungExchange, foreign_key
 from npas.service.study.record import TrialAttr
 

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
 from npas.errors import Interrupted, StudyError
+from npas.service.certify.certificate import CERTIFICATE_ATTR, build_certificate
 from npas.service.certify.targets import Options, Plan, Target, make_plan, score_batches
 from npas.service.execution import session
 from npas.service.execution.session import sigterm_as_interrupt
@@ -110,7 +111,6 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
     """Run (or finish) the validation of study ``name`` and return its fidelity certificate.
     ``bits_per_nat`` converts its test losses to bits per byte; the real retraining computes it
     from the study's corpus and tokenizer (a custom ``retrain`` may pass it, else it stays None)."""
-    from npas.service.certify.certificate import CERTIFICATE_ATTR, build_certificate
     from npas.training.recipe import load_recipe
 
     opts = opts or Options()

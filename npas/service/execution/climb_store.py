@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from npas.service.execution.trial import TrialContext
-    from npas.service.execution.worker import WorkerSpec
+    from npas.service.execution.trial import TrialContext, WorkerSpec
     from npas.training.climb import Climb
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from npas.service.execution.climb_store import count_lost, load_climbs, remove, restore, save_climbs
+from npas.service.execution.outcome import combine_repeats
 
 if TYPE_CHECKING:
     from npas.service.execution.trial import TrialContext
@@ -100,7 +101,6 @@ def climb(ctx: TrialContext, config: dict) -> None:
     ``steps_before``)."""
     from ray import tune
 
-    from npas.service.execution.outcome import combine_repeats
     from npas.training import climb as climbing
     from npas.training.located_rate import locate_rung
 

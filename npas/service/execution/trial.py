@@ -1,4 +1,5 @@
-"""`TrialContext`: what one trial trains, built once in the worker from Tune's config and the `WorkerSpec`.
+"""`TrialContext`: what one trial trains, built once in the worker from Tune's config and the `WorkerSpec`
+(defined here too: what every worker receives, read by the worker, the climber and its checkpoints).
 
 The search's one trainable (`npas.service.execution.worker.trainable`) turns the config Tune hands it
 into this typed, frozen context -- the allocation, the recipe, the study's corpus, the trial's seeds,
@@ -15,21 +16,74 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from npas.allocation.config import ArchConfig
+from npas.allocation.config import ArchConfig, Chassis
 from npas.conversion.init_from import initial_state
 from npas.service.execution.outcome import repeat_seeds
+from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
 from npas.training.init_source import InitSource
 from npas.training.recipe import Recipe
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from npas.allocation.config import Chassis
-    from npas.service.execution.worker import WorkerSpec
+    from npas.service.study.record import StudyRecord
     from npas.training.data import Corpus
 
 OBJECTIVE_PREFIX = "ladder_obj_"  # result keys of the study's other objectives (the ladder ranks on them too)
 REASON_CHARS = 1500  # a failure's reason travels in one result row: cut past this
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The study's corpus, tokenizer, reference chassis, seeds per trial and starting model, as every
+    worker needs them: each worker loads the study's tokenizer from `tokenizer_json` (never retrains)
+    and refuses text whose fingerprint differs."""
+
+    fingerprint: str
+    source: str | None = None  # None: the bundled corpus
+    tokenizer_json: str | None = None
+    tokenizer_fingerprint: str | None = None
+    glob: str = DEFAULT_GLOB
+    text_field: str = DEFAULT_TEXT_FIELD
+    # the chassis whose untied model the recipe's base lr is for: the fair parameterization scales
+    # every candidate's per-group rates against it (training/parameterization.py)
+    reference: Chassis | None = None
+    repeats: int = 1  # seeds per trial: the trainable loops over them
+    init_from: InitSource | None = None  # `search --init-from`: each worker converts this model
+    corpus: Any = None  # embedded Ray: the corpus itself, shipped through the object store
+    locate_lr: bool = False  # the ladder: choose each trial's rate at the rung at T/4 (npas.training.located_rate)
+    ladder: bool = False  # trials climb the ladder's rungs (npas.service.execution.climber), else whole runs
+
+    @classmethod
+    def of(cls, corpus: Corpus, reference: Chassis, repeats: int, init: InitSource | None, embed: bool) -> WorkerSpec:
+        """The spec of a study on `corpus`; `embed` ships the loaded corpus (one machine, no reload)."""
+        bundled = corpus.source.startswith("bundled")
+        return cls(fingerprint=corpus.fingerprint, source=None if bundled else corpus.source,
+                   tokenizer_json=corpus.tokenizer.to_json(), tokenizer_fingerprint=corpus.tokenizer.fingerprint,
+                   glob=corpus.glob, text_field=corpus.text_field, reference=reference, repeats=repeats,
+                   init_from=init, corpus=corpus if embed else None)
+
+    @classmethod
+    def of_record(cls, record: StudyRecord, reference: Chassis | None) -> WorkerSpec:
+        """The spec of a stored study, read from its record alone (the certificate's retrainings)."""
+        return cls(fingerprint=record.data_fingerprint, source=record.data_source,
+                   tokenizer_json=record.tokenizer_json, glob=record.data_glob or DEFAULT_GLOB,
+                   text_field=record.text_field or DEFAULT_TEXT_FIELD, reference=reference,
+                   repeats=record.repeats, init_from=record.init_from)
+
+    @classmethod
+    def embedded(cls, corpus: Corpus) -> WorkerSpec:
+        """A spec that carries a loaded corpus and nothing else (tests, one-off runs)."""
+        return cls(fingerprint=corpus.fingerprint, corpus=corpus)
+
+    def load_corpus(self, recipe: Recipe) -> Corpus:
+        """The study's corpus in this process: the shipped one, or loaded once and checked."""
+        from npas.training.data import load_known_corpus
+
+        if self.corpus is not None:
+            return self.corpus
+        return load_known_corpus(self.source, recipe.val_fraction, recipe.test_fraction, self.fingerprint,
+                                 self.tokenizer_json, self.glob, self.text_field, self.tokenizer_fingerprint)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ attempt (so Ray never retries them), and duplicates of a trial that already ran 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +18,8 @@ import optuna
 
 from npas.allocation.budget import count
 from npas.allocation.config import ArchConfig
-from npas.allocation.space import Space
+from npas.allocation.space import LOSS_OBJECTIVES, Space
+from npas.service.execution.outcome import objective_values
 from npas.service.search.samplers import baseline_fixed
 from npas.service.study.record import Constraint, TrialAttr
 from npas.service.study.studies import same_key, trial_key
@@ -106,3 +108,19 @@ def cannot_run(cfg: ArchConfig, recipe: dict) -> str | None:
         return (f"the recipe trains at seq_len={seq_len} > this allocation's context {cfg.chassis.context}; "
                 f"lower seq_len or raise the searched context")
     return None
+
+
+def ranked_objectives(objectives: Sequence[str]) -> list[str]:
+    """The study's objectives the ladder ranks on beside the rung loss: all but the losses (every loss
+    objective is the rung loss in another unit)."""
+    return [o for o in objectives if o not in LOSS_OBJECTIVES]
+
+
+def objective_config(objectives: Sequence[str], accounting: dict[str, Any]) -> dict[str, float]:
+    """The other objectives' values a trial reports at every rung, from its accounting (known before it
+    trains: sizes, and memory's analytic stand-in); those with no value there are left out."""
+    out = {}
+    for o in ranked_objectives(objectives):
+        with contextlib.suppress(KeyError):
+            out[o] = objective_values([o], accounting, None, 0.0)[0]
+    return out

@@ -27,7 +27,9 @@ from npas.errors import ArgumentError, Interrupted, StudyError
 from npas.service.execution import session
 from npas.service.execution.worker import WorkerSpec
 from npas.service.search import learned as groups
+from npas.service.search.admission import ranked_objectives
 from npas.service.search.join import check_join, join_problem
+from npas.service.search.ladder_run import SearchLadder, rebuild
 from npas.service.search.launch import Launch
 from npas.service.search.plan import (
     DEFAULT_TRIALS,
@@ -38,6 +40,7 @@ from npas.service.search.plan import (
     plan_search,
 )
 from npas.service.search.plan_checks import check_keywords, check_plan, check_resume_arguments, check_space
+from npas.service.search.rung_exchange import RungExchange
 from npas.service.search.runner import run_trials
 from npas.service.search.samplers import enqueue_baselines, make_sampler
 from npas.service.search.searcher import NpasSearcher
@@ -216,9 +219,6 @@ def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: S
                             tokens_per_byte=eval_tokens_per_byte(corpus, recipe))
     ladder = None
     if plan.fidelity == "ladder":  # a wsd recipe: trials climb the rungs, paused and resumed (ladder_run)
-        from npas.service.search.ladder_run import SearchLadder, ranked_objectives, rebuild
-        from npas.service.search.rung_exchange import RungExchange
-
         names = list(plan.space.objectives)
         ladder = SearchLadder(plan.rungs, names, launch.workers, target=target)  # target: the rungs' caps
         ladder.ladder = rebuild(study, plan.rungs, names, ladder.ladder.eta, target)  # earlier drivers' rungs

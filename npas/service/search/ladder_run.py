@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -37,10 +36,9 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from npas.allocation.space import LOSS_OBJECTIVES
 from npas.service.execution.climb_store import checkpoint_uri, checkpoints_in, filesystem, name_of, remove
-from npas.service.execution.outcome import objective_values
 from npas.service.execution.trial import OBJECTIVE_PREFIX
+from npas.service.search.admission import ranked_objectives
 from npas.service.search.ladder_scheduler import LadderScheduler
 from npas.service.search.rung_exchange import RungExchange
 from npas.service.study.ladder import DEFAULT_ETA, Ladder, RungAgreement, agreement
@@ -50,22 +48,6 @@ if TYPE_CHECKING:
     from npas.service.search.searcher import NpasSearcher
 
 log = logging.getLogger(__name__)
-
-
-def ranked_objectives(objectives: Sequence[str]) -> list[str]:
-    """The study's objectives the ladder ranks on beside the rung loss: all but the losses (every loss
-    objective is the rung loss in another unit)."""
-    return [o for o in objectives if o not in LOSS_OBJECTIVES]
-
-
-def objective_config(objectives: Sequence[str], accounting: dict[str, Any]) -> dict[str, float]:
-    """The other objectives' values a trial reports at every rung, from its accounting (known before it
-    trains: sizes, and memory's analytic stand-in); those with no value there are left out."""
-    out = {}
-    for o in ranked_objectives(objectives):
-        with contextlib.suppress(KeyError):
-            out[o] = objective_values([o], accounting, None, 0.0)[0]
-    return out
 
 
 class SearchLadder(LadderScheduler):

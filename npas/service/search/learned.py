@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
 
@@ -29,17 +29,26 @@ from npas.allocation.space import Space
 from npas.errors import StudyError
 
 if TYPE_CHECKING:
-    from npas.service.search.plan import SearchPlan
     from npas.service.study.storage import StorageHandle
     from npas.training.init_source import InitSource
 
 log = logging.getLogger(__name__)
 
+class _Plan(Protocol):
+    """What the creator's look reads of a `SearchPlan` (the plan itself is built with these groups
+    attached, so this module cannot import it)."""
+
+    space: Space
+    init_from: InitSource | None
+    recipe: Any
+    corpus: Any
+
+
 PRETRAINING_ATTR = "npas_pretraining"  # set by the creator while it pretrains: joiners wait PRETRAIN_WAIT_S
 PRETRAIN_WAIT_S = 3600.0
 
 
-def learn_for_study(study: optuna.Study, handle: StorageHandle, plan: SearchPlan) -> dict:
+def learn_for_study(study: optuna.Study, handle: StorageHandle, plan: _Plan) -> dict:
     """The creator's one look at trained weights for the learned groups.
 
     Runs after the study name is claimed, so a joiner never pretrains too: it waits on the

@@ -22,6 +22,7 @@ from npas.errors import SpaceError, StudyError
 from npas.service.execution import session
 from npas.service.execution.outcome import check_repeats
 from npas.service.search.launch import Launch, check_inputs
+from npas.service.search.learned import attach
 from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
 from npas.training.init_source import InitSource
@@ -216,7 +217,6 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     import logging
 
     from npas.allocation.space_parser import parse_space
-    from npas.service.search.learned import attach
     from npas.training.data import load_corpus
     from npas.training.recipe import Recipe
     from npas.training.tokenizers import tokenizer_from_json

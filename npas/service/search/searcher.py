@@ -24,7 +24,7 @@ from ray.tune.search import Searcher  # noqa: E402
 
 from npas.allocation.bounds import SKIPS_BEFORE_EXHAUSTED  # noqa: E402
 from npas.allocation.space import Space  # noqa: E402
-from npas.service.search.admission import Skip, prepare  # noqa: E402
+from npas.service.search.admission import Skip, objective_config, prepare  # noqa: E402
 from npas.service.search.progress import Progress  # noqa: E402
 from npas.service.search.recorder import TrialRecorder  # noqa: E402
 from npas.service.search.samplers import learns_from_infeasible, random_when_stuck  # noqa: E402
@@ -233,8 +233,6 @@ class NpasSearcher(Searcher):
         self._skipped = 0
         self.recorder.accounting[trial.number] = prepared.accounting
         if self.ladder_objectives is not None:  # what the ladder ranks on beside the rung loss
-            from npas.service.search.ladder_run import objective_config
-
             prepared.config["ladder_objectives"] = objective_config(self.ladder_objectives, prepared.accounting)
         return prepared.config
 
