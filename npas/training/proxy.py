@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from npas.errors import ConfigError
 from npas.training.data import Corpus, Split
 from npas.training.parameterization import optimizer_groups, param_groups
 from npas.training.recipe import Recipe
@@ -175,8 +176,6 @@ def check_compatible(cfg: Any, recipe: Recipe, corpus: Corpus, padded: bool = Fa
     """Refuse a recipe/corpus/allocation mismatch before any work, naming the fix. `padded` (training
     continues from given weights) accepts a chassis vocabulary larger than the tokenizer's: a Hugging
     Face checkpoint's embedding padded past its tokenizer's ids, whose extra rows are never targets."""
-    from npas.errors import ConfigError
-
     c = cfg.chassis
     if recipe.seq_len > c.context:
         raise ConfigError(f"recipe {recipe.name!r} has seq_len={recipe.seq_len} but the chassis context is "

@@ -31,6 +31,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
+from npas.allocation.config import ArchConfig, Chassis
+from npas.allocation.transformer import build_model, export_state, load_weights
 from npas.errors import ConfigError, DataError
 from npas.files import read_text
 from npas.training.data import Corpus
@@ -96,8 +98,6 @@ def train_allocation(cfg: Any, recipe: Recipe, corpus: Corpus, out_dir: str | Pa
 def save_trained(model: nn.Module, cfg: Any, tokenizer: Tokenizer, out_dir: str | Path) -> None:
     """Weights (in ``cfg.dtype``, each tensor once: see ``export_state``), tokenizer and allocation;
     the rebuilt module re-ties shared Parameters."""
-    from npas.allocation.transformer import export_state
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = model.to("cpu")
@@ -123,8 +123,6 @@ REFERENCE_KEY = "reference"  # in an export and in metrics.json: the chassis the
 
 def read_chassis(d: Any, where: str) -> Any:
     """A recorded reference chassis (a mapping of Chassis fields), refused in one line if malformed."""
-    from npas.allocation.config import Chassis
-
     names = {f.name for f in fields(Chassis)}
     sizes = ("vocab_size", "context", "d_model", "n_layers", "n_heads", "d_ff")  # what every chassis states
     if (not isinstance(d, dict) or set(d) - names or any(n not in d for n in sizes)
@@ -152,8 +150,6 @@ class AllocationFile:
 
 def read_allocation_file(path: str | Path) -> AllocationFile:
     import yaml
-
-    from npas.allocation.config import ArchConfig
 
     p = Path(path)
     if not p.is_file():
@@ -256,9 +252,6 @@ def _hf_dir_hint(d: Path) -> str:
 
 def load_trained(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer, Any]:
     """(model, tokenizer, cfg) from a ``npas train`` directory; weights via safetensors, never pickle."""
-    from npas.allocation.config import ArchConfig
-    from npas.allocation.transformer import build_model, load_weights
-
     d = Path(model_dir)
     if not d.is_dir():
         raise DataError(f"trained-model directory {d} does not exist; pass the --out of `npas train`")

@@ -35,7 +35,7 @@ from npas.service.study.record import RetrainAttr
 from npas.service.study.storage import open_storage
 from npas.service.study.urls import redact, resolve_url
 from npas.training.lr_factor import at_lr_factor
-from npas.training.recipe import Recipe
+from npas.training.recipe import Recipe, load_recipe
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,6 @@ def certify(name: str, opts: Options | None = None, *, storage: str | None = Non
     """Run (or finish) the validation of study ``name`` and return its fidelity certificate.
     ``bits_per_nat`` converts its test losses to bits per byte; the real retraining computes it
     from the study's corpus and tokenizer (a custom ``retrain`` may pass it, else it stays None)."""
-    from npas.training.recipe import load_recipe
-
     opts = opts or Options()
     problems = opts.problems()
     if problems:

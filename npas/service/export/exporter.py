@@ -9,6 +9,7 @@ import optuna
 import yaml
 
 from npas.allocation.config import ArchConfig
+from npas.allocation.space_parser import parse_space
 from npas.errors import NpasError, StudyError
 from npas.service.export.picks import objective_names
 from npas.service.export.picks import pick as choose
@@ -23,8 +24,6 @@ def reference_chassis(study: optuna.Study) -> dict | None:
     """The chassis the study's proxy runs scaled every trial's learning rates and init against (its
     space's reference, bound to the study's vocabulary and budget as at launch), or None when the
     study does not record its space. `npas train` of the export passes it on, as the runner did."""
-    from npas.allocation.space_parser import parse_space
-
     attrs = study.user_attrs
     text = attrs.get(StudyAttr.SPACE_TEXT)
     if not text:
