@@ -31,10 +31,6 @@ NPAS = ROOT / "npas"
 FUNCTION_LEVEL = {
     "npas/service/certify/retrain.py": 3,
     "npas/service/certify/targets.py": 1,
-    "npas/service/execution/climb_store.py": 3,
-    "npas/service/execution/climber.py": 5,
-    "npas/service/execution/trial.py": 1,
-    "npas/service/execution/worker.py": 1,
     "npas/service/search/driver.py": 1,
     "npas/service/search/learned.py": 3,
     "npas/service/search/plan.py": 11,

@@ -24,6 +24,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from npas.training import checkpoint
+from npas.training.checkpoint import STATE
+
 if TYPE_CHECKING:
     from npas.service.execution.trial import TrialContext, WorkerSpec
     from npas.training.climb import Climb
@@ -40,22 +43,16 @@ def seed_dir(root: str | Path, i: int) -> Path:
 
 def is_checkpoint(root: str | Path, repeats: int) -> bool:
     """Whether ``root`` holds a whole climb checkpoint of ``repeats`` seeds (every save finished)."""
-    from npas.training.checkpoint import STATE
-
     return (Path(root) / META).is_file() and all((seed_dir(root, i) / STATE).is_file() for i in range(repeats))
 
 
 def save_climbs(climbs: list[Climb], root: str | Path, meta: dict[str, Any]) -> None:
-    from npas.training import checkpoint
-
     for i, c in enumerate(climbs):
         checkpoint.save(c, seed_dir(root, i))
     (Path(root) / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")  # last: marks a whole save
 
 
 def load_climbs(root: str | Path, cfg: Any, corpus: Any, spec: WorkerSpec | TrialContext, repeats: int) -> tuple[list[Climb], dict]:
-    from npas.training import checkpoint
-
     climbs = [checkpoint.load(seed_dir(root, i), cfg, corpus, reference=spec.reference) for i in range(repeats)]
     return climbs, json.loads((Path(root) / META).read_text(encoding="utf-8"))
 

@@ -38,8 +38,12 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from npas.allocation.budget import count
 from npas.service.execution.climb_store import count_lost, load_climbs, remove, restore, save_climbs
 from npas.service.execution.outcome import combine_repeats
+from npas.training import climb as climbing
+from npas.training.located_rate import locate, locate_rung
+from npas.training.proxy import _finite, eval_tokens_per_byte, to_bpb
 
 if TYPE_CHECKING:
     from npas.service.execution.trial import TrialContext
@@ -54,9 +58,6 @@ def seed_record(c: Climb, cfg: Any, corpus: Any, wall_s: float, train_s: float) 
     """One seed's proxy record at the rung its climb reached: what ``forks.train_model`` returns for a
     WSD run stopped there (``ForkResult.to_dict``), from the climb's state."""
     import torch
-
-    from npas.allocation.budget import count
-    from npas.training.proxy import _finite, eval_tokens_per_byte, to_bpb
 
     recipe, tr = c.recipe, c.trainer
     acc = count(cfg, batch_size=recipe.batch_size, seq_len=recipe.seq_len)
@@ -101,9 +102,6 @@ def climb(ctx: TrialContext, config: dict) -> None:
     ``steps_before``)."""
     from ray import tune
 
-    from npas.training import climb as climbing
-    from npas.training.located_rate import locate_rung
-
     cfg, recipe, corpus, seeds, node = ctx.cfg, ctx.recipe, ctx.corpus, ctx.seeds, ctx.node
 
     def fail(reason: str, rung: int = 0, steps: int = 0) -> None:
@@ -131,8 +129,6 @@ def climb(ctx: TrialContext, config: dict) -> None:
         """--locate-lr, on the step to the locating rung: the first seed's climb is the grid's x1 run and
         the grid's best run replaces it; the other seeds restart at the located factor (their x1 steps
         so far are the grid's cost too) and are climbed to the rung with the rest."""
-        from npas.training.located_rate import locate
-
         first, located = locate(cfg, recipe, corpus, reference=ctx.reference, init_state=ctx.init_state(),
                                 fair=climbs[0], on_progress=progress)
         grid.clear()

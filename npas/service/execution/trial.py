@@ -20,6 +20,7 @@ from npas.allocation.config import ArchConfig, Chassis
 from npas.conversion.init_from import initial_state
 from npas.service.execution.outcome import repeat_seeds
 from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD
+from npas.training.data import load_known_corpus
 from npas.training.init_source import InitSource
 from npas.training.recipe import Recipe
 
@@ -78,8 +79,6 @@ class WorkerSpec:
 
     def load_corpus(self, recipe: Recipe) -> Corpus:
         """The study's corpus in this process: the shipped one, or loaded once and checked."""
-        from npas.training.data import load_known_corpus
-
         if self.corpus is not None:
             return self.corpus
         return load_known_corpus(self.source, recipe.val_fraction, recipe.test_fraction, self.fingerprint,

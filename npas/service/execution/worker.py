@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from npas.service.execution.climber import climb
 from npas.service.execution.outcome import combine_repeats
 from npas.service.execution.trial import TrialContext, WorkerSpec
+from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
 
 if TYPE_CHECKING:
     pass
@@ -42,8 +43,6 @@ def run_whole(ctx: TrialContext) -> None:
     comparable with the other trials'.
     """
     from ray import tune
-
-    from npas.training.forks import run_proxy  # the recipe's schedule: cosine as ever, or WSD with forks
 
     seeds = ctx.seeds
 
