@@ -34,7 +34,9 @@ from npas.service.study.optuna_adapter import storage_of, trial_id
 from npas.service.study.record import RetrainAttr
 from npas.service.study.storage import open_storage
 from npas.service.study.urls import redact, resolve_url
+from npas.training.forks import train_model
 from npas.training.lr_factor import at_lr_factor
+from npas.training.proxy import eval_tokens_per_byte, evaluate, pick_device
 from npas.training.recipe import Recipe, load_recipe
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,6 @@ def train_and_test(cfg: ArchConfig, recipe: Recipe, *, spec: WorkerSpec, searche
     The corpus is split as the study's search split it (the `searched` recipe's ``val_fraction`` and
     ``test_fraction``), so the held-out text is the text the search never read, whatever the long
     recipe says; `spec` is what the search's workers got (corpus, tokenizer, reference chassis)."""
-    from npas.training.forks import train_model
-    from npas.training.proxy import evaluate, pick_device
-
     corpus = spec.load_corpus(searched)
     model, result = train_model(cfg, recipe, corpus, reference=spec.reference)
     if result.status != "ok":
@@ -182,8 +181,6 @@ def _nothing_scored(name: str, linked: optuna.Study, planned: int) -> str:
 def _bits_per_nat(kw: dict, score: Recipe) -> float:
     """Bits per byte of one nat per token on the test windows this certificate scores: the scored
     tokens per UTF-8 byte of those windows over ln 2 (a char model on ASCII text: 1 / ln 2)."""
-    from npas.training.proxy import eval_tokens_per_byte
-
     corpus = kw["spec"].load_corpus(kw["searched"])
     return eval_tokens_per_byte(corpus, score, "test") / math.log(2)
 

@@ -48,6 +48,7 @@ from npas.service.study import faults
 from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr
 from npas.service.study.storage import StorageHandle, open_storage
 from npas.service.study.studies import is_set_up, load, mark_ready, read_record, write_record
+from npas.training.proxy import eval_tokens_per_byte
 
 __all__ = ["DEFAULT_TRIALS", "SearchPlan", "check_space_change", "plan_search", "resume", "search"]
 
@@ -205,8 +206,6 @@ def _continue(handle: StorageHandle, existing: optuna.Study, record: StudyRecord
 
 def _run(study: optuna.Study, handle: StorageHandle, plan: SearchPlan, record: StudyRecord, target: int,
          cpus: float) -> None:
-    from npas.training.proxy import eval_tokens_per_byte
-
     corpus, launch, recipe = plan.corpus, plan.launch, plan.recipe
     bundled_chars = corpus.source.startswith("bundled") and corpus.tokenizer.name == "char"
     # embedded Ray: ship the tensors through the object store
