@@ -90,13 +90,7 @@ class Chassis:
         return dict(self.rope_scaling or ())
 
     def problems(self) -> list[str]:
-        out = []
-        for name, top in CHASSIS_MAX.items():
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                out.append(f"chassis.{name}: must be a positive integer, got {v!r}")
-            elif v > top:
-                out.append(f"chassis.{name}: {v:,} is above the largest npas builds ({top:,}); lower it")
+        out = _int_problems(self, CHASSIS_MAX, 1, "a positive integer")
         if self.activation not in get_args(Activation):
             out.append(f"chassis.activation: {self.activation!r} is not one of {list(get_args(Activation))}")
         if self.family not in get_args(Family):
@@ -168,15 +162,21 @@ class Chassis:
 
 
 
-def llama_problems(ch: Chassis) -> list[str]:
-    """Why a llama chassis is not one npas builds: its K/V heads, head width, rotary and norm constants."""
+def _int_problems(ch: Chassis, tops: dict[str, int], low: int, must: str) -> list[str]:
+    """The integer fields named in ``tops`` that are not integers from ``low`` up to their largest size."""
     out = []
-    for name, top in LLAMA_MAX.items():
+    for name, top in tops.items():
         v = getattr(ch, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            out.append(f"chassis.{name}: must be an integer >= 0 (0: derived), got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            out.append(f"chassis.{name}: must be {must}, got {v!r}")
         elif v > top:
             out.append(f"chassis.{name}: {v:,} is above the largest npas builds ({top:,}); lower it")
+    return out
+
+
+def llama_problems(ch: Chassis) -> list[str]:
+    """Why a llama chassis is not one npas builds: its K/V heads, head width, rotary and norm constants."""
+    out = _int_problems(ch, LLAMA_MAX, 0, "an integer >= 0 (0: derived)")
     for name in ("rope_theta", "rms_norm_eps"):
         v = getattr(ch, name)
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
