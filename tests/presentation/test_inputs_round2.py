@@ -274,18 +274,16 @@ def fixtures(tmp_path_factory) -> dict:
     import npas
     from npas.allocation.config import reference_config
     from npas.training.data import load_corpus
-    from npas.training.proxy import ProxyResult
     from npas.training.recipe import load_recipe
     from npas.training.train import save_trained, write_metrics
+    from tests.presentation.model_dirs import placeholder_result
     from tests.service.test_validate import synthetic_study
 
     root = tmp_path_factory.mktemp("round2")
     cfg = reference_config(npas.load_space(TINY_PATH).reference_chassis)
     recipe = load_recipe(FAST_PATH)
     corp = load_corpus(None, recipe.val_fraction, recipe.test_fraction)
-    result = ProxyResult(status="ok", val_loss=4.0, val_bpc=5.8, train_loss=4.0, steps_done=1, stored_params=1,
-                         param_bytes=4, peak_memory_bytes=1, memory_source="analytic", rss_delta_bytes=0,
-                         flops_per_token=1, tokens_per_s=1.0, wall_s=1.0)
+    result = placeholder_result()
     dirs = {}
     for kind in (GOOD, NAN, BAD_CONFIG):
         torch.manual_seed(0)

@@ -304,17 +304,15 @@ def built(tmp_path_factory) -> dict:
     """The tiny chassis's allocation and an `npas train`-style directory of it (untrained), built once."""
     from npas.allocation.config import reference_config
     from npas.training.data import load_corpus
-    from npas.training.proxy import ProxyResult
     from npas.training.recipe import load_recipe
     from npas.training.train import save_trained, write_metrics
+    from tests.presentation.model_dirs import placeholder_result
 
     root = tmp_path_factory.mktemp("round3")
     cfg = reference_config(npas.load_space(TINY).reference_chassis)
     recipe = load_recipe(FAST)
     corpus = load_corpus(None, recipe.val_fraction, recipe.test_fraction)
-    result = ProxyResult(status="ok", val_loss=4.0, val_bpc=5.8, train_loss=4.0, steps_done=1, stored_params=1,
-                         param_bytes=4, peak_memory_bytes=1, memory_source="analytic", rss_delta_bytes=0,
-                         flops_per_token=1, tokens_per_s=1.0, wall_s=1.0)
+    result = placeholder_result()
     torch.manual_seed(0)
     save_trained(npas.build_model(cfg), cfg, corpus.tokenizer, root / "model")
     write_metrics(root / "model", result, recipe, corpus)
