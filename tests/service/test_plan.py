@@ -32,11 +32,11 @@ def test_every_check_of_a_search_runs_once(monkeypatch, tmp_path):
     from npas.presentation.cli import main
     from npas.service.execution import session as runner
     from npas.service.search import driver, launch, plan
-    from npas.training import data, recipe
+    from npas.training import data
 
     calls: Counter = Counter()
     for owner, name in ((launch, "check_url"), (plan, "check_inputs"), (plan, "check_repeats"),
-                        (plan, "study_name_problem"), (recipe, "load_recipe"), (data, "load_corpus"),
+                        (plan, "study_name_problem"), (plan, "load_recipe"), (plan, "load_corpus"),
                         (data.Corpus, "check_fits"), (Space, "bind")):
         _count(monkeypatch, calls, owner, name)
     monkeypatch.setattr(runner, "check_address_reachable", lambda *a, **k: calls.update(["address"]))

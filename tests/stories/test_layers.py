@@ -4,12 +4,6 @@ inside service, search | certify > export > execution > study; no circle inside 
 presentation, service or training; presentation's docs > cli > dashboard; counting
 free of torch), and an npas module imported inside a function appears only in an entry point (the
 package root, the CLI), whose lazy imports keep `import npas` and `npas --help` fast.
-
-Still to come:
-- the layers contract drops its one ignored import (npas.training.train -> npas) once train.py stamps
-  `npas.version` (lint-imports then fails on the unmatched ignore until the line goes);
-- `FUNCTION_LEVEL` below empties as those files are reworked (what is left keeps the plan's checks free
-  of torch; none of it closes a circle).
 """
 
 from __future__ import annotations
@@ -26,16 +20,11 @@ from tests.conftest import ROOT
 
 NPAS = ROOT / "npas"
 
-# Files outside the entry points that still import npas modules inside functions, with how many such
-# imports each may keep. None closes a circle: the search plan's checks (plan, plan_checks, learned) and
-# the certificate's targets import corpora, tokenizers, the space parser and the proxy lazily so that a
-# refused input costs no torch import. A count only falls.
-FUNCTION_LEVEL = {
-    "npas/service/certify/targets.py": 1,
-    "npas/service/search/learned.py": 3,
-    "npas/service/search/plan.py": 11,
-    "npas/service/search/plan_checks.py": 2,
-}
+# Files outside the entry points that may import npas modules inside functions, with how many: none.
+# (The search plan's checks once imported corpora and tokenizers lazily so that a refused input cost no
+# torch import; a search loads its corpus with torch before Ray starts anyway, and the CLI, an entry point,
+# imports the plan lazily, so `npas --help` stays fast. A count only falls.)
+FUNCTION_LEVEL: dict[str, int] = {}
 
 
 def entry_point(rel: str) -> bool:

@@ -42,6 +42,7 @@ from npas.service.export.picks import pick as choose
 from npas.service.study import studies
 from npas.service.study.record import StudyAttr, TrialAttr
 from npas.training.lr_factor import LOCATED, not_its_rate
+from npas.training.proxy import eval_batches
 from npas.training.recipe import Recipe
 
 SEED_BASE = 10_000  # fresh seeds are SEED_BASE + s: far from the small seeds recipes use
@@ -57,8 +58,6 @@ def scoring_split() -> str:
 def score_batches(corpus, recipe: Recipe):
     """The fixed scoring windows, drawn with the *long recipe's* own seed so every allocation and
     every fresh training seed is scored on the same text."""
-    from npas.training.proxy import eval_batches
-
     return eval_batches(corpus, recipe, split=scoring_split())
 
 

@@ -26,7 +26,10 @@ import optuna
 
 from npas.allocation.config import reference_config
 from npas.allocation.space import Space
+from npas.conversion.directory import fingerprint_weights
+from npas.conversion.groups import similarity_of
 from npas.errors import StudyError
+from npas.training.train import train_allocation
 
 if TYPE_CHECKING:
     from npas.service.study.storage import StorageHandle
@@ -74,16 +77,11 @@ def learn_source(space: Space, init: InitSource | None, recipe: Any, corpus: Any
 
     From the --init-from model when there is one (`init`), else from one
     proxy-length training of the space's reference written to `out`."""
-    from npas.conversion.directory import fingerprint_weights
-    from npas.conversion.groups import similarity_of
-
     if init is not None:
         sim = similarity_of(init.dir)
         space.with_similarity(sim)  # its shape is checked against the space here, before anything is recorded
         return {"origin": "init_from", "dir": init.dir, "weights": init.weights,
                 "similarity": [list(r) for r in sim]}
-    from npas.training.train import train_allocation
-
     if out.exists():  # a failed earlier creation's leftovers: this study's run replaces them
         shutil.rmtree(out)
     log.info("learned groups: pretraining the reference once (%d steps of recipe %s) into %s",

@@ -10,6 +10,8 @@ resume, and a driver joining an existing study, build the same plan from the stu
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from npas.allocation.bounds import check_reachable
 from npas.allocation.space import Space
+from npas.allocation.space_parser import parse_space
+from npas.conversion.init_from import check_same_source, describe_source, source_chassis, source_tokenizer
 from npas.errors import SpaceError, StudyError
 from npas.service.execution import session
 from npas.service.execution.outcome import check_repeats
@@ -25,12 +29,14 @@ from npas.service.search.launch import Launch, check_inputs
 from npas.service.search.learned import attach
 from npas.service.search.plan_checks import check_plan_search_arguments, locate_lr_problem
 from npas.service.study.names import study_name_problem
+from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
+from npas.training.data import Corpus, is_bundled, load_corpus
 from npas.training.init_source import InitSource
+from npas.training.recipe import Recipe, load_recipe
+from npas.training.tokenizers import tokenizer_from_json
 
 if TYPE_CHECKING:
     from npas.service.study.record import StudyRecord
-    from npas.training.data import Corpus
-    from npas.training.recipe import Recipe
 
 DEFAULT_TRIALS = 20  # a new study's target when `trials` is not given
 DEFAULT_SAMPLER, DEFAULT_SEED, DEFAULT_REPEATS = "tpe", 0, 1
@@ -128,10 +134,6 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     Options left as None take the study's stored value when joining, and the defaults above when
     creating. `recipe` is a name, a YAML path or a `Recipe`; `corpus` is that corpus already loaded
     with these settings, if the caller has it. Every argument's type is checked first (`plan_checks`)."""
-    from npas.training.corpora import DEFAULT_GLOB, DEFAULT_TEXT_FIELD, check_source
-    from npas.training.data import is_bundled, load_corpus
-    from npas.training.recipe import Recipe, load_recipe
-
     check_plan_search_arguments(space, {  # the Python API's types, as the CLI's parser gives them
         "study": study, "recipe": recipe, "data": data, "budget": budget, "sampler": sampler, "seed": seed,
         "init_from": init_from, "tokenizer": tokenizer, "data_glob": data_glob, "text_field": text_field,
@@ -149,8 +151,6 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     if corpus is None and not is_bundled(source):
         check_source(source, glob, text)  # the cheap checks first: path, glob, field
     if init_from is not None:  # the study reads text as the starting model does: with its tokenizer.json
-        from npas.conversion.init_from import source_chassis, source_tokenizer
-
         tokenizer = source_tokenizer(init_from, tokenizer)
         if (pinned := source_chassis(init_from)) is not None:  # a Hugging Face checkpoint: its chassis is the search's
             space = space.bind(chassis=pinned)
@@ -166,8 +166,6 @@ def plan_search(space: Space, *, trials: int | None = None, study: str | None = 
     check_reachable(space, DEFAULT_SEED if seed is None else seed)  # a budget nothing fits: refused before any write
     source = None
     if init_from is not None:  # the starting model must fit the space and corpus
-        from npas.conversion.init_from import describe_source
-
         source = describe_source(init_from, space.reference_chassis, corpus)
     given = {"recipe": rec.to_dict() if recipe else None, "sampler": sampler, "seed": seed, "repeats": repeats,
              "tokenizer": corpus.tokenizer.fingerprint if tokenizer else None, "locate_lr": locate_lr}
@@ -188,8 +186,6 @@ def check_space_change(name: str, record: StudyRecord, space_text: str | None,
     objectives must be the study's, in order: they are part of the study's identity (Optuna stores
     each trial's values by position, so other objectives would file new results under the old
     names, and another count fails every new trial)."""
-    from npas.allocation.space_parser import parse_space
-
     if space_text is None:
         return None
     if space_text != record.space_text and not allow_space_change:
@@ -214,13 +210,6 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
     stored tokenizer loaded (never retrained), and its corpus and starting model proven the same.
     `launch` was checked by `check_launch`. `init_from`: a directory (`npas resume --init-from`), or the
     `InitSource` a joining driver's plan already read (not read again)."""
-    import logging
-
-    from npas.allocation.space_parser import parse_space
-    from npas.training.data import load_corpus
-    from npas.training.recipe import Recipe
-    from npas.training.tokenizers import tokenizer_from_json
-
     space = check_space_change(name, record, space_text, allow_space_change) or \
         parse_space(record.space_text, record.space_source or name)
     space = space.rebind(record.overrides)  # vocabulary, budget and a starting checkpoint's chassis
@@ -254,8 +243,6 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
             "other validation text than its old ones", name)
     stored_init, init = record.init_from, None
     if stored_init is not None or init_from is not None:
-        from npas.conversion.init_from import check_same_source, describe_source
-
         given_init = init_from if isinstance(init_from, InitSource) else \
             describe_source(init_from or stored_init.dir, space.reference_chassis, corpus)
         check_same_source(name, stored_init, given_init)
@@ -269,6 +256,4 @@ def plan_resume(name: str, record: StudyRecord, *, trials: int | None = None, st
 
 
 def _with_early_stop(launch: Launch, early_stop: bool) -> Launch:
-    import dataclasses
-
     return dataclasses.replace(launch, early_stop=early_stop)

@@ -27,7 +27,9 @@ from npas.service.execution.outcome import check_repeats
 from npas.service.search.launch import check_inputs
 from npas.service.search.samplers import SAMPLERS
 from npas.service.study.names import study_name_problem
+from npas.training.data import Corpus
 from npas.training.recipe import Recipe
+from npas.training.tokenizers import Tokenizer, TokenizerSpec
 
 SEED_MAX = 2**32 - 1  # numpy's RandomState, under Optuna's samplers, takes seeds in [0, 2**32)
 
@@ -49,16 +51,12 @@ def _recipe(v: Any) -> bool:
 
 
 def _corpus(v: Any) -> bool:
-    from npas.training.data import Corpus  # torch: imported when a corpus exists, not before the CLI parses
-
     return isinstance(v, Corpus)
 
 
 def _tokenizer(v: Any) -> bool:
     if _path(v):
         return True
-    from npas.training.tokenizers import Tokenizer, TokenizerSpec  # torch, as above: only for an object given
-
     return isinstance(v, Tokenizer | TokenizerSpec)
 
 
