@@ -37,6 +37,7 @@ import torch
 
 import npas
 from npas import load_space
+from npas.allocation.budget import stored_params
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted((ROOT / "search_spaces").glob("*.yaml"))
@@ -59,7 +60,7 @@ class SpaceResult:
 @contextmanager
 def _counting(calls: list[int]):
     """Count the `count` calls one space.sample makes (the fit's, and the reference's for the budget)."""
-    real = npas.stored_params
+    real = stored_params
     # the modules that call it by name (its own, the fit's and the fill's), found by what they hold, so a
     # move of any of them does not break the bench
     callers = [m for m in list(sys.modules.values())
@@ -104,7 +105,7 @@ def bench_space(path: Path, n: int, seed: int, repeats: int) -> SpaceResult:
         for _ in range(repeats):
             _fresh(cfg)
             t0 = time.perf_counter()
-            params = npas.stored_params(cfg)
+            params = stored_params(cfg)
             elapsed += time.perf_counter() - t0
         res.params_s += elapsed / repeats
         elapsed = 0.0

@@ -35,20 +35,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.recipes import bench_recipe  # noqa: E402
-from npas import (  # noqa: E402  # noqa: E402  # noqa: E402
+from npas import (  # noqa: E402
     ArchConfig,
     Chassis,
     Recipe,
-    calibration_ids,  # noqa: E402
-    convert_model,  # noqa: E402
-    count,  # noqa: E402
-    eval_batches,
-    evaluate,
-    load_corpus,  # noqa: E402
-    parse_space,  # noqa: E402
+    convert_model,
+    count,
+    load_corpus,
     reference_config,
-    train_model,
 )
+from npas.allocation.space_parser import parse_space  # noqa: E402
+from npas.conversion.calibration import calibration_ids  # noqa: E402
+from npas.training.forks import train_model  # noqa: E402
+from npas.training.proxy import eval_batches, evaluate  # noqa: E402
 
 NEAR_DENSE = 0.3  # nats: cycle + LoRA at 0.5x right after conversion vs the dense model
 

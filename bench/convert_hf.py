@@ -57,17 +57,11 @@ from bench.harness.pool import run_pool
 from bench.harness.recipes import bench_recipe  # noqa: E402
 from bench.harness.version import ROOT, recipe_settings
 from bench.harness.version import code_version as harness_version
-from npas import (
-    ArchConfig,
-    Chassis,
-    Recipe,
-    count,
-    lr_best_factor,
-    lr_next_factor,
-    paired_delta,
-    parse_space,
-    reference_config,
-)
+from npas import ArchConfig, Chassis, Recipe, count, reference_config
+from npas.allocation.space_parser import parse_space
+from npas.service.study.fidelity import paired_delta
+from npas.training.located_rate import best_factor as lr_best_factor
+from npas.training.located_rate import next_factor as lr_next_factor
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)

@@ -54,7 +54,7 @@ def _device(spec: dict[str, Any]) -> torch.device:
 
 
 def _test_loss(model: torch.nn.Module, corpus: Any, recipe: Recipe, dev: torch.device) -> float | None:
-    from npas import eval_batches, evaluate
+    from npas.training.proxy import eval_batches, evaluate
 
     loss = evaluate(model, eval_batches(corpus, recipe, split="test"), dev, recipe)
     return loss if math.isfinite(loss) else None
@@ -64,7 +64,10 @@ def _train_arm(spec: dict[str, Any]) -> dict[str, Any]:
     """One arm's run: the converted arm reads the cached dense model back (`read_hf_dir`), converts it
     (`convert_model`, seeded, MLP widths refit on calibration text) and uptrains; the scratch arms train
     the allocation from the recipe's fresh init."""
-    from npas import calibration_ids, convert_model, eval_batches, evaluate, read_hf_dir, train_model
+    from npas import convert_model, read_hf_dir
+    from npas.conversion.calibration import calibration_ids
+    from npas.training.forks import train_model
+    from npas.training.proxy import eval_batches, evaluate
 
     cfg = ArchConfig.from_json(spec["config"])
     uptrain = Recipe.from_dict(spec["uptrain"])
@@ -91,7 +94,9 @@ def _train_dense(spec: dict[str, Any]) -> dict[str, Any]:
     """The dense reference: trained, written by `write_hf` (via a temporary folder, renamed into place,
     so a killed run never leaves a half-written model under the cached name), read back with
     `read_hf_dir` and scored on the uptraining's validation batches (the arms' seed-0 batches)."""
-    from npas import eval_batches, evaluate, read_hf_dir, train_model, write_hf
+    from npas import read_hf_dir, write_hf
+    from npas.training.forks import train_model
+    from npas.training.proxy import eval_batches, evaluate
 
     t = time.perf_counter()
     dense, uptrain = Recipe.from_dict(spec["dense"]), Recipe.from_dict(spec["uptrain"])

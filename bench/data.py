@@ -34,15 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from npas import (
-    BATCH_PIECES,
-    SEPARATOR,
-    bundled_text,
-    cached_tokens,
-    fingerprint_text,
-    split_pieces,
-    train_bpe,
-)
+from npas.training.corpora import SEPARATOR
+from npas.training.data import bundled_text, fingerprint_text
+from npas.training.token_cache import cached_tokens
+from npas.training.tokenizers import BATCH_PIECES, split_pieces, train_bpe
 
 TARGET = 0.80
 MB = 1_000_000

@@ -50,20 +50,15 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas import (  # noqa: E402
-    NpasSearcher,
-    Space,
-    TrialAttr,
+from npas import Space, TrialAttr, load_space, open_storage  # noqa: E402
+from npas.service.search.samplers import enqueue_baselines, learns_from_infeasible, make_sampler  # noqa: E402
+from npas.service.search.searcher import NpasSearcher  # noqa: E402
+from npas.service.study.storage import reachable  # noqa: E402
+from npas.service.study.studies import (  # noqa: E402
     counts_toward_target,
-    enqueue_baselines,
-    learns_from_infeasible,
-    load_space,
-    make_sampler,
-    open_storage,
-    reachable,
+    status,
     was_evaluated,
 )
-from npas import study_status as status  # noqa: E402
 
 TARGET = 1.20
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"

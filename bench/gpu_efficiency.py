@@ -71,7 +71,9 @@ def shipped_chassis() -> Chassis:
 def measure(name: str, chassis: Chassis, batch: int, seq: int, compile_model: bool = False,
             dtype: str = "bfloat16", device: str = "cuda") -> dict:
     """Steady-state tokens/s of npas's training step (the proxy loop's own body) and its peak memory."""
-    from npas import apply_init, autocast_for, build_model, make_optimizer
+    from npas import build_model
+    from npas.training.parameterization import apply_init
+    from npas.training.proxy import autocast_for, make_optimizer
 
     cfg = reference_config(chassis)
     recipe = Recipe(name="gpu-eff", seq_len=seq, batch_size=batch, steps=STEPS + WARMUP, warmup_steps=1,

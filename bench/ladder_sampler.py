@@ -60,19 +60,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.search_efficiency import SPACE, SharedHV, surrogate_loss  # noqa: E402
-from npas import (  # noqa: E402
-    STOPPED_AS,
-    ArchConfig,
-    Ladder,
-    NpasSearcher,
-    RungResult,
-    TrialAttr,
-    enqueue_baselines,
-    ladder_objective_config,
-    make_sampler,
-    mean_interval,
-    open_storage,
-)
+from npas import ArchConfig, TrialAttr, open_storage  # noqa: E402
+from npas.service.search.admission import objective_config as ladder_objective_config  # noqa: E402
+from npas.service.search.recorder import STOPPED_AS  # noqa: E402
+from npas.service.search.samplers import enqueue_baselines, make_sampler  # noqa: E402
+from npas.service.search.searcher import NpasSearcher  # noqa: E402
+from npas.service.study.fidelity import mean_interval  # noqa: E402
+from npas.service.study.ladder import Ladder, RungResult  # noqa: E402
 
 T = 1600  # the top rung (steps); rungs at T/16 and T/4 below it
 RUNGS = (T // 16, T // 4, T)

@@ -52,14 +52,12 @@ from bench import proxy_fidelity as pf  # noqa: E402
 from bench.harness import jobs as jobs_lib  # noqa: E402
 from bench.harness import store  # noqa: E402
 from bench.harness.cli import bench_parser  # noqa: E402
-from npas import (  # noqa: E402
-    LR_GRID,
-    LR_MAX_EXTENSIONS,
-    Recipe,  # noqa: E402
-    lr_best_factor,
-    lr_locate_rung,
-    lr_next_factor,
-)
+from npas import Recipe  # noqa: E402
+from npas.training.located_rate import DEFAULT_GRID as LR_GRID  # noqa: E402
+from npas.training.located_rate import MAX_EXTENSIONS as LR_MAX_EXTENSIONS  # noqa: E402
+from npas.training.located_rate import best_factor as lr_best_factor  # noqa: E402
+from npas.training.located_rate import locate_rung as lr_locate_rung  # noqa: E402
+from npas.training.located_rate import next_factor as lr_next_factor  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "located_rate"
 N_HOLD = 8  # candidates of the hold-at-T check: the 3 baselines, then samples (``hold_set``)

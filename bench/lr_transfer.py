@@ -42,7 +42,9 @@ from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
 from bench.harness.report import Columns, cost_table  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.harness.version import recipe_settings  # noqa: E402
-from npas import PARAMETERIZATIONS, ArchConfig, Bank, Chassis, Recipe, block_slots, reference_config  # noqa: E402
+from npas import ArchConfig, Bank, Chassis, Recipe, reference_config  # noqa: E402
+from npas.allocation.config import block_slots  # noqa: E402
+from npas.training.recipe import PARAMETERIZATIONS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "lr_transfer"
 RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
@@ -270,7 +272,7 @@ def report(setup: Setup, configs: dict[str, ArchConfig], version: str) -> bool:
 
 def _print_implied_exponents(names: list[str], rows: dict) -> None:
     """Per shared arm (tied, pooled, relaxed): the sharing exponent its two optima point at."""
-    from npas import SHARING_EXPONENT
+    from npas.training.parameterization import SHARING_EXPONENT
 
     lines = []
     for name in names:

@@ -72,13 +72,9 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas import (  # noqa: E402
-    ArchConfig,
-    Recipe,
-    TrialAttr,
-    counts_toward_target,
-    make_sampler,
-)
+from npas import ArchConfig, Recipe, TrialAttr  # noqa: E402
+from npas.service.search.samplers import make_sampler  # noqa: E402
+from npas.service.study.studies import counts_toward_target  # noqa: E402
 
 TARGETS = ((15.0, 1.20), (55.0, 1.08))  # (bare seconds per trial, target ratio measured / ideal)
 WORKERS = 2
@@ -240,7 +236,8 @@ def searcher_cost(space, recipe: Recipe, corpus, tmp: Path, trials: int, proxy: 
     """Median ms per suggest() and per on_trial_complete() of the real NpasSearcher on SQLite, and the
     import time of ray.tune: the driver-side work per trial, without Ray running."""
     t = time.perf_counter()
-    from npas import NpasSearcher, open_storage
+    from npas import open_storage
+    from npas.service.search.searcher import NpasSearcher
 
     import_s = time.perf_counter() - t
     url = f"sqlite:///{tmp}/searcher.db"
@@ -268,7 +265,8 @@ _POOL: dict = {}
 
 def _pool_init(steps: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from npas import load_corpus, parse_space, run_proxy
+    from npas import load_corpus, run_proxy
+    from npas.allocation.space_parser import parse_space
 
     corpus = load_corpus(None)
     space = parse_space(SPACE_TEXT, "orchestration.yaml").bind(vocab_size=corpus.vocab_size)
@@ -304,7 +302,7 @@ def _ray_task_cold() -> float:
     t = time.perf_counter()
     import torch  # noqa: F401
 
-    from npas import init_ray, load_corpus, run_proxy  # noqa: F401  (loads the runner and the proxy loop)
+    from npas import load_corpus
 
     load_corpus(None)
     return time.perf_counter() - t
@@ -317,7 +315,7 @@ def ray_probe() -> dict[str, float]:
     import ray
 
     out = {"import ray": time.perf_counter() - t}
-    from npas import init_ray
+    from npas.service.execution.session import init_ray
 
     t = time.perf_counter()
     init_ray(None, num_cpus=WORKERS)  # as `npas search` starts an embedded Ray (workers preload torch)
@@ -354,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     target_s = args.trial_seconds or (3.0 if args.quick else 15.0)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    from npas import load_corpus, parse_space, run_proxy
+    from npas import load_corpus, run_proxy
+    from npas.allocation.space_parser import parse_space
 
     load0 = os.getloadavg()[0]
     corpus = load_corpus(None)

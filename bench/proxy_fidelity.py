@@ -67,15 +67,9 @@ from bench.harness.report import Columns, cost_table  # noqa: E402
 from bench.harness.version import code_version as harness_version  # noqa: E402
 from bench.harness.version import recipe_settings  # noqa: E402
 from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
-from npas import (  # noqa: E402
-    PARAMETERIZATIONS,
-    ArchConfig,  # noqa: E402
-    NpasError,  # noqa: E402
-    Recipe,
-    Space,  # noqa: E402
-    load_space,  # noqa: E402
-    repeat_seeds,  # noqa: E402
-)
+from npas import ArchConfig, NpasError, Recipe, Space, load_space  # noqa: E402
+from npas.service.execution.outcome import repeat_seeds  # noqa: E402
+from npas.training.recipe import PARAMETERIZATIONS  # noqa: E402
 
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
 FROZEN_CANDIDATES = ROOT / "bench" / "spaces" / "full_frozen_candidates.json"  # see frozen_candidates
@@ -295,7 +289,7 @@ def _fmt(v: float | None) -> str:
 # ------------------------------------------------------------------------------------------ plan
 def measure_rate(setup: Setup, cands: list[Candidate], steps: int = 20) -> float:
     """Training FLOP/s of one worker, from a short proxy-shaped run of the median-cost candidate."""
-    from npas import train_model
+    from npas.training.forks import train_model
 
     c = sorted(cands, key=lambda c: c.flops)[len(cands) // 2]
     r = Recipe.from_dict({**setup.proxy.to_dict(), "steps": steps, "warmup_steps": 1, "eval_every": steps,

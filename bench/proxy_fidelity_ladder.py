@@ -43,15 +43,12 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import npas
-from npas import LadderDecision as Decision
-from npas import ladder_decide as decide
-from npas import ladder_rank as rank
+from npas.service.study.ladder import Decision, Ladder, RungResult, decide, rank
 
 WORKERS = 2  # the README's search runs two workers; the rule is asynchronous, so the count moves promotions a little
 
 
-class TieLadder(npas.Ladder):
+class TieLadder(Ladder):
     """``npas.Ladder`` with the noise-tie variant (module docstring): the trial just outside a rung's
     quota is eligible when its loss is within ``tie_width`` of the last one inside; the cap holds."""
 
@@ -137,8 +134,8 @@ def replay(order: list[str], rung_losses: dict[str, dict[int, float]], recipe: A
     """Run the ladder's rule over ``order`` (candidate names, the sampler's order) with the losses each
     candidate's WSD run recorded at every rung; see the module docstring."""
     rungs = tuple(recipe.fork_rungs())
-    eta = npas.Ladder(rungs).eta if eta is None else eta
-    ladder = npas.Ladder(rungs, eta, target) if tie_width is None else TieLadder(rungs, eta, target, tie_width)
+    eta = Ladder(rungs).eta if eta is None else eta
+    ladder = Ladder(rungs, eta, target) if tie_width is None else TieLadder(rungs, eta, target, tie_width)
     out = Replay(rungs, ladder=ladder)
     segments = [segment_steps(recipe, rungs, i) for i in range(len(rungs))]
     new = list(order)
@@ -172,7 +169,7 @@ def replay(order: list[str], rung_losses: dict[str, dict[int, float]], recipe: A
             loss = rung_losses[c][t]
             out.reached[c], out.losses.setdefault(c, {})[t] = t, loss
             objs = tuple((objectives or {}).get(c, ()))
-            decision = ladder.report(t, npas.RungResult(c, loss if math.isfinite(loss) else math.nan, objs))
+            decision = ladder.report(t, RungResult(c, loss if math.isfinite(loss) else math.nan, objs))
             if t == rungs[-1]:
                 continue
             promoted = list(decision.promote)

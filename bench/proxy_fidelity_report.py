@@ -15,7 +15,9 @@ import warnings
 from typing import TYPE_CHECKING
 
 import npas
-from npas import BOOTSTRAP, PARAMETERIZATIONS, rank_correlation
+from npas.service.study.fidelity import BOOTSTRAP, paired_delta, rank_correlation
+from npas.service.study.ladder import agreement as ladder_agreement
+from npas.training.recipe import PARAMETERIZATIONS
 
 if TYPE_CHECKING:
     from bench.proxy_fidelity import Candidate, Setup
@@ -269,7 +271,7 @@ def horizon_report(setup: Setup, cands: list[Candidate], res: dict[tuple, dict])
     # paired by candidate; the seeds differ (0 vs the long seeds), so seed noise is inside the interval
     both = [n for n in full if columns[f"wsd {T}"].get(n) is not None and math.isfinite(columns[f"wsd {T}"][n])]
     if len(both) >= 2:
-        iv = npas.paired_delta([columns[f"wsd {T}"][n] for n in both], [target[n] for n in both])
+        iv = paired_delta([columns[f"wsd {T}"][n] for n in both], [target[n] for n in both])
         lower = sum(columns[f"wsd {T}"][n] < target[n] for n in both)
         print(f"wsd {T} - long (cosine at T), paired over {len(both)}/{len(cands)} candidates: {_num(iv.value)} nats "
               f"[95% t {_num(iv.low)}, {_num(iv.high)}]; WSD lower on {lower} of {len(both)}")
@@ -346,7 +348,7 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
           f"target N = {n}, ranked on (rung loss, train memory); one order of many, see bench/ladder_orders.py): "
           "reached " + ", ".join(f"{t}: {k}" for t, k in reach.items()))
     for rung in rungs[:-1]:
-        ag = npas.ladder_agreement(rep.ladder, rung)
+        ag = ladder_agreement(rep.ladder, rung)
         tau = "suppressed (< 10 pairs)" if ag.tau is None else f"{_num(ag.tau.value)} [{_num(ag.tau.low)}, {_num(ag.tau.high)}]"
         print(f"  rung {ag.rung} -> {ag.next_rung}: n {ag.n}, Kendall tau {tau}, rank flips {ag.flips} of {ag.pairs} pairs")
     score = rep.score()

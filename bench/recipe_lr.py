@@ -68,7 +68,8 @@ def scaled(recipe: Recipe, factor: float, seed: int, threads: int | None = None)
 def shipped(name: str) -> Recipe:
     """A recipe npas ships (``npas/builtin/recipes``), by name: the rate item 2 of issue #35 re-tunes.
     One thread per run: the bench's pool runs one worker per core (``long`` asks for 2)."""
-    from npas import load_recipe, resolve_recipe
+    from npas import load_recipe
+    from npas.training.recipe import resolve_recipe
 
     return load_recipe(resolve_recipe(name))
 

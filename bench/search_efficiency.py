@@ -52,17 +52,14 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout run without the editable install still finds npas
 
-from npas import (  # noqa: E402
-    MAX_SKIPPED_IN_A_ROW,
-    ArchConfig,
-    TrialAttr,
-    count,
-    enqueue_baselines,
+from npas import ArchConfig, TrialAttr, count  # noqa: E402
+from npas.service.search.samplers import enqueue_baselines, make_sampler  # noqa: E402
+from npas.service.search.searcher import MAX_SKIPPED_IN_A_ROW  # noqa: E402
+from npas.service.study.studies import (  # noqa: E402
     is_full_fidelity,
-    make_sampler,
+    status,
     was_evaluated,
 )
-from npas import study_status as status  # noqa: E402
 
 TARGET = 1.00
 SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
@@ -112,7 +109,8 @@ def run_search(space, sampler: str, seed: int, n: int, batch: int, seq: int,
 
     from ray.tune.search import Searcher
 
-    from npas import NpasSearcher, open_storage
+    from npas import open_storage
+    from npas.service.search.searcher import NpasSearcher
 
     tmp = tempfile.mkdtemp(prefix="npas-se-")
     storage = open_storage(f"sqlite:///{tmp}/s.db").storage
@@ -156,7 +154,7 @@ class SharedHV:
         self.span = np.where(self.ref - self.best > 0, self.ref - self.best, 1.0)
 
     def __call__(self, points: list[list[float]]) -> float:
-        from npas import hypervolume
+        from npas.service.study.optuna_adapter import hypervolume
 
         p = (np.asarray(points, dtype=float) - self.best) / self.span
         p = p[(p < 1.0).all(axis=1)]

@@ -50,17 +50,9 @@ from dataclasses import dataclass
 import torch
 
 import npas
-from npas import (
-    ArchConfig,
-    AtomSpec,
-    Bank,
-    Chassis,
-    ExpertPool,
-    bank_members,
-    reference_config,
-    taper_profile,
-    tying_map,
-)
+from npas import ArchConfig, Bank, Chassis, reference_config
+from npas.allocation.config import AtomSpec, ExpertPool
+from npas.allocation.fit import bank_members, taper_profile, tying_map
 
 TARGET = 1.10
 EXPERT_TARGET = 1.5  # expert pool vs the dense model of equal activated FLOPs, on CPU

@@ -37,7 +37,9 @@ import runs
 import stats
 
 import npas
-from npas import ATTN_SLOTS, MLP_SLOTS, ArchConfig, AtomSpec, Bank, Chassis, fit_width, slot_shape, tying_map
+from npas import ArchConfig, Bank, Chassis
+from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, AtomSpec, slot_shape
+from npas.allocation.fit import fit_width, tying_map
 
 REF = "untied"
 ARMS = ("untied", "atoms", "cycle_attn", "sequential_attn")

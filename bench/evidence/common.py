@@ -153,7 +153,7 @@ MAX_WIDTH_SCALE = 8.0  # full.yaml uses 4; full tying at 0.5x needs ~5.4x the ML
 
 def space_for(chassis: Chassis, budget: str, width_fit: str = "all", max_templates: int = 64):
     """A one-off search space holding only a chassis and a budget, so `Space.candidate` can fit."""
-    from npas import parse_space
+    from npas.allocation.space_parser import parse_space
 
     text = yaml.safe_dump({"name": "evidence", "chassis": chassis.to_dict(), "budget": budget,
                            "fit": {"width": width_fit, "max_width_scale": MAX_WIDTH_SCALE,

@@ -46,7 +46,8 @@ import stats
 
 from bench.harness import jobs as harness_jobs  # runs put the checkout on sys.path
 from bench.harness import store
-from npas import ArchConfig, Recipe, reference_config, tying_map
+from npas import ArchConfig, Recipe, reference_config
+from npas.allocation.fit import tying_map
 
 RANK = 16
 UPTRAIN_FRACTION = 4  # uptraining = a quarter of the recipe's steps
@@ -120,7 +121,10 @@ def convert(setup: common.Setup, dense_job: dict[str, Any], cfg: ArchConfig, up:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from npas import build_model, calibration_ids, convert_model, eval_batches, evaluate, export_state
+    from npas import build_model, convert_model
+    from npas.allocation.transformer import export_state
+    from npas.conversion.calibration import calibration_ids
+    from npas.training.proxy import eval_batches, evaluate
 
     seed = dense_job["recipe"]["seed"]
     dest = weights_dir(setup) / f"converted-{cfg.hash[:12]}-from-{stem(dense_job)}.safetensors"

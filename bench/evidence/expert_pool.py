@@ -22,7 +22,8 @@ import report
 import runs
 
 import npas
-from npas import ArchConfig, Chassis, ExpertPool, reference_config
+from npas import ArchConfig, Chassis, reference_config
+from npas.allocation.config import ExpertPool
 
 E, K = 4, 2  # experts per layer of the per-layer baseline, experts per token
 MATCH = 0.01  # nats: a paired difference this small counts as a match (seed noise on this setup is larger)

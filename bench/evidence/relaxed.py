@@ -33,7 +33,8 @@ import runs
 import stats
 
 import npas
-from npas import ArchConfig, reference_config, tying_map
+from npas import ArchConfig, reference_config
+from npas.allocation.fit import tying_map
 
 RANKS = (0, 4, 16, 64)
 REF = "untied"

@@ -96,7 +96,7 @@ def main() -> None:
     print_trials(rows)
 
     cert, wall_val = run_validate(setup, score, work, url, top, seeds)
-    from npas import certificate_table
+    from npas.presentation.cli.validate import format_table as certificate_table
 
     print("\n" + certificate_table(cert), flush=True)
     verdicts = compare(cert)
@@ -113,7 +113,7 @@ def print_saved(doc: dict[str, Any], path: Path) -> None:
     finalists' retrained losses against the best baseline and the proxy-to-long Kendall tau."""
     print(f"report from {path} (nothing trains)", flush=True)
     if "certificate" in doc:
-        from npas import certificate_table
+        from npas.presentation.cli.validate import format_table as certificate_table
 
         print("\n" + certificate_table(doc["certificate"]), flush=True)
         compare(doc["certificate"])
@@ -168,7 +168,8 @@ def run_search(setup: common.Setup, space, proxy: Recipe, work: Path, url: str, 
 
     import optuna
 
-    from npas import TrialAttr, resume, search, split_baseline
+    from npas import TrialAttr, resume, search
+    from npas.service.search.samplers import split_baseline
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     work.mkdir(parents=True, exist_ok=True)
@@ -218,7 +219,7 @@ def stale_baseline(row: dict[str, Any]) -> str | None:
 def compare(cert: dict[str, Any]) -> list[dict[str, Any]]:
     """Paired Δ (same fresh seeds, test split) of the knee pick and of the best validated front point
     against each baseline and the FLOPs-matched dense model; negative = the search's point is better."""
-    from npas import paired_delta
+    from npas.service.study.fidelity import paired_delta
 
     rows = [r for r in cert["allocations"] if r["complete"]]
     pick = next((r for r in rows if "pick" in r["roles"]), None)

@@ -17,7 +17,7 @@ from npas import ArchConfig, Recipe
 def search_space(setup: Setup, file_chassis: bool = False):
     """search_spaces/full.yaml's knobs and 0.25x budget; its own chassis, or (default) the evidence
     chassis so a 12-trial study fits the time box. unique_blocks is clipped to the chassis depth."""
-    from npas import parse_space
+    from npas.allocation.space_parser import parse_space
 
     path = ROOT / "search_spaces" / "full.yaml"
     data = yaml.safe_load(path.read_text())
@@ -87,8 +87,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """Every trial that ran a proxy: status, fidelity, losses, memory, compute."""
     from optuna.trial import TrialState
 
-    from npas import StudyAttr, TrialAttr, front_trials, is_full_fidelity
-    from npas import study_status as status
+    from npas import StudyAttr, TrialAttr, front_trials
+    from npas.service.study.studies import is_full_fidelity, status
 
     tokens_per_step = int(study.user_attrs[StudyAttr.RECIPE]["seq_len"]) * int(study.user_attrs[StudyAttr.RECIPE]["batch_size"])
     front = {t.number for t in front_trials(study)}

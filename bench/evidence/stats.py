@@ -60,7 +60,7 @@ PARITY_MARGIN = 0.02
 def paired_interval(results: Iterable[dict[str, Any]], name: str, ref: str, split: str = "val_loss"):
     """loss(name) - loss(ref) on `split` over the seeds both ran, with the 95% t-interval of
     `npas.service.study.fidelity.paired_delta` (negative = `name` better)."""
-    from npas import paired_delta
+    from npas.service.study.fidelity import paired_delta
 
     losses = by_name(results, split)
     a, b = losses.get(name, {}), losses.get(ref, {})

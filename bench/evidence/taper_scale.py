@@ -96,7 +96,7 @@ def device_specs() -> list[dict]:
 
 def t_interval(d: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval of paired differences (npas.service.study.fidelity's, as `npas validate` uses)."""
-    from npas import mean_interval
+    from npas.service.study.fidelity import mean_interval
 
     iv = mean_interval(d)
     return (iv.value,) + tuple(math.nan if x is None else x for x in (iv.low, iv.high))

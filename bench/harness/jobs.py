@@ -43,15 +43,9 @@ def run_spec(spec: dict) -> dict:
     """Train one spec'd run; the record is the spec's ``meta`` plus what the run measured."""
     import torch
 
-    from npas import (
-        ArchConfig,
-        Chassis,
-        Recipe,
-        eval_batches,
-        evaluate,
-        pick_device,
-        train_model,  # cosine: npas.training.proxy's loop, as before
-    )
+    from npas import ArchConfig, Chassis, Recipe
+    from npas.training.forks import train_model
+    from npas.training.proxy import eval_batches, evaluate, pick_device
 
     cfg = ArchConfig.from_json(spec["config"])
     recipe = Recipe.from_dict(spec["recipe"])
@@ -73,7 +67,7 @@ def run_spec(spec: dict) -> dict:
     if spec.get("save_weights") and res.status == "ok":  # the trained model, for a later conversion
         from safetensors.torch import save_file
 
-        from npas import export_state
+        from npas.allocation.transformer import export_state
         dest = ROOT / spec["save_weights"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         save_file(export_state(model), str(dest.with_suffix(".tmp")))

@@ -26,7 +26,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from npas import NUMERICS_VERSION
+from npas.conversion.numerics import NUMERICS_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,7 +35,8 @@ def test_quick_locates_holds_and_reports_from_the_cache(tmp_path):
     # the held set: the 3 baselines (the quick run's one sample costs over HOLD_MAX_FLOPS); without the
     # proxy-fidelity bench's WSD runs (a fresh temp cache) the ladder asks no other candidate for a grid
     assert sorted(grids) == ["cycle_tying", "full_tying", "narrow_untied"], sorted(grids)
-    from npas import lr_best_factor, lr_next_factor
+    from npas.training.located_rate import best_factor as lr_best_factor
+    from npas.training.located_rate import next_factor as lr_next_factor
 
     for name, g in grids.items():
         walked: dict[float, float] = {}
