@@ -1,7 +1,7 @@
 """Analytic accounting vs building the model: how much faster, and is it exact?
 
-    python bench/accounting.py            # 50 samples of every shipped space
-    python bench/accounting.py --quick    # 4 samples each, for the smoke test
+    python benchmarks/accounting.py            # 50 samples of every shipped space
+    python benchmarks/accounting.py --quick    # 4 samples each, for the smoke test
 
 The search ranks and rejects candidates by `npas.count(cfg)` without building them, so the count
 must equal `sum(p.numel() for p in build_model(cfg).parameters())` on every allocation a space can

@@ -1,8 +1,8 @@
 """How much of its budget does each sampled candidate store? (No training: sampling only counts.)
 
-    python bench/budget_fill.py            # 200 asks per space, the three spaces of the defect report
-    python bench/budget_fill.py --all      # every shipped space
-    python bench/budget_fill.py --quick    # 40 asks per space, a smoke run
+    python benchmarks/budget_fill.py            # 200 asks per space, the three spaces of the defect report
+    python benchmarks/budget_fill.py --all      # every shipped space
+    python benchmarks/budget_fill.py --quick    # 40 asks per space, a smoke run
 
 A search compares candidates at one budget, so each must hold (nearly) all of it: a candidate storing
 a third of the budget is judged with parameters it was never given. For every space, Optuna's

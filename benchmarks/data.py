@@ -1,7 +1,7 @@
 """Tokenize-and-cache throughput vs calling Hugging Face ``tokenizers`` directly; cache size and load time.
 
-    python bench/data.py            # a 100 MB corpus (about 10 minutes on the shared 2-core machine)
-    python bench/data.py --quick    # about 2 MB, for the smoke test
+    python benchmarks/data.py            # a 100 MB corpus (about 10 minutes on the shared 2-core machine)
+    python benchmarks/data.py --quick    # about 2 MB, for the smoke test
 
 The corpus is generated: the bundled Shakespeare's paragraphs, shuffled with a seeded RNG and
 repeated until the size is reached, joined with the corpus separator (so it reads like many

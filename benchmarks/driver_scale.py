@@ -1,14 +1,14 @@
 """Driver scale: does the driver's own per-trial bookkeeping stay flat as a study grows to thousands of trials?
 
-    python bench/driver_scale.py                 # 2,000 trials, random and tpe, SQLite and PostgreSQL,
+    python benchmarks/driver_scale.py                 # 2,000 trials, random and tpe, SQLite and PostgreSQL,
                                                  # then 4 drivers x 500 trials on one PostgreSQL study
-    python bench/driver_scale.py --quick         # 200 trials (windows 1-50 vs 151-200), 2 drivers x 20
-    python bench/driver_scale.py --db sqlite --samplers random --trials 500
+    python benchmarks/driver_scale.py --quick         # 200 trials (windows 1-50 vs 151-200), 2 drivers x 20
+    python benchmarks/driver_scale.py --db sqlite --samplers random --trials 500
 
 No model is trained and Ray is not started. The REAL searcher (`npas.service.search.searcher.NpasSearcher`) is driven
 through Ray Tune's Searcher protocol (suggest, then on_trial_complete) exactly as the runner drives it, with a
 SYNTHETIC result (a loss derived from the allocation hash), on the frozen bench space
-bench/spaces/full_frozen.yaml: baselines enqueued first, infeasible and duplicate asks told as the searcher
+experiments/spaces/full_frozen.yaml: baselines enqueued first, infeasible and duplicate asks told as the searcher
 tells them, constraints, heartbeat claims, the study-wide target, all of it the searcher's own.
 
 Per counted trial (one suggest that returns a config, which may include skipped asks, plus its
@@ -61,7 +61,7 @@ from npas.service.study.studies import (  # noqa: E402
 )
 
 TARGET = 1.20
-SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
+SPACE = ROOT / "experiments" / "spaces" / "full_frozen.yaml"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 RECIPE = {"batch_size": 8, "seq_len": 64, "steps": 1}  # what the accounting and the trial key see
 

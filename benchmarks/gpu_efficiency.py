@@ -1,6 +1,6 @@
 """npas's proxy loop on a CUDA GPU: throughput, bf16 MFU and measured peak memory against the estimate.
 
-The CPU twin is ``bench/proxy_efficiency.py``. This one needs a GPU (it exits 2 without one) and prints,
+The CPU twin is ``benchmarks/proxy_efficiency.py``. This one needs a GPU (it exits 2 without one) and prints,
 in one run:
   1. the bf16 matrix-product rate of this GPU (8192^3, mean of timed products) beside the datasheet's
      dense bf16 peak (H100/H200 SXM: 989 TFLOP/s);
@@ -14,8 +14,8 @@ in one run:
 Targets (issue "search at scale"): bf16 MFU >= 25% at d_model 1024; measured peak memory within 25%
 of the estimate at d_model >= 512.
 
-    python bench/gpu_efficiency.py [--json PATH] [--no-compile]
-    python bench/gpu_efficiency.py --recheck bench/results/gpu_efficiency_h200.json
+    python benchmarks/gpu_efficiency.py [--json PATH] [--no-compile]
+    python benchmarks/gpu_efficiency.py --recheck benchmarks/results/gpu_efficiency_h200.json
         (here, no GPU: the memory verdict of a saved run against today's estimate)
 """
 

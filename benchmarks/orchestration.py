@@ -1,9 +1,9 @@
 """Orchestration overhead of `npas search`: a real search on 2 workers vs the ideal of its trials run bare.
 
-    python bench/orchestration.py            # 8 trials of ~15 s each (~4 minutes idle, ~7 on a loaded machine)
-    python bench/orchestration.py --trial-seconds 55 --no-profile   # 8 trials of ~55 s (~12 minutes idle)
-    python bench/orchestration.py --quick    # 4 trials of ~3 s each (~1 minute): a smoke run
-    python bench/orchestration.py --pairs    # also the trials bare 2 at a time in plain processes (no Ray)
+    python benchmarks/orchestration.py            # 8 trials of ~15 s each (~4 minutes idle, ~7 on a loaded machine)
+    python benchmarks/orchestration.py --trial-seconds 55 --no-profile   # 8 trials of ~55 s (~12 minutes idle)
+    python benchmarks/orchestration.py --quick    # 4 trials of ~3 s each (~1 minute): a smoke run
+    python benchmarks/orchestration.py --pairs    # also the trials bare 2 at a time in plain processes (no Ray)
 
 What is compared, in one run:
   * measured: the wall time of `python -m npas search SPACE --recipe R --trials N --workers 2
@@ -90,7 +90,7 @@ def target_for(trial_s: float) -> float:
     return t0 + (t1 - t0) * (trial_s - s0) / (s1 - s0)
 
 SPACE_TEXT = """\
-# bench/orchestration.py: every candidate has the reference's FLOPs (taper keeps the mean width)
+# benchmarks/orchestration.py: every candidate has the reference's FLOPs (taper keeps the mean width)
 name: orchestration
 chassis: {vocab_size: 68, context: 64, d_model: 64, n_layers: 4, n_heads: 4, d_ff: 256, activation: gelu}
 budget: 1x

@@ -13,9 +13,9 @@ i.e. 6N per token plus attention), and the ratio npas / hand-written. Targets: >
 machine drifts by more than the differences being measured; the verdict uses tokens per CPU second
 at one thread, which other load on the machine disturbs far less than wall-clock time.
 
-    python bench/proxy_efficiency.py            # ~8 minutes of CPU at one thread (both families)
-    python bench/proxy_efficiency.py --quick    # ~1 minute, smaller model and fewer steps
-    python bench/proxy_efficiency.py --family llama   # only the llama rows
+    python benchmarks/proxy_efficiency.py            # ~8 minutes of CPU at one thread (both families)
+    python benchmarks/proxy_efficiency.py --quick    # ~1 minute, smaller model and fewer steps
+    python benchmarks/proxy_efficiency.py --family llama   # only the llama rows
 
 The llama rows repeat this on a LLaMA-family chassis (RMSNorm, rotary positions, SwiGLU, 2 K/V heads
 for 4 query heads) against a hand-written Llama loop of the same shape (HandLlama: Hugging Face's

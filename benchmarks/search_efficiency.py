@@ -1,9 +1,9 @@
 """Search efficiency: hypervolume after N trials of the default sampler (TPE) vs random search at N and 3N.
 
-    python bench/search_efficiency.py                  # N=40, 16 seeds, bench/spaces/full_frozen.yaml
-    python bench/search_efficiency.py --quick          # N=12, 3 seeds: a smoke run
-    python bench/search_efficiency.py --real           # also a tiny real-training search per sampler (Ray, ~2 min)
-    python bench/search_efficiency.py --infeasible-as fail  # before: infeasible asks told FAIL (TPE ignores them)
+    python benchmarks/search_efficiency.py                  # N=40, 16 seeds, experiments/spaces/full_frozen.yaml
+    python benchmarks/search_efficiency.py --quick          # N=12, 3 seeds: a smoke run
+    python benchmarks/search_efficiency.py --real           # also a tiny real-training search per sampler (Ray, ~2 min)
+    python benchmarks/search_efficiency.py --infeasible-as fail  # before: infeasible asks told FAIL (TPE ignores them)
 
 No model is trained by default. Each candidate is scored by a cheap, deterministic SYNTHETIC objective
 computed from its fitted allocation, so the bench measures the samplers, not the proxy's noise:
@@ -22,7 +22,7 @@ space's baselines are enqueued first; infeasible candidates are told COMPLETE wi
 constraint when the sampler learns from constraints (TPE: `npas.service.search.samplers.learns_from_infeasible`),
 FAIL otherwise (`--infeasible-as fail` forces FAIL, the behaviour before); duplicates of an evaluated
 allocation are told FAIL; neither counts; each counted trial gets the budget and fidelity constraints.
-The space is a frozen copy of search_spaces/full.yaml (bench/spaces/full_frozen.yaml), so the baseline
+The space is a frozen copy of search_spaces/full.yaml (experiments/spaces/full_frozen.yaml), so the baseline
 does not move when the shipped space grows. The fraction of asks that were infeasible is printed per sampler. Samplers
 come from `npas.service.search.samplers.make_sampler` (tpe is the default of `npas search`), one worker, sequential.
 
@@ -62,7 +62,7 @@ from npas.service.study.studies import (  # noqa: E402
 )
 
 TARGET = 1.00
-SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
+SPACE = ROOT / "experiments" / "spaces" / "full_frozen.yaml"  # frozen: the shipped full.yaml grows, the baseline must not
 
 
 # ---- the synthetic objective --------------------------------------------------------------------

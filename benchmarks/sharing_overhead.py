@@ -1,8 +1,8 @@
 """Training-step overhead of sharing: tied, pooled, tapered and relaxed allocations vs the dense reference.
 
-    python bench/sharing_overhead.py            # d_model 128, 8 layers, batch 16 x seq 128
-    python bench/sharing_overhead.py --quick    # small shape, few steps, 1 thread: a smoke run
-    python bench/sharing_overhead.py --threads 1   # when other jobs hold the cores (see below)
+    python benchmarks/sharing_overhead.py            # d_model 128, 8 layers, batch 16 x seq 128
+    python benchmarks/sharing_overhead.py --quick    # small shape, few steps, 1 thread: a smoke run
+    python benchmarks/sharing_overhead.py --threads 1   # when other jobs hold the cores (see below)
 
 Every variant runs on the reference's chassis (d_model, n_layers, d_ff), so the weights each token
 multiplies with, and hence its FLOPs, match the dense reference; sharing only changes where the

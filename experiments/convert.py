@@ -1,9 +1,9 @@
 """Does starting from a trained dense model beat training an allocation from scratch?
 
-    python bench/convert.py --quick     # tiny chassis, smoke recipes, 1 seed: minutes on 2 cores
-    python bench/convert.py --plan      # print what the full run trains, and its cost, without running it
-    python bench/convert.py             # the full run (hours on 2 CPU cores; minutes on a GPU)
-    python bench/convert.py --hf --plan # issue 37: a LLaMA saved in Hugging Face format (bench/convert_hf.py)
+    python experiments/convert.py --quick     # tiny chassis, smoke recipes, 1 seed: minutes on 2 cores
+    python experiments/convert.py --plan      # print what the full run trains, and its cost, without running it
+    python experiments/convert.py             # the full run (hours on 2 CPU cores; minutes on a GPU)
+    python experiments/convert.py --hf --plan # issue 37: a LLaMA saved in Hugging Face format (experiments/convert_hf.py)
 
 One dense reference is trained with the dense recipe (`long` in the full run). Three allocations at
 0.5x and 0.25x of the reference's parameters -- cycle tying + LoRA (rank 8), template pools, taper +
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness.recipes import bench_recipe  # noqa: E402
+from experiments.harness.recipes import bench_recipe  # noqa: E402
 from npas import (  # noqa: E402
     ArchConfig,
     Chassis,
@@ -161,12 +161,21 @@ def run(mode: Mode, allocs: dict[str, ArchConfig], device: str | None) -> int:
 
 
 def _hf(args: argparse.Namespace) -> int:
-    """`--hf` (bench/convert_hf.py): the plan with what is cached and due, the table from the cache
+    """`--hf` (experiments/convert_hf.py): the plan with what is cached and due, the table from the cache
     (`--report`), or training what is due in rounds. Quick mode caches in a temporary folder unless
-    `--out` names one (the full run's default is the committed `bench/results/convert_hf`)."""
+    `--out` names one (the full run's default is the committed `experiments/results/convert_hf`)."""
     import tempfile
 
-    from bench.convert_hf import OUT, Cache, HFMode, cycle_lora, hf_modes, print_hf_plan, report_hf, run_hf
+    from experiments.convert_hf import (
+        OUT,
+        Cache,
+        HFMode,
+        cycle_lora,
+        hf_modes,
+        print_hf_plan,
+        report_hf,
+        run_hf,
+    )
 
     hmode = hf_modes()["quick" if args.quick else "full"]
     if args.seeds is not None:
@@ -189,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available)")
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 full, 1 quick)")
     ap.add_argument("--hf", action="store_true", help="a LLaMA trained here, saved in Hugging Face format, converted "
-                    "to cycle + LoRA at 0.5x vs scratch, each arm at its located rate (bench/convert_hf.py)")
+                    "to cycle + LoRA at 0.5x vs scratch, each arm at its located rate (experiments/convert_hf.py)")
     ap.add_argument("--workers", type=int, default=2, help="--hf: training processes, one thread each (default 2)")
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="--hf: start no new run after this many minutes (runs in flight finish and are cached)")
     ap.add_argument("--report", action="store_true",
                     help="--hf: print the table from the cache only (INCOMPLETE and what is due if runs are missing)")
-    ap.add_argument("--out", default=None, help="--hf: the cache folder (default bench/results/convert_hf; "
+    ap.add_argument("--out", default=None, help="--hf: the cache folder (default experiments/results/convert_hf; "
                     "--quick: a temporary folder, removed at exit)")
     args = ap.parse_args(argv)
     if args.workers < 1:

@@ -1,11 +1,11 @@
-"""`bench/convert.py --hf` (issue 37, item 6): a LLaMA-family model trained here and saved in Hugging Face
+"""`experiments/convert.py --hf` (issue 37, item 6): a LLaMA-family model trained here and saved in Hugging Face
 format, converted to cycle tying + LoRA at 0.5x its parameters and uptrained, against the same allocation
 from scratch at equal uptraining and at equal total steps.
 
-    nice -n 19 python bench/convert.py --hf --plan                 # the plan, what is cached, what is due now
-    nice -n 19 python bench/convert.py --hf --max-minutes 150      # train what is due (rounds), then the table
-    nice -n 19 python bench/convert.py --hf --report               # the table from the cache alone; trains nothing
-    nice -n 19 python bench/convert.py --hf --quick --workers 1    # tiny chassis in a temporary folder (--out keeps it)
+    nice -n 19 python experiments/convert.py --hf --plan                 # the plan, what is cached, what is due now
+    nice -n 19 python experiments/convert.py --hf --max-minutes 150      # train what is due (rounds), then the table
+    nice -n 19 python experiments/convert.py --hf --report               # the table from the cache alone; trains nothing
+    nice -n 19 python experiments/convert.py --hf --quick --workers 1    # tiny chassis in a temporary folder (--out keeps it)
 
 Each arm trains at its *located* rate: a learning-rate grid (multiples of the recipe's lr) on seed 0,
 walked upwards by npas's own rule (`npas.lr_next_factor`: a rate clearly worse than the best so far
@@ -26,13 +26,13 @@ was ~17.7 CPU core-hours: not runnable on a 2-core machine in 3-hour sessions. T
 (the Relaxed Recursive Transformers row: a d_model 64 x 8 dense reference, 1,000 steps, converted to
 cycle U=4 + LoRA), so the two read side by side. Quick mode is a smoke test of the machinery only.
 
-Cache, so the run spans sessions: every finished run is one record in `bench/results/convert_hf/`
-(`bench/harness/store.py`), keyed ``<arm>-x<lr multiple>-s<seed>-<steps>-<code version>.json``; the
+Cache, so the run spans sessions: every finished run is one record in `experiments/results/convert_hf/`
+(`experiments/harness/store.py`), keyed ``<arm>-x<lr multiple>-s<seed>-<steps>-<code version>.json``; the
 code version is that of the training numerics (`npas.conversion.numerics`, whose golden runs train a
 llama model and convert it) and the settings every run shares (`code_version`). The dense
-model is cached too, as the Hugging Face directory `write_hf` wrote (`dense-<version>/`, ~1.5 MB
-fp32, committed with the records) plus its record `dense-<version>.json`: trained once, only when a
-converted run is due, and read back with `read_hf_dir` by every converted run after it. Training
+model is cached too, as the Hugging Face directory `write_hf` wrote (`dense-<version>/`; its ~1.5 MB
+of fp32 weights stay out of git, its config and tokenizer are committed) plus its record
+`dense-<version>.json` (what the report reads): trained once, only when a converted run is due, and read back with `read_hf_dir` by every converted run after it. Training
 goes in rounds on a process pool (`due_jobs`: per arm the next grid point the rule asks for, or
 once the grid is walked, the missing seeds at the located rate), each record saved the moment its
 run finishes; `--max-minutes` stops starting runs, and a later invocation picks up from the cache.
@@ -51,12 +51,12 @@ from typing import Any
 
 import optuna
 
-from bench.convert_hf_train import train_job
-from bench.harness import store
-from bench.harness.pool import run_pool
-from bench.harness.recipes import bench_recipe  # noqa: E402
-from bench.harness.version import ROOT, recipe_settings
-from bench.harness.version import code_version as harness_version
+from experiments.convert_hf_train import train_job
+from experiments.harness import store
+from experiments.harness.pool import run_pool
+from experiments.harness.recipes import bench_recipe  # noqa: E402
+from experiments.harness.version import ROOT, recipe_settings
+from experiments.harness.version import code_version as harness_version
 from npas import ArchConfig, Chassis, Recipe, count, reference_config
 from npas.allocation.space_parser import parse_space
 from npas.service.study.fidelity import paired_delta
@@ -65,11 +65,11 @@ from npas.training.located_rate import next_factor as lr_next_factor
 
 GRID = (0.25, 0.5, 1.0, 2.0, 4.0)  # multiples of the recipe's lr tried on seed 0
 MAX_EXTEND = 2  # extensions of the grid past an edge optimum (x2 or /2 each)
-# training FLOP/s of one CPU thread for the plan's estimate: bench/proxy_fidelity.py --plan measured
-# 20.3 GFLOP/s per worker at d_model 128 on this (shared, loaded) machine on 2026-12-02; bench/lr_transfer.py
+# training FLOP/s of one CPU thread for the plan's estimate: experiments/proxy_fidelity.py --plan measured
+# 20.3 GFLOP/s per worker at d_model 128 on this (shared, loaded) machine on 2026-12-02; experiments/lr_transfer.py
 # states 50 on a quiet one. The estimate uses the loaded figure and prints the quiet one beside it.
 CPU_FLOPS, QUIET_CPU_FLOPS = 2.0e10, 5.0e10
-OUT = ROOT / "bench" / "results" / "convert_hf"  # the full run's cache (quick: a temporary folder or --out)
+OUT = ROOT / "experiments" / "results" / "convert_hf"  # the full run's cache (quick: a temporary folder or --out)
 DENSE = ("dense", 1.0, 0)  # the dense model's job: trained once, by the pool like any run
 
 Job = tuple[str, float, int]  # (arm, lr multiple, seed)
@@ -125,7 +125,7 @@ def plan_steps(mode: HFMode) -> dict[str, int]:
     """The run's optimizer steps: the dense model's, the seed-0 grids', the other seeds' and the total,
     with every grid point trained and no extension ("total") and with every arm extended `MAX_EXTEND`
     times ("at_most"): the most `locate_and_repeat` spends without and with extensions; a grid that
-    stops going up early spends less (tests/bench/test_convert_hf_plan.py runs it on a stub)."""
+    stops going up early spends less (tests/experiments/test_convert_hf_plan.py runs it on a stub)."""
     steps = arm_steps(mode)
     grids = sum(len(GRID) * s for s in steps.values())
     seeds = sum((len(mode.seeds) - 1) * s for s in steps.values())  # seed 0 is in the grid
@@ -220,7 +220,7 @@ def locate_and_repeat(mode: HFMode, train: Callable[[str, float, int], float], t
 
 
 def code_version(mode: HFMode, cfg: ArchConfig) -> str:
-    """The cache's code version (``bench/harness/version.py``): the numerics and the settings every run
+    """The cache's code version (``experiments/harness/version.py``): the numerics and the settings every run
     shares (chassis, recipes, the allocation, the grid and its extensions), so changing any of them starts
     a fresh cache. The seeds are not in it: a run is keyed by its own seed, so adding seeds keeps the
     cached ones."""
@@ -280,9 +280,12 @@ class Cache:
         return store.load(p) if store.exists(p) else None
 
     def dense_ready(self) -> bool:
-        """The dense model trained and its Hugging Face directory in place (both: a deleted folder retrains)."""
+        """The dense model trained and its Hugging Face directory in place, weights included (its record is
+        committed, its ~1.5 MB of weights are not: a checkout without them retrains the dense model before a
+        converted run, and its report still reads the record)."""
         rec = self.dense_record()
-        return rec is not None and rec.get("status") == "ok" and (self.dense_dir / "config.json").is_file()
+        return rec is not None and rec.get("status") == "ok" and all(
+            (self.dense_dir / f).is_file() for f in ("config.json", "model.safetensors"))
 
     def dense_due(self, due: list[Job]) -> bool:
         """The dense model trains only when missing and a converted run is due."""
@@ -357,7 +360,7 @@ def run_hf(mode: HFMode, cfg: ArchConfig, device: str | None, out: Path = OUT, w
             rec = cache.dense_record()
             if rec is not None and rec.get("status") != "ok":
                 print(f"the dense model's cached run {rec.get('status')} ({rec.get('failure_reason')}): converted runs "
-                      f"cannot start; forget {cache.path(*DENSE).name} (bench/harness/store.py) to retrain it")
+                      f"cannot start; forget {cache.path(*DENSE).name} (experiments/harness/store.py) to retrain it")
                 return 1
             todo = [DENSE] + [j for j in todo if j[0] != "converted"]  # converted: next round, from its weights
         todo.sort(key=lambda j: -cache.steps(j[0]))

@@ -1,4 +1,4 @@
-"""What one run of `bench/convert.py --hf` trains, in a pool worker (`bench/convert_hf.py` plans the
+"""What one run of `experiments/convert.py --hf` trains, in a pool worker (`experiments/convert_hf.py` plans the
 runs, keeps their cache and reports them; this module is the other side of the pool).
 
 A worker is a spawned process, so a run arrives as plain data (`Cache.spec`) and everything else is
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.harness.version import stamp
+from experiments.harness.version import stamp
 from npas import ArchConfig, Recipe, reference_config
 
 

@@ -3,13 +3,13 @@
 A GPU machine is lent for minutes, starts bare (no optuna, no ray, another torch) and returns at most
 a few files. So the work is split in three:
 
-    python bench/device.py export [--groups a,b]   # here: every missing run of the GPU-ready benches,
-                                                   # one JSON spec each, into bench/results/device/jobs.json
-    python bench/device.py run JOBS --out DIR --deadline-s S [--gpu-workers a=4,b=4]
+    python experiments/device.py export [--groups a,b]   # here: every missing run of the GPU-ready benches,
+                                                   # one JSON spec each, into experiments/results/device/jobs.json
+    python experiments/device.py run JOBS --out DIR --deadline-s S [--gpu-workers a=4,b=4]
                                                    # there: train them in a process pool per group (all
                                                    # on the one GPU), stop starting runs that would end
                                                    # past S, tar what finished into DIR/results.tar.gz
-    python bench/device.py collect DIR             # here: unpack the records into each bench's cache
+    python experiments/device.py collect DIR             # here: unpack the records into each bench's cache
 
 A spec names everything a run needs (allocation JSON, recipe, reference chassis, whether to score the
 test split) and where its record goes (``dest``, the same cache file the bench itself would write),
@@ -17,10 +17,10 @@ so ``--report`` of each bench reads device runs like its own. Records carry ``de
 keeps GPU runs in a cache folder of their own (``*_h200``), never mixed with CPU ones.
 
 Groups (each bench module exposes ``device_specs() -> list[dict]``):
-    lr_transfer      bench/lr_transfer.py, every arm x grid x seed, both parameterizations
-    proxy_fidelity   bench/proxy_fidelity.py, proxy and 4x-longer runs, both parameterizations
-    taper_scale      bench/evidence/taper_scale.py, taper arms at d_model 256 x 8 layers, 5 seeds
-    evidence         every training run of bench/evidence/{EVIDENCE} (each script run with
+    lr_transfer      experiments/lr_transfer.py, every arm x grid x seed, both parameterizations
+    proxy_fidelity   experiments/proxy_fidelity.py, proxy and 4x-longer runs, both parameterizations
+    taper_scale      experiments/evidence/taper_scale.py, taper arms at d_model 256 x 8 layers, 5 seeds
+    evidence         every training run of experiments/evidence/{EVIDENCE} (each script run with
                      NPAS_EVIDENCE_EXPORT, which makes it list its missing runs instead of training)
 """
 
@@ -45,13 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import store  # noqa: E402
-from bench.harness.jobs import run_spec  # noqa: E402  (the one training function)
-from bench.harness.version import commit  # noqa: E402
+from experiments.harness import store  # noqa: E402
+from experiments.harness.jobs import run_spec  # noqa: E402  (the one training function)
+from experiments.harness.version import commit  # noqa: E402
 
-JOBS = ROOT / "bench" / "results" / "device" / "jobs.json"
-GROUPS = {"lr_transfer": "bench/lr_transfer.py", "proxy_fidelity": "bench/proxy_fidelity.py",
-          "taper_scale": "bench/evidence/taper_scale.py", "evidence": "bench/evidence/runs.py"}
+JOBS = ROOT / "experiments" / "results" / "device" / "jobs.json"
+GROUPS = {"lr_transfer": "experiments/lr_transfer.py", "proxy_fidelity": "experiments/proxy_fidelity.py",
+          "taper_scale": "experiments/evidence/taper_scale.py", "evidence": "experiments/evidence/runs.py"}
 EVIDENCE = ("taper", "relaxed", "low_budget", "high_budget", "atoms")
 
 
@@ -97,14 +97,14 @@ def export(groups: list[str], out: Path) -> list[dict]:
 
 def evidence_specs() -> list[dict]:
     """The evidence scripts' missing runs: each script, run with NPAS_EVIDENCE_EXPORT, appends one spec
-    a line (bench/evidence/runs.py) and trains nothing."""
+    a line (experiments/evidence/runs.py) and trains nothing."""
     import subprocess
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "specs.jsonl"
         env = {**os.environ, "NPAS_EVIDENCE_EXPORT": str(out), "NPAS_EVIDENCE_DEVICE": "cuda"}
         for name in EVIDENCE:
-            subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / f"{name}.py")], cwd=ROOT, env=env,
+            subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / f"{name}.py")], cwd=ROOT, env=env,
                            check=True, capture_output=True, text=True)
         lines = out.read_text().splitlines() if out.exists() else []
     specs = {}
@@ -194,7 +194,7 @@ def run(jobs: Path, out: Path, deadline_s: float, workers: dict[str, int], pre: 
     specs = json.loads(jobs.read_text())
     out.mkdir(parents=True, exist_ok=True)
     results = Path(tempfile.mkdtemp(prefix="npas-device-results-"))  # this run's records only
-    for cmd in pre:  # exclusive-GPU measurements first (bench/gpu_efficiency.py)
+    for cmd in pre:  # exclusive-GPU measurements first (benchmarks/gpu_efficiency.py)
         print(f"[device] {cmd}", flush=True)
         os.system(cmd)  # noqa: S605 - the operator's own command line
     deadline = t0 + deadline_s

@@ -1,12 +1,12 @@
 """The ladder's defaults judged over sampler orders (issue #52): every rung set and eta, the noise-tie rule
 on and off, each replayed under the product's promotion rule over ORDERS random orders of the 24 frozen
-candidates of ``bench/proxy_fidelity.py``. Nothing is trained: the replay reads the WSD runs' cached
+candidates of ``experiments/proxy_fidelity.py``. Nothing is trained: the replay reads the WSD runs' cached
 rung losses at T/16, T/4 and T (T = 1,600) and the long runs' cached test losses.
 
-    python bench/ladder_orders.py --plan      what would be replayed, from which cache (trains nothing)
-    nice -n 10 python bench/ladder_orders.py  the table (a few minutes of one CPU core)
+    python experiments/ladder_orders.py --plan      what would be replayed, from which cache (trains nothing)
+    nice -n 10 python experiments/ladder_orders.py  the table (a few minutes of one CPU core)
 
-**The replay** (``bench/proxy_fidelity_ladder.py``: ``npas.Ladder`` itself on an event clock, 2 workers,
+**The replay** (``experiments/proxy_fidelity_ladder.py``: ``npas.Ladder`` itself on an event clock, 2 workers,
 a segment lasts its optimizer steps x the candidate's forward FLOPs per token at the recipe's
 sequence length): target N = the number of candidates (baselines included), the product's objectives
 (the rung loss and the analytic training memory, ``npas.count(cfg, batch, seq_len).train_memory_bytes``,
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 import npas  # noqa: E402
-from bench.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of  # noqa: E402
+from experiments.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of  # noqa: E402
 from npas import Recipe  # noqa: E402
 
 ORDERS = 500  # sampler orders per configuration: fixed before the replay was run
@@ -72,7 +72,7 @@ RUNG_FRACTIONS = ((16, 1), (4, 1), (16, 4, 1))  # T/16 + T, T/4 + T, T/16 + T/4 
 NOISE_SIGMAS = 2.0  # the former product tie rule: 2 std of a difference of two one-run losses
 BUDGET = 0.5  # the rule's compute bound, N x T in FLOPs
 TIE_NATS = 0.001  # mean regrets this close tie; the cheaper wins
-OUT = ROOT / "bench" / "results" / "ladder_orders"
+OUT = ROOT / "experiments" / "results" / "ladder_orders"
 
 
 @dataclass(frozen=True)
@@ -218,9 +218,9 @@ def choose(rows: dict[Config, dict[str, Any]]) -> Config | None:
 
 # ------------------------------------------------------------------------------------------ cache
 def load_cache() -> Cache:
-    """The horizon rows' cached runs (``bench/proxy_fidelity.py``), at the bench's current code version."""
-    from bench import proxy_fidelity as pf
-    from bench.proxy_fidelity_report import DEFAULT_PAR, _loss, _pooled_sigma
+    """The horizon rows' cached runs (``experiments/proxy_fidelity.py``), at the bench's current code version."""
+    from experiments import proxy_fidelity as pf
+    from experiments.proxy_fidelity_report import DEFAULT_PAR, _loss, _pooled_sigma
 
     setup = pf.make_setup(False, None, None, None, 1)
     space, cands = pf.load_candidates(setup)
@@ -240,7 +240,7 @@ def load_cache() -> Cache:
         truth[c.name], proxy[c.name] = statistics.fmean(seeds), _loss(p, "val_loss")
     if missing:
         raise SystemExit(f"ladder_orders: the cache lacks runs of {', '.join(missing)}; "
-                         "run `python bench/proxy_fidelity.py` first (`--plan` says what is missing)")
+                         "run `python experiments/proxy_fidelity.py` first (`--plan` says what is missing)")
     sigma = _pooled_sigma(list(longs.values()))
     assert sigma is not None
     names = tuple(c.name for c in cands)

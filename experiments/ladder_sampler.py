@@ -2,10 +2,10 @@
 hypervolume of the front at T after N started candidates, then after a second driver extends the
 study to 2N (as `npas resume --trials 2N` does).
 
-    python bench/ladder_sampler.py            # N=40, 8 seeds, bench/spaces/full_frozen.yaml (~3 min)
-    python bench/ladder_sampler.py --quick    # N=12, 2 seeds: a smoke run
+    python experiments/ladder_sampler.py            # N=40, 8 seeds, experiments/spaces/full_frozen.yaml (~3 min)
+    python experiments/ladder_sampler.py --quick    # N=12, 2 seeds: a smoke run
 
-Nothing is trained. As in ``bench/search_efficiency.py`` each candidate's loss at T is the SYNTHETIC,
+Nothing is trained. As in ``benchmarks/search_efficiency.py`` each candidate's loss at T is the SYNTHETIC,
 deterministic ``surrogate_loss`` of its fitted allocation (so the bench measures the search, not the
 proxy's noise); train_memory_bytes is exact (``npas.count``). A rung r < T reports a finished-at-r
 loss, also synthetic:
@@ -15,7 +15,7 @@ loss, also synthetic:
 with A = 0.25, ALPHA = 0.5 (0.75 nats above L(T) at T/16, 0.25 at T/4), m(cfg) in [0.5, 1.5] and
 z(cfg, r) ~ N(0, 1), both fixed per allocation by its hash: allocations learn at different speeds, so
 rung order and order at T disagree (SIGMA = 0.023 nats, the proxy's residual against the long run
-measured on bench/proxy_fidelity.py's cache, issue #33).
+measured on experiments/proxy_fidelity.py's cache, issue #33).
 
 Each search runs npas's own ``NpasSearcher`` (asks, infeasible and duplicate handling, baselines,
 telling) and npas's own ``Ladder`` (rungs T/16, T/4, T; eta 4; asynchronous promotion with the tie
@@ -59,7 +59,7 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.search_efficiency import SPACE, SharedHV, surrogate_loss  # noqa: E402
+from benchmarks.search_efficiency import SPACE, SharedHV, surrogate_loss  # noqa: E402
 from npas import ArchConfig, TrialAttr, open_storage  # noqa: E402
 from npas.service.search.admission import objective_config as ladder_objective_config  # noqa: E402
 from npas.service.search.recorder import STOPPED_AS  # noqa: E402
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {(arm, s): search(space, arm, s, n, rec.batch_size, rec.seq_len) for s in seeds for arm in ARMS}
     hv = SharedHV([p for r in runs.values() for k in ("N", "2N") for p in r[k]["points"]])
     print(f"{len(runs)} searches in {time.perf_counter() - t0:.0f} s; HV: shared reference point, scaled as "
-          "bench/search_efficiency.py")
+          "benchmarks/search_efficiency.py")
     print(f"\n{'arm':<11}{'HV@N':>9}{'HV@2N':>9}{'at T@2N':>9}{'steps@2N / (2N x T)':>22}   HV@2N - constraint's (paired, 95% t)")
     base = {s: hv(runs["constraint", s]["2N"]["points"]) for s in seeds}
     base_n = {s: hv(runs["constraint", s]["N"]["points"]) for s in seeds}

@@ -1,8 +1,8 @@
 """Tokens a search spends: the promotion ladder against ASHA and against every trial trained to T, on
 the same candidates (issue #34 item 6).
 
-    python bench/ladder_tokens.py             # tests/data/tiny.yaml, 16 trials, T = 160 steps, 2 workers (~4 min)
-    python bench/ladder_tokens.py --quick     # 8 trials, T = 80
+    python experiments/ladder_tokens.py             # tests/data/tiny.yaml, 16 trials, T = 160 steps, 2 workers (~4 min)
+    python experiments/ladder_tokens.py --quick     # 8 trials, T = 80
 
 Three real searches (real Ray, real training, SQLite) of the same space with the same random sampler
 and seed, so the same candidates in the same order (checked: their allocation hashes are printed
@@ -11,7 +11,7 @@ equal or the run says they are not):
 - ``ladder``: a ``schedule: wsd`` recipe of T steps, rungs T/16, T/4, T (a recipe's when it names none),
   early stopping on: every trial climbs, and the k-th rung sends on at most floor(N / 4**k) trials,
   each while in the best quarter of its rung so far (``npas/service/study/ladder.py``); the rest stop
-  where they are. ``bench/results/ladder_tokens/`` was measured under the rule before that cap
+  where they are. ``experiments/results/ladder_tokens/`` was measured under the rule before that cap
   (baselines never paused, a noise tie promoted one more);
 - ``asha``: the same recipe with ``schedule: cosine``: npas's ASHA (reduction 3, grace one evaluation,
   stops at evaluation points; the baselines run to T under both);
@@ -21,7 +21,7 @@ Tokens = optimizer steps actually trained x the recipe's tokens per step: a tria
 ``trained_steps`` (the top rung reached plus its cooldown forks) under wsd, its ``fidelity`` (steps
 trained) under cosine. Printed per search with the trials that reached T and the wall time; the
 ratios ladder / all-to-T and ladder / asha. The ladder's target in issue #34 (<= 0.5 x N x T) is
-measured on 24 candidates by bench/proxy_fidelity.py's ladder row; this bench says what each
+measured on 24 candidates by experiments/proxy_fidelity.py's ladder row; this bench says what each
 mechanism spends at a small scale, where the 3 baselines (always run to T) weigh heavily.
 """
 

@@ -3,7 +3,7 @@
 A search under the ladder picks each promoted candidate's rate at the locating rung
 (``npas.training.located_rate``: factors x0.5, x1, x2, x4 of its fair rate, each trained to the rung
 at T/4 and scored by its cooldown fork; an edge optimum extends the grid one x2 step, at most twice).
-This bench asks two things of that rule on the frozen fidelity candidates of ``bench/proxy_fidelity.py``
+This bench asks two things of that rule on the frozen fidelity candidates of ``experiments/proxy_fidelity.py``
 (equal stored params, its WSD recipe to T = 1,600 steps, rungs T/16, T/4, T):
 
 1. **hold** (item 3): on 8 candidates (``hold_set``: the 3 baselines, then the first 5 samples in
@@ -15,7 +15,7 @@ This bench asks two things of that rule on the frozen fidelity candidates of ``b
 2. **ladder with located rates** (item 4): every candidate's grid (seed 0, the proxy's seed, as a
    search trains it), then its WSD run to T at the located factor (seed 0; at factor 1 it is the
    proxy-fidelity bench's own cached WSD run, read from that cache, not retrained), replayed through
-   the ladder's rule (``bench/proxy_fidelity_ladder.py``) with the locating rung = the grid's best,
+   the ladder's rule (``experiments/proxy_fidelity_ladder.py``) with the locating rung = the grid's best,
    and its grid steps added to the ladder's compute. Against truth at the fair rate (the long cosine
    runs' mean test loss, ``proxy_fidelity``); Delta tau (located - fair-rate ladder), paired bootstrap.
 
@@ -29,9 +29,9 @@ does (equal up to float rounding); at x1 it is read from the proxy-fidelity WSD 
 jobs of stage 2 and 3 depend on stage 1's results, so the bench runs in rounds until nothing new is
 due; ``--plan`` prints what is known now and the most the rule can add.
 
-    python bench/located_rate.py --plan
-    nice -n 15 python bench/located_rate.py --max-minutes 60
-    python bench/located_rate.py --report
+    python experiments/located_rate.py --plan
+    nice -n 15 python experiments/located_rate.py --max-minutes 60
+    python experiments/located_rate.py --report
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import proxy_fidelity as pf  # noqa: E402
-from bench.harness import jobs as jobs_lib  # noqa: E402
-from bench.harness import store  # noqa: E402
-from bench.harness.cli import bench_parser  # noqa: E402
+from experiments import proxy_fidelity as pf  # noqa: E402
+from experiments.harness import jobs as jobs_lib  # noqa: E402
+from experiments.harness import store  # noqa: E402
+from experiments.harness.cli import bench_parser  # noqa: E402
 from npas import Recipe  # noqa: E402
 from npas.training.located_rate import DEFAULT_GRID as LR_GRID  # noqa: E402
 from npas.training.located_rate import MAX_EXTENSIONS as LR_MAX_EXTENSIONS  # noqa: E402
@@ -59,7 +59,7 @@ from npas.training.located_rate import best_factor as lr_best_factor  # noqa: E4
 from npas.training.located_rate import locate_rung as lr_locate_rung  # noqa: E402
 from npas.training.located_rate import next_factor as lr_next_factor  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "located_rate"
+RESULTS = ROOT / "experiments" / "results" / "located_rate"
 N_HOLD = 8  # candidates of the hold-at-T check: the 3 baselines, then samples (``hold_set``)
 HOLD_MAX_FLOPS = 1.3e6  # samples held at T cost under this many FLOPs/token (a T run of one at 3.4M: ~2.5x)
 HOLD_SEED = 2000  # a fresh seed: never a proxy seed (0, 2) nor a long seed (1000, 1001)
@@ -146,7 +146,7 @@ class Bench:
     def climb_steps(self) -> int:
         """Optimizer steps of one grid run as a search trains it: a climb to the locating rung, the lower
         rungs' fork decays included (the bench's own run of length r trains r, with equal loss)."""
-        from bench.proxy_fidelity_ladder import segment_steps
+        from experiments.proxy_fidelity_ladder import segment_steps
 
         rungs = tuple(self.wsd.fork_rungs())
         return sum(segment_steps(self.wsd, rungs, i) for i in range(rungs.index(self.rung) + 1))
@@ -156,7 +156,7 @@ class Bench:
         (the fair WSD run's forks), at it the grid's best, above it the WSD run at the located factor.
         What is not known yet stands in from the fair run (those names are returned apart): only the
         decisions it leads to are used, to ask for the runs it lacks."""
-        from bench.proxy_fidelity_ladder import rung_losses_of
+        from experiments.proxy_fidelity_ladder import rung_losses_of
 
         T, out, stand_in = self.wsd.steps, {}, set()
         for c in self.cands:
@@ -177,7 +177,7 @@ class Bench:
         return out, stand_in
 
     def replay(self, losses: dict[str, dict[int, float]]) -> Any:
-        from bench.proxy_fidelity_ladder import replay
+        from experiments.proxy_fidelity_ladder import replay
 
         order = [c.name for c in self.cands if c.name in losses]
         return replay(order, losses, self.wsd, {c.name: c.flops for c in self.cands})
@@ -277,7 +277,7 @@ def held_at_best(b: Bench, grids: dict[str, dict[float, float]]) -> dict[str, An
     x1. The order at T moves with the rate by tau(fair, best) < 1; Delta tau (located - fair) asks whether
     the located score tracks the order at the best rates better. Eight candidates and one seed: the
     intervals are wide, and are printed as a diagnostic, not the 24-candidate target."""
-    from bench.proxy_fidelity_report import _delta_target, _horizon_row
+    from experiments.proxy_fidelity_report import _delta_target, _horizon_row
 
     cols: dict[str, dict[str, float]] = {"located": {}, "fair": {}, "truth_best": {}, "truth_fair": {}}
     for c in b.cands:
@@ -310,8 +310,8 @@ def held_at_best(b: Bench, grids: dict[str, dict[float, float]]) -> dict[str, An
 
 
 def report(b: Bench) -> dict[str, Any]:
-    from bench.proxy_fidelity_ladder import rung_losses_of
-    from bench.proxy_fidelity_report import _delta_target, _horizon_row
+    from experiments.proxy_fidelity_ladder import rung_losses_of
+    from experiments.proxy_fidelity_report import _delta_target, _horizon_row
 
     T = b.wsd.steps
     print(f"located rates over {len(b.cands)} candidates (grid {list(LR_GRID)} at rung {b.rung}, seed {b.wsd.seed}; "

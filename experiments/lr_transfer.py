@@ -4,23 +4,23 @@ A search trains every candidate with the recipe's one base learning rate, so the
 fair if each allocation's best learning rate sits where the reference's does. This bench sweeps the
 base rate over a x2 grid for allocations that differ from the reference (the untied uniform model at
 the middle depth and width) in depth, width, tying, pooling and LoRA relaxation, trains each with
-the real proxy loop (``bench/harness/jobs.py``'s ``train_and_score``, reference chassis passed so the ``fair``
+the real proxy loop (``experiments/harness/jobs.py``'s ``train_and_score``, reference chassis passed so the ``fair``
 rules see the width and depth ratios), and prints where each optimum lies under the ``fair``
 parameterization and the old ``uniform`` one side by side.
 
 Target: under ``fair``, every arm's optimum (mean loss over seeds) within one grid step of the
 reference's.
 
-Finished runs are cached in ``bench/results/lr_transfer/`` (``bench/harness/store.py``) keyed by (arm, lr, seed,
+Finished runs are cached in ``experiments/results/lr_transfer/`` (``experiments/harness/store.py``) keyed by (arm, lr, seed,
 parameterization, allocation hash, code version), so a killed or time-boxed run resumes where it
 stopped; the code version is that of the training numerics (``npas.conversion.numerics``), the recipe and
 the reference chassis, so a change to any of them starts afresh (and editing this report does not).
 
-    python bench/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing
-    nice -n 10 python bench/lr_transfer.py    run what is missing (2 workers), then print the table
-    python bench/lr_transfer.py --report --out bench/results/lr_transfer_h200   the GPU runs (bench/device.py)
-    python bench/lr_transfer.py --report      print the table from the cache only
-    python bench/lr_transfer.py --quick       a tiny chassis, seconds, output to a temp dir (smoke test)
+    python experiments/lr_transfer.py --plan        runs x tokens -> estimated CPU-hours, trains nothing
+    nice -n 10 python experiments/lr_transfer.py    run what is missing (2 workers), then print the table
+    python experiments/lr_transfer.py --report --out experiments/results/lr_transfer_h200   the GPU runs (experiments/device.py)
+    python experiments/lr_transfer.py --report      print the table from the cache only
+    python experiments/lr_transfer.py --quick       a tiny chassis, seconds, output to a temp dir (smoke test)
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
 import npas  # noqa: E402
-from bench.harness import jobs as jobs_lib  # noqa: E402
-from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.report import Columns, cost_table  # noqa: E402
-from bench.harness.version import code_version as harness_version  # noqa: E402
-from bench.harness.version import recipe_settings  # noqa: E402
+from experiments.harness import jobs as jobs_lib  # noqa: E402
+from experiments.harness.cli import bench_parser, version_to_read  # noqa: E402
+from experiments.harness.report import Columns, cost_table  # noqa: E402
+from experiments.harness.version import code_version as harness_version  # noqa: E402
+from experiments.harness.version import recipe_settings  # noqa: E402
 from npas import ArchConfig, Bank, Chassis, Recipe, reference_config  # noqa: E402
 from npas.allocation.config import block_slots  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "lr_transfer"
-RESULTS_GPU = ROOT / "bench" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (bench/device.py)
+RESULTS = ROOT / "experiments" / "results" / "lr_transfer"
+RESULTS_GPU = ROOT / "experiments" / "results" / "lr_transfer_h200"  # runs made on the lent H200 (experiments/device.py)
 SEEDS = (10, 11)  # fresh seeds: the parameterization's exponents were chosen looking at seeds 0 and 1
 CPU_FLOPS = 5e10  # training FLOP/s of one thread, measured here: d_model 64-128 runs reach 50-70 GFLOP/s
 
@@ -116,7 +116,7 @@ def version_settings(setup: Setup) -> list[dict]:
 
 
 def code_version(setup: Setup) -> str:
-    """The cache's code version (``bench/harness/version.py``): the numerics and ``version_settings``."""
+    """The cache's code version (``experiments/harness/version.py``): the numerics and ``version_settings``."""
     return harness_version("lr_transfer", version_settings(setup))
 
 
@@ -139,7 +139,7 @@ def jobs_of(setup: Setup, configs: dict[str, ArchConfig]) -> list[Job]:
 
 
 def runs_of(setup: Setup, configs: dict[str, ArchConfig], version: str) -> jobs_lib.Runs:
-    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    """The bench's runs as the harness trains, plans, reads and exports them (``experiments/harness/jobs.py``)."""
     return jobs_lib.Runs(jobs_of(setup, configs), lambda j: setup.out / f"{j.key(configs[j.arm], version)}.json",
                          lambda j: (configs[j.arm], recipe_for(setup, j), setup.reference),
                          lambda j: {"arm": j.arm, "lr": j.lr, "seed": j.seed, "parameterization": j.parameterization,
@@ -293,7 +293,7 @@ def full_setup(n_seeds: int = len(SEEDS), out: Path = RESULTS, workers: int = 2)
 
 
 def device_specs() -> list[dict]:
-    """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
+    """Every run of the full bench as a spec for experiments/device.py (GPU cache: RESULTS_GPU)."""
     setup = full_setup(out=RESULTS_GPU)
     return runs_of(setup, arms(setup.reference, setup.lora_ranks), code_version(setup)).device_specs(test=False)
 

@@ -30,17 +30,17 @@ bootstrap interval, tau over the pairs the long runs resolve (gap > 2 sigma), to
 target: the paired bootstrap interval of tau(fork at T/4) - tau(proxy) lies above 0. A WSD run's
 cache key adds a second version, of the WSD recipe, so the cosine runs keep their keys.
 
-Every finished run is cached in ``bench/results/proxy_fidelity/`` (``bench/harness/store.py``) keyed by (candidate
+Every finished run is cached in ``experiments/results/proxy_fidelity/`` (``experiments/harness/store.py``) keyed by (candidate
 hash, recipe name, steps, seed, parameterization, code version), so sessions resume and a cached run
 never reruns. The code version is that of the training numerics (``npas.conversion.numerics``) and the
-base recipe (``bench/harness/version.py``), so a change to either starts afresh; the frozen space keeps
+base recipe (``experiments/harness/version.py``), so a change to either starts afresh; the frozen space keeps
 later edits of the shipped one from moving the candidates.
 
-    python bench/proxy_fidelity.py --plan              runs x tokens -> estimated CPU-hours (measures tokens/s)
-    nice -n 10 python bench/proxy_fidelity.py --max-minutes 40   train what is missing, cheapest first
-    python bench/proxy_fidelity.py --report            the table from the cache only
-    python bench/proxy_fidelity.py --report --out bench/results/proxy_fidelity_h200   the GPU runs (bench/device.py)
-    python bench/proxy_fidelity.py --quick             4 candidates, smoke recipe, tiny steps, temp dir
+    python experiments/proxy_fidelity.py --plan              runs x tokens -> estimated CPU-hours (measures tokens/s)
+    nice -n 10 python experiments/proxy_fidelity.py --max-minutes 40   train what is missing, cheapest first
+    python experiments/proxy_fidelity.py --report            the table from the cache only
+    python experiments/proxy_fidelity.py --report --out experiments/results/proxy_fidelity_h200   the GPU runs (experiments/device.py)
+    python experiments/proxy_fidelity.py --quick             4 candidates, smoke recipe, tiny steps, temp dir
 """
 
 from __future__ import annotations
@@ -59,22 +59,22 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
 import optuna  # noqa: E402
 
 import npas  # noqa: E402
-from bench.harness import jobs as jobs_lib  # noqa: E402
-from bench.harness import store  # noqa: E402
-from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.recipes import bench_recipe  # noqa: E402
-from bench.harness.report import Columns, cost_table  # noqa: E402
-from bench.harness.version import code_version as harness_version  # noqa: E402
-from bench.harness.version import recipe_settings  # noqa: E402
-from bench.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
+from experiments.harness import jobs as jobs_lib  # noqa: E402
+from experiments.harness import store  # noqa: E402
+from experiments.harness.cli import bench_parser, version_to_read  # noqa: E402
+from experiments.harness.recipes import bench_recipe  # noqa: E402
+from experiments.harness.report import Columns, cost_table  # noqa: E402
+from experiments.harness.version import code_version as harness_version  # noqa: E402
+from experiments.harness.version import recipe_settings  # noqa: E402
+from experiments.proxy_fidelity_report import DEFAULT_PAR, horizon_report, report  # noqa: E402
 from npas import ArchConfig, NpasError, Recipe, Space, load_space  # noqa: E402
 from npas.service.execution.outcome import repeat_seeds  # noqa: E402
 from npas.training.recipe import PARAMETERIZATIONS  # noqa: E402
 
-SPACE = ROOT / "bench" / "spaces" / "full_frozen.yaml"
-FROZEN_CANDIDATES = ROOT / "bench" / "spaces" / "full_frozen_candidates.json"  # see frozen_candidates
-RESULTS = ROOT / "bench" / "results" / "proxy_fidelity"
-RESULTS_GPU = ROOT / "bench" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (bench/device.py)
+SPACE = ROOT / "experiments" / "spaces" / "full_frozen.yaml"
+FROZEN_CANDIDATES = ROOT / "experiments" / "spaces" / "full_frozen_candidates.json"  # see frozen_candidates
+RESULTS = ROOT / "experiments" / "results" / "proxy_fidelity"
+RESULTS_GPU = ROOT / "experiments" / "results" / "proxy_fidelity_h200"  # runs made on the lent H200 (experiments/device.py)
 LONG_FACTOR = 4  # long run = proxy steps x 4, same base lr
 MID_FACTOR = 2  # the horizon row: the proxy at 2x its steps, same lr and seed (does fidelity grow with length?)
 LONG_SEED_BASE = 1000  # long seeds are 1000, 1001, ...: never a proxy seed
@@ -230,7 +230,7 @@ def version_settings(setup: Setup) -> dict[str, Any]:
 
 
 def code_version(setup: Setup) -> str:
-    """The cosine runs' code version (``bench/harness/version.py``): the numerics and the base recipe."""
+    """The cosine runs' code version (``experiments/harness/version.py``): the numerics and the base recipe."""
     return harness_version("proxy_fidelity", version_settings(setup))
 
 
@@ -242,7 +242,7 @@ def wsd_version(setup: Setup) -> str:
 
 # ------------------------------------------------------------------------------------------ runs
 def runs_of(setup: Setup, cands: list[Candidate], version: str) -> jobs_lib.Runs:
-    """The bench's runs as the harness trains, plans, reads and exports them (``bench/harness/jobs.py``)."""
+    """The bench's runs as the harness trains, plans, reads and exports them (``experiments/harness/jobs.py``)."""
     return jobs_lib.Runs(jobs_of(setup, cands), lambda j: setup.out / f"{j.key(setup, version)}.json",
                          lambda j: (j.cand.config, j.recipe(setup), REFERENCE[0]),
                          lambda j: {"candidate": j.cand.name, "values": j.cand.values, "kind": j.kind, "seed": j.seed,
@@ -250,7 +250,7 @@ def runs_of(setup: Setup, cands: list[Candidate], version: str) -> jobs_lib.Runs
 
 
 def run_missing(setup: Setup, cands: list[Candidate], version: str, max_minutes: float | None) -> tuple[int, int]:
-    """Train every uncached job in order on the harness's pool (``bench/harness/jobs.py``). After
+    """Train every uncached job in order on the harness's pool (``experiments/harness/jobs.py``). After
     ``max_minutes`` no new run starts (runs in flight finish and are cached). Returns (ran, cached)."""
     setup.out.mkdir(parents=True, exist_ok=True)
     work = [0.0, 0.0]  # training FLOPs and wall seconds of this session's finished runs
@@ -399,7 +399,7 @@ def load_candidates(setup: Setup) -> tuple[Space, list[Candidate]]:
 
 
 def device_specs() -> list[dict]:
-    """Every run of the full bench as a spec for bench/device.py (GPU cache: RESULTS_GPU)."""
+    """Every run of the full bench as a spec for experiments/device.py (GPU cache: RESULTS_GPU)."""
     setup = make_setup(False, None, None, RESULTS_GPU, 1)
     _, cands = load_candidates(setup)
     return runs_of(setup, cands, code_version(setup)).device_specs(test=True)

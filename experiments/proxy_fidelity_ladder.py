@@ -1,5 +1,5 @@
-"""The promotion ladder replayed from cached runs: the rows of ``bench/proxy_fidelity.py`` and
-``bench/ladder_orders.py`` (issues #34 item 7, #52).
+"""The promotion ladder replayed from cached runs: the rows of ``experiments/proxy_fidelity.py`` and
+``experiments/ladder_orders.py`` (issues #34 item 7, #52).
 
 A ladder trial at rung ``t`` computes exactly what the candidate's one WSD run to T computes at its
 cooldown fork ``t`` (``npas.training.climb`` climbs with the same ``forks.advance`` and ``fork_loss``,
@@ -23,7 +23,7 @@ FLOPs per token (every step has the same tokens).
 ``target`` is the search's N (the rungs' caps); ``objectives`` the study's other objectives per
 candidate, lower better (the product ranks on the rung loss and, for ``full.yaml``, the analytic
 training memory). Without a target the replay is the pre-cap rule (no cap, no close: paused trials
-not promoted stop when nothing runs), which ``bench/located_rate.py`` still replays.
+not promoted stop when nothing runs), which ``experiments/located_rate.py`` still replays.
 
 The noise-tie variant (``tie_width``, a bench-only rule the product dropped): at a rung below the
 top whose quota q = floor(n / eta) is at least 1, the one trial ranked right after the quota (rank

@@ -2,7 +2,7 @@
 rows that say where a miss comes from (the long seeds' ceiling, the proxy's repeats, the proxy at
 2x its steps).
 
-Only statistics and printing live here; ``bench/proxy_fidelity.py`` chooses the candidates, trains
+Only statistics and printing live here; ``experiments/proxy_fidelity.py`` chooses the candidates, trains
 and caches the runs, and hands this module the cached records. tau and its bootstrap interval are
 ``npas.service.study.fidelity.rank_correlation``, the statistic ``npas validate`` reports.
 """
@@ -20,7 +20,7 @@ from npas.service.study.ladder import agreement as ladder_agreement
 from npas.training.recipe import PARAMETERIZATIONS
 
 if TYPE_CHECKING:
-    from bench.proxy_fidelity import Candidate, Setup
+    from experiments.proxy_fidelity import Candidate, Setup
 
 TOP = 5  # tau among the best proxy candidates, where a user actually chooses
 TARGET_TAU, TARGET_LOW = 0.7, 0.3
@@ -312,12 +312,12 @@ def _why_rows(columns: dict[str, dict[str, float | None]], target: dict[str, flo
 def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], proxy: dict[str, float | None],
                  target: dict[str, float], gap_sd: float | None) -> dict[str, dict]:
     """The ladder row (issue #34 item 7), replayed from the WSD runs' rung losses over the candidates that
-    have one (``bench/proxy_fidelity_ladder.py``) under the product's rule (target N = the candidates,
+    have one (``experiments/proxy_fidelity_ladder.py``) under the product's rule (target N = the candidates,
     ranked on the rung loss and the analytic training memory, rungs closed at the end), in the bench's
     one sampler order, with its three targets: Delta tau (ladder - proxy) above 0, top-3 recall >= 2/3,
-    compute <= 0.5 x N x T steps, forks counted. One order is one draw: ``bench/ladder_orders.py``
+    compute <= 0.5 x N x T steps, forks counted. One order is one draw: ``experiments/ladder_orders.py``
     replays 500 orders and gives recall and regret as distributions."""
-    from bench.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of
+    from experiments.proxy_fidelity_ladder import WORKERS, replay, rung_losses_of
 
     assert setup.wsd is not None
     rungs, T = setup.wsd.fork_rungs(), setup.wsd.steps
@@ -345,7 +345,7 @@ def _ladder_rows(setup: Setup, cands: list[Candidate], res: dict[tuple, dict], p
     reach = {t: sum(v == t for v in rep.reached.values()) for t in rungs}
     print(f"\nladder ({n} of {len(cands)} candidates, sampler order, {WORKERS} workers, eta {rep.ladder.eta}, "
           f"rungs {', '.join(map(str, rungs))}, replayed from the WSD runs' rung losses under the search's rule: "
-          f"target N = {n}, ranked on (rung loss, train memory); one order of many, see bench/ladder_orders.py): "
+          f"target N = {n}, ranked on (rung loss, train memory); one order of many, see experiments/ladder_orders.py): "
           "reached " + ", ".join(f"{t}: {k}" for t, k in reach.items()))
     for rung in rungs[:-1]:
         ag = ladder_agreement(rep.ladder, rung)

@@ -6,7 +6,7 @@ the search's recipe puts that base rate at the optimum. A rate below it under-tr
 run, and an under-trained proxy rewards whatever raises the effective step (the second evidence
 edition saw LoRA adapters do exactly that), which is noise in the ranking, not allocation.
 
-It trains baselines of ``bench/spaces/full_frozen.yaml`` (the space ``proxy_fidelity.py`` ranks; by
+It trains baselines of ``experiments/spaces/full_frozen.yaml`` (the space ``proxy_fidelity.py`` ranks; by
 default its two cheapest, ``narrow_untied`` and ``cycle_tying``) with the ``proxy`` recipe at
 x0.5, x1, x2 and x4 of its rate (the cosine floor scaled with it), on fresh seeds 20 and 21 under the
 default ``fair`` parameterization, scored on the validation split as a search scores them.
@@ -15,16 +15,16 @@ Target: every arm's optimum (mean over seeds) at x1 of the recipe's rate, i.e. t
 half a x2 step of the optimum on the grid (PASS/MISS; INCOMPLETE while runs are missing). The
 sub-grid position from a parabola in log2(lr) is printed beside it.
 
-Each finished run is cached in ``bench/results/recipe_lr/`` (``bench/harness/store.py``) keyed by (arm, allocation hash,
+Each finished run is cached in ``experiments/results/recipe_lr/`` (``experiments/harness/store.py``) keyed by (arm, allocation hash,
 factor, seed, code version); the code version is that of the training numerics (``npas.conversion.numerics``)
 and the recipe, so editing the frozen proxy starts a fresh cache. A shipped recipe's sweep (``--recipe
 NAME``) keys its runs by the rate they train at and leaves the base rate out of its version, so
 re-tuning that rate keeps the grid it was re-tuned from.
 
-    python bench/recipe_lr.py --plan          runs x tokens -> estimated CPU-hours
-    nice -n 10 python bench/recipe_lr.py      train what is missing (2 workers), then the table
-    python bench/recipe_lr.py --arms narrow_untied,cycle_tying,full_tying   all three baselines
-    python bench/recipe_lr.py --quick         smoke recipe, tiny steps, temp dir
+    python experiments/recipe_lr.py --plan          runs x tokens -> estimated CPU-hours
+    nice -n 10 python experiments/recipe_lr.py      train what is missing (2 workers), then the table
+    python experiments/recipe_lr.py --arms narrow_untied,cycle_tying,full_tying   all three baselines
+    python experiments/recipe_lr.py --quick         smoke recipe, tiny steps, temp dir
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere in the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import jobs as jobs_lib  # noqa: E402
-from bench.harness.cli import bench_parser, version_to_read  # noqa: E402
-from bench.harness.version import code_version as harness_version  # noqa: E402
-from bench.harness.version import recipe_settings  # noqa: E402
-from bench.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
-from bench.proxy_fidelity import (  # noqa: E402
+from experiments.harness import jobs as jobs_lib  # noqa: E402
+from experiments.harness.cli import bench_parser, version_to_read  # noqa: E402
+from experiments.harness.version import code_version as harness_version  # noqa: E402
+from experiments.harness.version import recipe_settings  # noqa: E402
+from experiments.lr_transfer import CPU_FLOPS, optimum  # noqa: E402
+from experiments.proxy_fidelity import (  # noqa: E402
     Candidate,
     code_version,
     load_candidates,
@@ -52,7 +52,7 @@ from bench.proxy_fidelity import (  # noqa: E402
 )
 from npas import Recipe  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "recipe_lr"
+RESULTS = ROOT / "experiments" / "results" / "recipe_lr"
 FACTORS = (0.5, 1.0, 2.0, 4.0)
 QUICK_FACTORS = (0.5, 1.0, 2.0)
 SEEDS = (20, 21)  # never the proxy's seed 0 nor proxy_fidelity's long seeds 1000+
@@ -94,7 +94,7 @@ def key(c: Candidate, factor: float, seed: int, version: str, base_lr: float | N
 
 def runs_of(recipe: Recipe, jobs: list[Job], out: Path, version: str, reference: Any,
             threads: int | None = None, by_rate: bool = False) -> jobs_lib.Runs:
-    """The bench's runs as the harness trains, plans and reads them (``bench/harness/jobs.py``); a shipped
+    """The bench's runs as the harness trains, plans and reads them (``experiments/harness/jobs.py``); a shipped
     recipe's (`by_rate`) named by the rate each trains at."""
     base = recipe.lr if by_rate else None
     return jobs_lib.Runs(jobs, lambda j: out / f"{key(*j, version, base)}.json",

@@ -1,8 +1,8 @@
 """Matrix atoms for attention (MASA) vs the untied model and vs cycle / sequential tying of attention.
 
-    python bench/evidence/atoms.py            # report: d_model 64, 8 layers, 5 seeds
-    python bench/evidence/atoms.py --plan     # the arms, their accounting and the run plan; no training
-    python bench/evidence/atoms.py --quick    # smoke run
+    python experiments/evidence/atoms.py            # report: d_model 64, 8 layers, 5 seeds
+    python experiments/evidence/atoms.py --plan     # the arms, their accounting and the run plan; no training
+    python experiments/evidence/atoms.py --quick    # smoke run
 
 Claim (MASA): atoms at about a third of the layers' attention matrices reach the untied model's
 loss with about 66.7% fewer attention parameters, and beat cycle and sequential tying at the same

@@ -11,12 +11,12 @@ its per-run cache), ``stats`` (paired intervals and verdicts), ``report`` (table
     --quick        tiny chassis, ~1 minute, 1 seed, output to a temp dir (a smoke test)
     (default)      the report's setting (second edition): d_model 64, 8 layers, 5 seeds, 1,000 steps
                    of 3,072 tokens, the fair parameterization against the chassis' reference;
-                   output to bench/evidence/results/*.json and docs/figures/*.png
+                   output to experiments/evidence/results/*.json and docs/figures/*.png
     --plan         print runs x tokens -> CPU-hours (and what is cached) and train nothing
 
-With ``NPAS_EVIDENCE_EXPORT=FILE`` set, a script trains nothing: it appends a ``bench/device.py`` spec
+With ``NPAS_EVIDENCE_EXPORT=FILE`` set, a script trains nothing: it appends a ``experiments/device.py`` spec
 for every missing run to FILE and reports from the cache (how a lent GPU machine runs the
-experiments; ``python bench/device.py export --groups evidence`` does this for all).
+experiments; ``python experiments/device.py export --groups evidence`` does this for all).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from npas import ArchConfig, Chassis, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
-RESULTS_DIR = ROOT / "bench" / "evidence" / "results"
+RESULTS_DIR = ROOT / "experiments" / "evidence" / "results"
 FIG_DIR = ROOT / "docs" / "figures"
 VOCAB = 68  # distinct characters of the bundled corpus
 
@@ -54,7 +54,7 @@ FULL_RECIPE = Recipe(name="evidence-v2", seq_len=64, batch_size=48, steps=1000, 
 FULL_SEEDS = 5
 LR_CHECK_SEED, LR_CHECK_FACTORS = 99, (0.5, 1.0, 2.0)
 RUNS_DIR = RESULTS_DIR / "runs"
-CPU_FLOPS = 5e10  # training FLOP/s of one thread here (bench/lr_transfer.py measured 50-70 GFLOP/s)
+CPU_FLOPS = 5e10  # training FLOP/s of one thread here (experiments/lr_transfer.py measured 50-70 GFLOP/s)
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
 

@@ -1,10 +1,10 @@
 """Conversion from a trained model: does a recursive model converted from a trained dense one beat the
 same model trained from scratch?
 
-    python bench/evidence/conversion.py --plan     # runs x tokens -> CPU-hours, what is cached; trains nothing
-    python bench/evidence/conversion.py            # report: d_model 64, 8 layers, 5 seeds
-    python bench/evidence/conversion.py --quick    # smoke run
-    python bench/evidence/conversion.py --best-rates   # each recursive arm at its checked optimum (5 seeds)
+    python experiments/evidence/conversion.py --plan     # runs x tokens -> CPU-hours, what is cached; trains nothing
+    python experiments/evidence/conversion.py            # report: d_model 64, 8 layers, 5 seeds
+    python experiments/evidence/conversion.py --quick    # smoke run
+    python experiments/evidence/conversion.py --best-rates   # each recursive arm at its checked optimum (5 seeds)
 
 Claim (Relaxed Recursive Transformers): a recursive model initialised from a pretrained dense one (each
 tied block from the layers it replaces, per-position LoRA from a truncated SVD of what tying lost) and
@@ -44,8 +44,8 @@ import report
 import runs
 import stats
 
-from bench.harness import jobs as harness_jobs  # runs put the checkout on sys.path
-from bench.harness import store
+from experiments.harness import jobs as harness_jobs  # runs put the checkout on sys.path
+from experiments.harness import store
 from npas import ArchConfig, Recipe, reference_config
 from npas.allocation.fit import tying_map
 

@@ -1,8 +1,8 @@
 """Early stopping (ASHA) on and off: the same search, its proxy compute and its front's hypervolume.
 
-    python bench/evidence/early_stop.py                                   # report: 12 trials each
-    python bench/evidence/early_stop.py --reuse-asha results/search_vs_hand.json   # reuse exp. 5's study
-    python bench/evidence/early_stop.py --quick                           # smoke run
+    python experiments/evidence/early_stop.py                                   # report: 12 trials each
+    python experiments/evidence/early_stop.py --reuse-asha results/search_vs_hand.json   # reuse exp. 5's study
+    python experiments/evidence/early_stop.py --quick                           # smoke run
 
 The same space (search_spaces/full.yaml's knobs at 0.25x), recipe, sampler seed and trial count,
 run once with `Launch(early_stop=True)` (Ray Tune's ASHA on validation loss, grace period = one

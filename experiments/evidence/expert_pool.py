@@ -1,7 +1,7 @@
 """A global expert pool vs per-layer MoE at equal activated FLOPs (UniPool / MoUE / Megrez2).
 
-    python bench/evidence/expert_pool.py            # report: d_model 64, 8 layers, 3 seeds
-    python bench/evidence/expert_pool.py --quick    # smoke run
+    python experiments/evidence/expert_pool.py            # report: d_model 64, 8 layers, 3 seeds
+    python experiments/evidence/expert_pool.py --quick    # smoke run
 
 Claim (UniPool): one pool of experts shared by every layer, each layer routing with its own router,
 at 41.6-66.7% of the per-layer experts' parameters matches or beats per-layer MoE (each layer its

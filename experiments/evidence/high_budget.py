@@ -1,7 +1,7 @@
 """High budgets: extra templates at unchanged per-token FLOPs vs the 1x reference.
 
-    python bench/evidence/high_budget.py            # report: 1.5x and 2x of the 8-layer chassis, 3 seeds
-    python bench/evidence/high_budget.py --quick    # smoke run
+    python experiments/evidence/high_budget.py            # report: 1.5x and 2x of the 8-layer chassis, 3 seeds
+    python experiments/evidence/high_budget.py --quick    # smoke run
 
 Claim (Shapeshifter Networks): a budget above the reference adds capacity at equal
 inference FLOPs: the architecture is unchanged, each layer's weights are a learned mix of T

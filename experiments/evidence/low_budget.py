@@ -1,7 +1,7 @@
 """Low budgets: Shapeshifter pools with learned template mixing vs hand-crafted sharing.
 
-    python bench/evidence/low_budget.py            # report: 0.1x, 0.25x, 0.5x of the 8-layer chassis, 3 seeds
-    python bench/evidence/low_budget.py --quick    # smoke run
+    python experiments/evidence/low_budget.py            # report: 0.1x, 0.25x, 0.5x of the 8-layer chassis, 3 seeds
+    python experiments/evidence/low_budget.py --quick    # smoke run
 
 Claim (Shapeshifter Networks / NPAS): parameter pools fit any budget without changing
 the architecture, and at low budgets (<< reference) learned template mixing does better than

@@ -1,7 +1,7 @@
 """Relaxed recursive transformers: cycle tying with LoRA at the tied positions.
 
-    python bench/evidence/relaxed.py            # report: d_model 64, 8 layers, 3 seeds
-    python bench/evidence/relaxed.py --quick    # smoke run
+    python experiments/evidence/relaxed.py            # report: d_model 64, 8 layers, 3 seeds
+    python experiments/evidence/relaxed.py --quick    # smoke run
 
 Claims (Universal / Recursive and Relaxed Recursive Transformers): a recursive model
 (U unique blocks cycled over L layers, ABAB) keeps the depth of the untied model at U/L of its

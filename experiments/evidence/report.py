@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the bench harness, when a script runs from bench/evidence
+if str(ROOT) not in sys.path:  # the bench harness, when a script runs from experiments/evidence
     sys.path.insert(0, str(ROOT))
 
-from bench.harness.report import format_table  # noqa: E402  (the harness's, used by every evidence table)
+from experiments.harness.report import format_table  # noqa: E402  (the harness's, used by every evidence table)
 
 if TYPE_CHECKING:
     from common import Setup

@@ -1,10 +1,10 @@
 """Run every evidence experiment in order, cheapest first, and print each one's wall time.
 
-    python bench/evidence/run_all.py --quick     # every smoke run (~20 minutes on a busy 2-core box)
-    python bench/evidence/run_all.py             # the report (docs/RESULTS.md); run under `nice -n 10`
-    python bench/evidence/run_all.py --only taper relaxed
+    python experiments/evidence/run_all.py --quick     # every smoke run (~20 minutes on a busy 2-core box)
+    python experiments/evidence/run_all.py             # the report (docs/RESULTS.md); run under `nice -n 10`
+    python experiments/evidence/run_all.py --only taper relaxed
 
-Each experiment runs as its own process (`python bench/evidence/<name>.py [--quick]`), so one
+Each experiment runs as its own process (`python experiments/evidence/<name>.py [--quick]`), so one
 failing does not stop the others; the exit status is 1 if any failed. (The second edition's
 search_vs_hand searches with its own quarter-length proxy, so early_stop no longer reuses its study.)
 """

@@ -1,6 +1,6 @@
-"""The evidence scripts' training pool and its cache: every run is one ``bench/device.py`` spec, trained
+"""The evidence scripts' training pool and its cache: every run is one ``experiments/device.py`` spec, trained
 on spawned 1-thread processes here (or exported for a lent GPU machine), and every finished run is one
-record in ``bench/evidence/results/runs/`` (``bench/harness/store.py``) keyed by arm, allocation, recipe, seed, device kind and code
+record in ``experiments/evidence/results/runs/`` (``experiments/harness/store.py``) keyed by arm, allocation, recipe, seed, device kind and code
 version, so a killed or time-boxed script resumes where it stopped and only what is missing trains.
 
 ``run_arms`` is what an experiment calls: its arms x its seeds, plus (full mode) each arm's 3-point
@@ -22,14 +22,14 @@ from report import format_table
 from stats import optimum_words, paired_interval, summarize
 
 import npas
-from bench.harness.jobs import Runs, run_missing, run_spec
-from bench.harness.version import code_version as code_version_of
-from bench.harness.version import recipe_settings
+from experiments.harness.jobs import Runs, run_missing, run_spec
+from experiments.harness.version import code_version as code_version_of
+from experiments.harness.version import recipe_settings
 from npas import ArchConfig, Chassis, Recipe
 
 
 def spec_of(job: dict[str, Any], dest: str = "") -> dict[str, Any]:
-    """The bench/device.py spec of a job: the one runner both a CPU pool and a GPU machine use."""
+    """The experiments/device.py spec of a job: the one runner both a CPU pool and a GPU machine use."""
     recipe = Recipe.from_dict(job["recipe"])
     cfg = ArchConfig.from_dict(job["config"])
     return {"dest": dest, "config": cfg.to_json(), "recipe": recipe.to_dict(), "reference": job.get("reference"),
@@ -57,7 +57,7 @@ def make_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | Non
 
 
 def code_version(experiment: str) -> str:
-    """The code version of an experiment's runs (``bench/harness/version.py``): the numerics. Every run is
+    """The code version of an experiment's runs (``experiments/harness/version.py``): the numerics. Every run is
     keyed by what it trains (allocation, recipe, seed, device), so the experiments share one version and
     one cache: a run two of them train (the reference) trains once."""
     return code_version_of(f"evidence/{experiment}", cache="evidence")
@@ -78,7 +78,7 @@ def device_kind() -> str:
 
 
 def runs_of(jobs: list[dict[str, Any]], cache: Path | None, kind: str, version: str) -> Runs:
-    """The pool's jobs (by index) as the harness trains, plans and reads them (``bench/harness/jobs.py``):
+    """The pool's jobs (by index) as the harness trains, plans and reads them (``experiments/harness/jobs.py``):
     each cached at ``cache_path`` (not at all without a ``cache``: quick runs train afresh), trained by
     ``train_job``, its record keeping the code version last."""
     return Runs(list(range(len(jobs))), lambda i: cache_path(jobs[i], cache, kind, version) if cache else None,

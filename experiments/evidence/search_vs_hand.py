@@ -1,9 +1,9 @@
 """Does the search beat hand-crafted sharing? A full.yaml search at 0.25x, certified by `npas validate`.
 
-    python bench/evidence/search_vs_hand.py --plan     # runs x tokens -> CPU-hours; trains nothing
-    python bench/evidence/search_vs_hand.py            # report: 12 trials, evidence chassis, 5 fresh seeds
-    python bench/evidence/search_vs_hand.py --quick    # smoke run: 5 trials, tiny chassis, 2 seeds
-    python bench/evidence/search_vs_hand.py --report --out bench/evidence/results/second_edition
+    python experiments/evidence/search_vs_hand.py --plan     # runs x tokens -> CPU-hours; trains nothing
+    python experiments/evidence/search_vs_hand.py            # report: 12 trials, evidence chassis, 5 fresh seeds
+    python experiments/evidence/search_vs_hand.py --quick    # smoke run: 5 trials, tiny chassis, 2 seeds
+    python experiments/evidence/search_vs_hand.py --report --out experiments/evidence/results/second_edition
                                                        # the certificate and the comparisons from the saved
                                                        # report's JSON: trains nothing, writes nothing
 
@@ -26,9 +26,10 @@ Held equal: stored parameters (every candidate is fitted to the same budget, pri
 and seeds. Not equal, and shown: FLOPs per token (tied and pooled models keep the full shape) and so
 training FLOPs. Which baselines are kept decides the verdict: it is stated against each one.
 
-Everything lives in one SQLite file (bench/evidence/results/search_vs_hand/study.db in full mode),
+Everything lives in one SQLite file (experiments/evidence/results/search_vs_hand/study.db in full mode),
 the search's trials and the validation's retrainings alike, so a killed run resumes: finished proxy
-trials and retrainings never rerun. Not done here: the per-arm learning-rate check of the other
+trials and retrainings never rerun. The file stays out of git (the report's JSON keeps the trials and
+the certificate `--report` reads); a checkout without it searches and validates afresh. Not done here: the per-arm learning-rate check of the other
 experiments (the search's allocations are not known in advance); the fair parameterization is on.
 """
 

@@ -1,7 +1,7 @@
 """Taper schedules at a fixed budget: front-heavy cosine vs uniform vs reverse vs hourglass.
 
-    python bench/evidence/taper.py            # report: d_model 64, 8 layers, 3 seeds
-    python bench/evidence/taper.py --quick    # smoke run
+    python experiments/evidence/taper.py            # report: d_model 64, 8 layers, 3 seeds
+    python experiments/evidence/taper.py --quick    # smoke run
 
 Claim (Tapered LMs): at equal parameters and compute, a front-heavy cosine taper of the
 MLP width (1.5x -> 0.5x of d_ff, ratio 3) beats the uniform model, and the reverse taper hurts:

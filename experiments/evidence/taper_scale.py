@@ -5,7 +5,7 @@ repeats its four arms -- uniform, front-heavy cosine, reverse and hourglass MLP-
 i.e. 1.5x -> 0.5x of d_ff), each fitted to the uniform model's stored parameters with
 ``fit.width: mlp`` -- on the d_model 256 x 8-layer chassis (6.3M parameters, 16x the CPU chassis'
 non-embedding parameters), each arm on 5 seeds for ~20M tokens (1,220 steps x 64 x 256 tokens,
-~3 tokens per parameter), on a lent H200 in bf16 autocast (``bench/device.py``).
+~3 tokens per parameter), on a lent H200 in bf16 autocast (``experiments/device.py``).
 
 Held equal: stored parameters (to within one width step) and FLOPs per token (linear in the summed
 MLP width, so equal with them) -- both printed. Validation windows are fixed and independent of the
@@ -18,9 +18,9 @@ excludes 0 in the paper's direction (cosine below uniform; reverse above it), "c
 it excludes 0 the other way, otherwise "unresolved at this scale". The CPU-scale result from
 ``results/taper.json`` is put through the same rule beside it.
 
-    python bench/evidence/taper_scale.py --plan      the runs, tokens and estimated GPU time
-    python bench/device.py export --groups taper_scale    (then run on the device, then collect)
-    python bench/evidence/taper_scale.py             the report from the cached runs
+    python experiments/evidence/taper_scale.py --plan      the runs, tokens and estimated GPU time
+    python experiments/device.py export --groups taper_scale    (then run on the device, then collect)
+    python experiments/evidence/taper_scale.py             the report from the cached runs
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import statistics
 import sys
 from typing import Any
 
-import common  # noqa: E402  (bench/evidence is on sys.path when run as a script)
+import common  # noqa: E402  (experiments/evidence is on sys.path when run as a script)
 import stats  # noqa: E402
 from report import format_table, json_safe  # noqa: E402
 
-from bench.harness.jobs import Runs  # noqa: E402  (common put the checkout on sys.path)
-from bench.harness.version import code_version, recipe_settings  # noqa: E402
+from experiments.harness.jobs import Runs  # noqa: E402  (common put the checkout on sys.path)
+from experiments.harness.version import code_version, recipe_settings  # noqa: E402
 from npas import ArchConfig, Chassis, Recipe
 
 ROOT = common.ROOT
-RUNS = ROOT / "bench" / "evidence" / "results" / "taper_scale_runs"
-SUMMARY = ROOT / "bench" / "evidence" / "results" / "taper_scale.json"
+RUNS = ROOT / "experiments" / "evidence" / "results" / "taper_scale_runs"
+SUMMARY = ROOT / "experiments" / "evidence" / "results" / "taper_scale.json"
 CHASSIS = Chassis(vocab_size=common.VOCAB, context=256, d_model=256, n_layers=8, n_heads=4, d_ff=1024)
 RECIPE = Recipe(name="taper-scale", seq_len=256, batch_size=64, steps=1220, lr=3e-3, min_lr=3e-4, warmup_steps=100,
                 eval_every=305, eval_batches=16, threads=1, dtype="bfloat16")
@@ -61,7 +61,7 @@ def configs() -> dict[str, ArchConfig]:
 
 
 def version() -> str:
-    """The runs' code version (``bench/harness/version.py``): the numerics, the recipe and the chassis."""
+    """The runs' code version (``experiments/harness/version.py``): the numerics, the recipe and the chassis."""
     return code_version("taper_scale", [recipe_settings(RECIPE), CHASSIS.__dict__])
 
 
@@ -84,7 +84,7 @@ def recipe_of(r: dict[str, Any]) -> Recipe:
 
 
 def runs_of(v: str) -> Runs:
-    """The experiment's runs as the harness reads and exports them (``bench/harness/jobs.py``)."""
+    """The experiment's runs as the harness reads and exports them (``experiments/harness/jobs.py``)."""
     return Runs(runs(), lambda r: RUNS / f"{key(r, v)}.json", lambda r: (configs()[r["arm"]], recipe_of(r), CHASSIS),
                 lambda r: {**r, "code_version": v})
 

@@ -5,7 +5,7 @@ and its report.
   ``npas.conversion.numerics.NUMERICS_VERSION``, and the experiment's settings) and the stamp every
   cached record carries (commit, numerics version, full recipe and allocation);
 - ``store``: the run cache (legacy one-JSON-per-run files and the compacted ``runs-<version>.jsonl``,
-  both read; ``python -m bench.harness compact [EXPERIMENT]`` folds the first into the second);
+  both read; ``python -m experiments.harness compact [EXPERIMENT]`` folds the first into the second);
 - ``jobs``: what an experiment declares (``Runs``: its jobs, their run files, what each trains, its
   record's label) and what the harness does with it (``run_missing``, ``cost``, ``cached``,
   ``device_specs``); ``run_spec``, the one training function;
@@ -13,7 +13,7 @@ and its report.
   it arrives, an optional time box);
 - ``cli``: the shared command line of the cached benches (``bench_parser``, ``version_to_read``);
 - ``report``: what the benches print alike (``format_table``, ``Columns``, a plan's ``cost_table``);
-- ``bench/device.py``: the device runner: ``export`` every GPU-ready job (each bench registers them with
+- ``experiments/device.py``: the device runner: ``export`` every GPU-ready job (each bench registers them with
   a ``device_specs()`` hook, listed in its ``GROUPS``), ``run`` them on a lent GPU, ``collect`` (which
   compacts what it unpacked).
 

@@ -1,4 +1,4 @@
-"""``python -m bench.harness compact [EXPERIMENT]``: fold legacy one-JSON-per-run files into the
+"""``python -m experiments.harness compact [EXPERIMENT]``: fold legacy one-JSON-per-run files into the
 compacted ``runs-<version>.jsonl`` cache (idempotent); ``list``: each experiment's cached runs."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.harness import store
+from experiments.harness import store
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.harness", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     for cmd in ("compact", "list"):
         s = sub.add_parser(cmd)

@@ -3,7 +3,7 @@ how a job names its cache file, builds its worker's arguments and labels its rec
 
 - ``run_spec``: the one training-job function (an allocation trained on the proxy loop, scored on
   the validation and, if asked, test splits), which the CPU benches (``train_and_score``), the
-  evidence pool and the lent GPU's runner (``bench/device.py``) all call;
+  evidence pool and the lent GPU's runner (``experiments/device.py``) all call;
 - ``Runs``: what an experiment declares (its jobs, their run files, what each trains, its record's
   identity), with a plan's arithmetic (``cost``: runs x tokens -> CPU-seconds, what is cached), the
   report's read of the cache (``cached``) and the GPU specs (``device_specs``);
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import store
-from bench.harness.pool import run_pool
-from bench.harness.version import stamp
+from experiments.harness import store
+from experiments.harness.pool import run_pool
+from experiments.harness.version import stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 _CORPUS: dict[tuple, Any] = {}
@@ -55,7 +55,7 @@ def run_spec(spec: dict) -> dict:
         torch.set_num_threads(recipe.threads)
     t = time.perf_counter()
     init = None
-    if spec.get("init_weights"):  # a converted model's weights (bench/evidence/conversion.py): safetensors only
+    if spec.get("init_weights"):  # a converted model's weights (experiments/evidence/conversion.py): safetensors only
         from safetensors.torch import load_file
         init = load_file(str(ROOT / spec["init_weights"]))
     try:
@@ -151,9 +151,9 @@ class Runs:
                     sum(s for s, h in zip(secs, have, strict=True) if not h))
 
     def device_specs(self, test: bool, est_s: Callable[[Any], float] | None = None) -> list[dict]:
-        """Every run as a spec for the lent GPU's runner (``bench/device.py``), in training order;
+        """Every run as a spec for the lent GPU's runner (``experiments/device.py``), in training order;
         ``est_s(job)``: its GPU-seconds for the deadline (default: ``make_spec``'s per-step estimate)."""
-        from bench.device import make_spec
+        from experiments.device import make_spec
 
         return [make_spec(self.path(j), *self.train(j), test=test, priority=i, meta=self.label(j),
                           est_s=None if est_s is None else est_s(j)) for i, j in enumerate(self.jobs)]

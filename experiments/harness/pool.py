@@ -1,5 +1,5 @@
 """The CPU training pool every bench trains its missing runs on (the lent GPU's runner,
-``bench/device.py run``, has its own per-group pools with a deadline)."""
+``experiments/device.py run``, has its own per-group pools with a deadline)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def cost_table(runs: Any, groups: Sequence[tuple[Any, Sequence[Any]]], columns: 
                cells: Callable[[Any, Any], Sequence[Any]], tokens: Callable[[Any], int],
                flops: Callable[[Any], int], rate: float) -> tuple[float, float]:
     """Print a plan's cost table: ``columns``' header, then one row per ``(label, jobs)`` group,
-    ``cells(label, cost)`` of its ``runs.cost`` (``bench/harness/jobs.py``: runs, cached, tokens,
+    ``cells(label, cost)`` of its ``runs.cost`` (``experiments/harness/jobs.py``: runs, cached, tokens,
     CPU-seconds at ``rate`` training FLOP/s). Returns (CPU-seconds of every job, of the missing ones)."""
     print(columns.header())
     total = left = 0.0

@@ -2,13 +2,13 @@
 
 A bench names each run by a key that ends in its code version (``<...>-<version>.json``, the name the
 legacy layout gave its one-JSON-per-run file). Records live in one of two places, and readers accept
-both, so a bench, a lent GPU machine (``bench/device.py collect``) or an older checkout can keep
+both, so a bench, a lent GPU machine (``experiments/device.py collect``) or an older checkout can keep
 writing the legacy files while the committed cache is compacted:
 
 - compacted: ``<folder>/runs-<version>.jsonl``, one line ``{"key": ..., "record": ...}`` per run, one
   file per experiment folder and code version; ``save`` appends to it (the benches' CPU runs);
 - legacy: ``<folder>/<key>.json``, one file per run: what a lent GPU machine's records unpack to
-  (``bench/device.py collect``, which then compacts) and what a checkout from before the harness writes.
+  (``experiments/device.py collect``, which then compacts) and what a checkout from before the harness writes.
 
 ``compact(folder)`` folds the legacy files into the compacted files and deletes them; it is
 idempotent (a key already compacted is overwritten by its legacy file, the newer write). Records
@@ -29,13 +29,13 @@ _VERSION = re.compile(r"-([0-9a-f]{10})\.json$")
 _COMPACT = re.compile(r"^runs-([0-9a-f]{10})\.jsonl$")
 _loaded: dict[Path, tuple[tuple[float, int], dict[str, Any]]] = {}
 
-# The experiments' cache folders (relative to the checkout), for `python -m bench.harness compact`.
+# The experiments' cache folders (relative to the checkout), for `python -m experiments.harness compact`.
 EXPERIMENTS: dict[str, tuple[str, ...]] = {
-    "proxy_fidelity": ("bench/results/proxy_fidelity", "bench/results/proxy_fidelity_h200"),
-    "lr_transfer": ("bench/results/lr_transfer", "bench/results/lr_transfer_h200"),
-    "recipe_lr": ("bench/results/recipe_lr",),
-    "evidence": ("bench/evidence/results/runs",),
-    "taper_scale": ("bench/evidence/results/taper_scale_runs",),
+    "proxy_fidelity": ("experiments/results/proxy_fidelity", "experiments/results/proxy_fidelity_h200"),
+    "lr_transfer": ("experiments/results/lr_transfer", "experiments/results/lr_transfer_h200"),
+    "recipe_lr": ("experiments/results/recipe_lr",),
+    "evidence": ("experiments/evidence/results/runs",),
+    "taper_scale": ("experiments/evidence/results/taper_scale_runs",),
 }
 
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # {numerics version: {experiment: {settings digest: version}}}: the versions the caches made before the
 # numerics were declared are found under (each is what that experiment's code computed for its settings
-# at 2072c52, from the hash of the files deciding a loss and a 2-step numerics probe; tests/bench/
+# at 2072c52, from the hash of the files deciding a loss and a 2-step numerics probe; tests/experiments/
 # test_code_version.py checks each experiment's settings still reach theirs).
 PINNED: dict[int, dict[str, dict[str, str]]] = {1: {
     "proxy_fidelity": {"b158c9e78054": "5e8cca1e3a"},  # the frozen proxy recipe

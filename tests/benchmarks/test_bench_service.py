@@ -18,7 +18,7 @@ NUM = r"[\d.]+"
 
 
 def run_quick(bench: str, timeout: int) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout
@@ -58,7 +58,7 @@ def test_search_efficiency_quick_verdict_matches_its_hypervolumes():
 
 
 def run_bench(bench: str, *args: str, timeout: int) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout

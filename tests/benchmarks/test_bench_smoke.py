@@ -21,7 +21,7 @@ NUM = r"[\d,]+(?:\.\d+)?"
 
 
 def quick(bench: str) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -93,7 +93,7 @@ def test_data_bench_reports_its_cache_and_its_verdict_matches_its_ratio():
 
 
 def test_budget_fill_bench_finds_no_candidate_short_of_its_budget_without_a_reason():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "budget_fill.py"), "--quick", "--all"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "budget_fill.py"), "--quick", "--all"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = re.findall(r"^\| `(\w+)\.yaml` \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \|", proc.stdout, re.M)

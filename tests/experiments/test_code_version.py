@@ -1,4 +1,4 @@
-"""bench/harness/version.py: a cache's code version is the declared numerics version and the experiment's
+"""experiments/harness/version.py: a cache's code version is the declared numerics version and the experiment's
 settings, never the bytes of the code; numerics version 1 keeps every cache found before it; every cached
 record says what made it."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from bench.device import load_module
-from bench.harness import store, version
+from experiments.device import load_module
+from experiments.harness import store, version
 from npas.allocation.config import Chassis, reference_config
 from npas.conversion.numerics import NUMERICS_VERSION
 from npas.training.recipe import Recipe
@@ -22,13 +22,13 @@ HEX10 = re.compile(r"^[0-9a-f]{10}$")
 
 @pytest.fixture(scope="module")
 def benches():
-    sys.path.insert(0, str(ROOT / "bench" / "evidence"))
+    sys.path.insert(0, str(ROOT / "experiments" / "evidence"))
     try:
-        yield {"pf": load_module("bench/proxy_fidelity.py"), "lt": load_module("bench/lr_transfer.py"),
-               "rl": load_module("bench/recipe_lr.py"), "hf": load_module("bench/convert_hf.py"),
+        yield {"pf": load_module("experiments/proxy_fidelity.py"), "lt": load_module("experiments/lr_transfer.py"),
+               "rl": load_module("experiments/recipe_lr.py"), "hf": load_module("experiments/convert_hf.py"),
                "runs": importlib.import_module("runs")}
     finally:
-        sys.path.remove(str(ROOT / "bench" / "evidence"))
+        sys.path.remove(str(ROOT / "experiments" / "evidence"))
 
 
 def _reached(b) -> dict[tuple[str, str], str]:
@@ -115,8 +115,9 @@ def test_recipe_settings_do_not_follow_to_dict():
     assert "seed" not in version.recipe_settings(r, leave_out=("seed",))
 
 
+@pytest.mark.slow  # trains a run
 def test_a_cached_record_says_what_made_it():
-    from bench.harness.jobs import run_spec
+    from experiments.harness.jobs import run_spec
 
     ch = Chassis(vocab_size=68, context=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
     cfg = reference_config(ch)

@@ -1,4 +1,4 @@
-"""`bench/convert.py --hf` trains across sessions from a per-run cache (issue 37, item 6): `due_jobs` is
+"""`experiments/convert.py --hf` trains across sessions from a per-run cache (issue 37, item 6): `due_jobs` is
 the rate walk of `locate_and_repeat` stopped at the first run the cache lacks, so training what it
 says until nothing is due caches exactly the runs the table reads; and the dense model is cached as
 the Hugging Face directory `write_hf` wrote, which a later `--report` never retrains."""
@@ -16,14 +16,14 @@ from tests.conftest import ROOT
 
 
 def _mode():
-    from bench.convert_hf import HFMode, hf_modes
+    from experiments.convert_hf import HFMode, hf_modes
 
     quick = hf_modes()["quick"]
     return HFMode(quick.chassis, quick.dense, quick.uptrain, (0, 1, 2))
 
 
 def test_due_jobs_walks_the_grid_one_run_per_arm_then_the_missing_seeds_at_the_located_rate():
-    from bench.convert_hf import ARMS, GRID, due_jobs
+    from experiments.convert_hf import ARMS, GRID, due_jobs
 
     mode = _mode()
     cache: dict[tuple[str, float, int], float] = {}
@@ -51,7 +51,7 @@ def test_due_jobs_walks_the_grid_one_run_per_arm_then_the_missing_seeds_at_the_l
 def test_a_failed_run_is_known_and_ends_the_walk_up():
     """A cached run that diverged (its loss NaN) counts as tried: the walk goes on past it instead of
     asking for it again, and npas's rule stops going up at it."""
-    from bench.convert_hf import ARMS, due_jobs
+    from experiments.convert_hf import ARMS, due_jobs
 
     mode = _mode()
     cache = {(arm, m, 0): 0.01 * math.log(m) ** 2 for arm in ARMS for m in (0.25, 0.5, 1.0)}
@@ -69,7 +69,7 @@ def test_training_what_is_due_until_nothing_is_caches_exactly_what_the_table_rea
     """Rounds of `due_jobs` on a stub trainer end with the cache holding the runs `locate_and_repeat`
     reads and no other (no run is trained that the table does not use), in at most grid + extensions
     + 1 rounds, and the table read from the cache is the one the sequential walk computes."""
-    from bench.convert_hf import GRID, MAX_EXTEND, due_jobs, locate_and_repeat
+    from experiments.convert_hf import GRID, MAX_EXTEND, due_jobs, locate_and_repeat
 
     mode = _mode()
     cache: dict[tuple[str, float, int], float] = {}
@@ -103,11 +103,11 @@ def test_quick_run_caches_the_dense_hf_model_and_every_run_and_report_trains_not
     cached as a Hugging Face directory that npas and transformers both load, one record per run the
     table reads (plus the dense model's), and `--report` prints the same table from the cache alone."""
     import npas
-    from bench.convert_hf import ARMS, Cache, cycle_lora, hf_modes, locate_and_repeat
-    from bench.harness import store
+    from experiments.convert_hf import ARMS, Cache, cycle_lora, hf_modes, locate_and_repeat
+    from experiments.harness import store
 
     out = tmp_path / "convert_hf"
-    cmd = [sys.executable, str(ROOT / "bench" / "convert.py"), "--hf", "--quick", "--workers", "1", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "experiments" / "convert.py"), "--hf", "--quick", "--workers", "1", "--out", str(out)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t

@@ -1,4 +1,4 @@
-"""`bench/convert.py --hf --plan` states its runs and CPU core-hours (issue 37, item 6): the counts are
+"""`experiments/convert.py --hf --plan` states its runs and CPU core-hours (issue 37, item 6): the counts are
 what `locate_and_repeat` trains, and the FLOPs are each run's tokens x 3 x the forward FLOPs npas
 counts for the model that run trains."""
 
@@ -13,7 +13,7 @@ from npas import count, reference_config
 
 @pytest.mark.parametrize("name", ["quick", "full"])
 def test_the_plans_runs_and_flops_are_what_the_rate_location_trains(name, capsys):
-    from bench.convert_hf import (
+    from experiments.convert_hf import (
         CPU_FLOPS,
         arm_steps,
         cycle_lora,
@@ -51,6 +51,6 @@ def test_the_plans_runs_and_flops_are_what_the_rate_location_trains(name, capsys
     assert m and (int(m[1]), int(m[2])) == (cost["runs"], cost["runs_at_most"])
     assert float(m[3]) == pytest.approx(cost["flops"] / CPU_FLOPS / 3600, abs=0.006)
     if name == "full":  # issue 37's full run, cut to d_model 64 x 8 and a 2,000-step dense model for the CPU
-        # budget (bench/convert_hf.py's docstring; the d_model 128 plan was ~17.7 core-hours): 28 runs, ~2.5
+        # budget (experiments/convert_hf.py's docstring; the d_model 128 plan was ~17.7 core-hours): 28 runs, ~2.5
         # CPU core-hours, still far beyond a helper's 45 core-minutes, so it trains across sessions from its cache
         assert cost["runs"] == 28 and 2 < cost["flops"] / CPU_FLOPS / 3600 < 3

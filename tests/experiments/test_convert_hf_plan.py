@@ -1,4 +1,4 @@
-"""`bench/convert.py --hf --plan` (issue 37, item 6) prints the run's plan without training anything."""
+"""`experiments/convert.py --hf --plan` (issue 37, item 6) prints the run's plan without training anything."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow  # an experiment script in a subprocess (imports torch and the experiment)
 def test_hf_plan_names_the_arms_the_rate_location_and_the_cost():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "convert.py"), "--hf", "--plan", "--quick"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "convert.py"), "--hf", "--plan", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -24,7 +25,7 @@ def test_hf_plan_names_the_arms_the_rate_location_and_the_cost():
     parts = [int(x.replace(",", "")) for x in m.groups()]
     assert parts[0] + parts[1] + parts[2] == parts[3]
     # quick without --out caches in a fresh temporary folder: nothing cached, one grid run per arm due, the
-    # dense model first (bench/convert_hf.py: due_jobs; tests/bench/test_convert_hf_cache.py)
+    # dense model first (experiments/convert_hf.py: due_jobs; tests/experiments/test_convert_hf_cache.py)
     assert re.search(r"cache \S+ \(code version [0-9a-f]{10}\): 0 runs cached, the dense model not cached; due now: "
                      r"3 runs and the dense model", out), out
 
@@ -35,7 +36,7 @@ def test_the_printed_step_counts_are_what_the_rate_location_spends(name, capsys)
     falling with the rate always picks the grid's edge (every arm extends MAX_EXTEND times: "at most");
     a shallow bowl at the recipe's rate trains the whole grid and never extends (the plain total); a
     steep one stops going up once x2 is clearly worse, so x4 is never trained."""
-    from bench.convert_hf import (
+    from experiments.convert_hf import (
         GRID,
         MAX_EXTEND,
         arm_steps,

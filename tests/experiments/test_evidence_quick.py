@@ -24,7 +24,7 @@ LOSS = r"\d\.\d{4} ± (?:-|\d\.\d{4})"
 
 
 def _run(script: str, tmp_path) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / script), "--quick", "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / script), "--quick", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -71,7 +71,7 @@ def _atoms_accounting(out: str) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_atoms_full_plan_prints_runs_times_tokens_and_matched_arms_without_training(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "atoms.py"), "--plan", "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "atoms.py"), "--plan", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -90,7 +90,7 @@ def test_atoms_full_plan_prints_runs_times_tokens_and_matched_arms_without_train
 
 @pytest.mark.slow
 def test_atoms_quick_prints_paired_intervals_and_verdicts_claim_line_form_only(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "atoms.py"), "--quick", "--seeds", "2",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "atoms.py"), "--quick", "--seeds", "2",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -111,12 +111,12 @@ EVIDENCE_MODULES = ("common", "report", "runs", "searches", "stats", "conversion
 
 @pytest.fixture
 def evidence(monkeypatch):
-    """bench/evidence's modules, imported in-process the way its scripts import them (the folder on
+    """experiments/evidence's modules, imported in-process the way its scripts import them (the folder on
     sys.path, modules by their bare names); sys.path and sys.modules are restored afterwards."""
     import importlib
     import types
 
-    monkeypatch.syspath_prepend(str(ROOT / "bench" / "evidence"))
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "evidence"))
     for name in EVIDENCE_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     mods = {name: importlib.import_module(name) for name in EVIDENCE_MODULES}
@@ -134,7 +134,7 @@ def test_conversion_best_rates_picks_each_arms_optimum_and_refuses_a_partial_che
     assert conversion.best_factors(check) == {"converted": 0.5, "scratch_lineage": 2.0}
     with pytest.raises(SystemExit, match=r"not cached \(scratch_lineage x2 missing\)"):
         conversion.best_factors({**check, "scratch_lineage": {0.5: 1.70, 1.0: 1.65, 2.0: None}})
-    script = str(ROOT / "bench" / "evidence" / "conversion.py")
+    script = str(ROOT / "experiments" / "evidence" / "conversion.py")
     bad = subprocess.run([sys.executable, script, "--best-rates", "--quick", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "drop --quick" in bad.stderr and not list(tmp_path.iterdir())
@@ -209,9 +209,9 @@ def test_expert_pool_quick_arms_match_activated_flops_claim_line_form_only(tmp_p
 @pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 @pytest.mark.parametrize("script", ["search_vs_hand.py", "early_stop.py"])
 def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(script, tmp_path):
-    results = ROOT / "bench" / "evidence" / "results"
+    results = ROOT / "experiments" / "evidence" / "results"
     before = sorted(p.name for p in results.iterdir())
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / script), "--plan", "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / script), "--plan", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = re.search(r"^plan: .* = ([\d.]+)M tokens.*-> ~([\d.]+) CPU-hours", proc.stdout, re.M)
@@ -222,7 +222,7 @@ def test_search_experiments_plan_prints_tokens_and_hours_and_writes_nothing(scri
 
 @pytest.mark.slow  # a bench --quick run that trains in a subprocess
 def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--steps", "4",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "relaxed.py"), "--quick", "--steps", "4",
                            "--arms", "untied,cycle U=2 r=16", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -230,7 +230,7 @@ def test_arms_trains_only_the_named_arms_and_writes_no_report(tmp_path):
     table = proc.stdout.split("partial (--arms; no report written)", 1)[1]
     assert re.search(r"^untied\s+1\s+\d\.\d{4}", table, re.M) and re.search(r"^cycle U=2 r=16\s+1\s+\d\.\d{4}", table, re.M)
     assert not list(tmp_path.glob("*.json"))
-    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "relaxed.py"), "--quick", "--arms", "nope",
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "relaxed.py"), "--quick", "--arms", "nope",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown arm(s) ['nope']" in bad.stderr
 
@@ -241,7 +241,7 @@ def test_conversion_quick_trains_each_phase_once_and_starts_from_the_dense_weigh
     train 2 seeds each, once; the recursive arms are one allocation; the converted model, scored before
     any uptraining, is close to the dense model it came from (a model built afresh would sit near ln 68),
     so the uptraining really starts from the converted weights' neighbourhood."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--quick", "--seeds",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "conversion.py"), "--quick", "--seeds",
                            "2", "--steps", "8", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -265,10 +265,10 @@ def test_conversion_quick_trains_each_phase_once_and_starts_from_the_dense_weigh
     scratch = {r["seed"]: r["val_loss"] for r in doc["results"] if r["name"] == "scratch_uptrain"}
     assert all(conv[s] < scratch[s] - 0.2 for s in (0, 1)), (conv, scratch)
     assert (tmp_path / "conversion_quick.png").is_file()
-    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--quick", "--arms",
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "conversion.py"), "--quick", "--arms",
                           "dense", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "run it whole" in bad.stderr
-    plan = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "conversion.py"), "--plan", "--out",
+    plan = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "conversion.py"), "--plan", "--out",
                            str(tmp_path / "plan")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     # 5 seeds x 4 arms, plus seed 99's dense model and 3 rates for each recursive arm: one plan for all phases
     assert plan.returncode == 0 and re.search(r"^plan: 30 runs, \d+ cached .*-> ~[\d.]+ CPU-hours", plan.stdout, re.M)

@@ -25,8 +25,8 @@ GRID = (0.5, 1.0, 2.0)
 
 @pytest.fixture
 def ev(monkeypatch):
-    """bench/evidence's modules imported the way its scripts import them (bare names, the folder on sys.path)."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench" / "evidence"))
+    """experiments/evidence's modules imported the way its scripts import them (bare names, the folder on sys.path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "evidence"))
     for name in MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     mods = {name: importlib.import_module(name) for name in MODULES}
@@ -163,7 +163,7 @@ def test_the_converted_model_is_compared_with_its_parent_at_the_parents_best_rat
 
 @pytest.fixture
 def pf(monkeypatch):
-    spec = importlib.util.spec_from_file_location("proxy_fidelity", ROOT / "bench" / "proxy_fidelity.py")
+    spec = importlib.util.spec_from_file_location("proxy_fidelity", ROOT / "experiments" / "proxy_fidelity.py")
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "proxy_fidelity", mod)  # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -193,7 +193,7 @@ def test_proxy_fidelity_prints_the_flops_spread_and_compares_a_partial_row_on_th
     import npas
     from npas.allocation.config import Chassis
 
-    pfr = importlib.import_module("bench.proxy_fidelity_report")
+    pfr = importlib.import_module("experiments.proxy_fidelity_report")
     cfgs = [npas.reference_config(Chassis(vocab_size=68, context=64, d_model=32, n_layers=n, n_heads=4, d_ff=64))
             for n in (1, 4)]
     cands = [types.SimpleNamespace(name=f"n{c.chassis.n_layers}", config=c, flops=npas.count(c).flops_per_token)

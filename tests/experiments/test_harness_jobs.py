@@ -1,4 +1,4 @@
-"""bench/harness/jobs.py: what an experiment declares (``Runs``) is what the harness plans, reads,
+"""experiments/harness/jobs.py: what an experiment declares (``Runs``) is what the harness plans, reads,
 exports and trains; a cached run never trains again and a closed time box starts nothing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import npas
-from bench.harness import jobs, store
+from experiments.harness import jobs, store
 from npas import Chassis, Recipe
 from tests.conftest import ROOT
 
@@ -43,7 +43,7 @@ def test_run_missing_skips_cached_runs_and_a_closed_time_box_starts_nothing(tmp_
 
 
 def test_args_and_device_specs_carry_what_the_job_trains_and_its_label():
-    runs = _runs(ROOT / "bench" / "results" / "jobs-test")  # a spec's dest is relative to the checkout; nothing is written
+    runs = _runs(ROOT / "experiments" / "results" / "jobs-test")  # a spec's dest is relative to the checkout; nothing is written
     cfg_json, recipe_json, ref_json = runs.args(2)
     assert json.loads(recipe_json)["seed"] == 2 and Chassis(**json.loads(ref_json)) == REF
     assert cfg_json == npas.reference_config(REF).to_json()

@@ -1,4 +1,4 @@
-"""The shared bench plumbing of issue 32: the plan's cost table (``bench/harness/report.py``), a worker of
+"""The shared bench plumbing of issue 32: the plan's cost table (``experiments/harness/report.py``), a worker of
 the experiment's own on ``Runs`` (the evidence pool's: its record order, no cache for a quick run), and
 two bench commands that misbehaved: ``expert_pool.py --plan`` trained every run (it never returned),
 and ``search_vs_hand.py --report`` died on a report saved before certificates."""
@@ -11,9 +11,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import npas
-from bench.harness import jobs, store
-from bench.harness.report import Columns, cost_table, format_table
+from experiments.harness import jobs, store
+from experiments.harness.report import Columns, cost_table, format_table
 from npas import Chassis, Recipe
 from tests.conftest import ROOT
 
@@ -53,8 +55,9 @@ def test_a_worker_of_the_experiments_own_keeps_its_record_order_and_a_quick_run_
     assert sorted(store.names(tmp_path)) == ["seed1-0123456789.json", "seed2-0123456789.json"]
 
 
+@pytest.mark.slow  # an experiment script in a subprocess (imports torch and the experiment)
 def test_expert_pool_plan_trains_nothing_and_returns(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "expert_pool.py"), "--plan",
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "expert_pool.py"), "--plan",
                           "--seeds", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^plan: 8 runs, \d+ cached \(cpu, code [0-9a-f]{10}\); \d+ to train", out.stdout, re.M), out.stdout
@@ -62,10 +65,10 @@ def test_expert_pool_plan_trains_nothing_and_returns(tmp_path):
 
 
 def test_search_vs_hand_report_of_a_first_edition_report_prints_what_it_saved(tmp_path):
-    saved = ROOT / "bench" / "evidence" / "results" / "search_vs_hand.json"
+    saved = ROOT / "experiments" / "evidence" / "results" / "search_vs_hand.json"
     assert "certificate" not in json.loads(saved.read_text())  # the committed first edition has none
     shutil.copy(saved, tmp_path / "search_vs_hand.json")
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "evidence" / "search_vs_hand.py"), "--report",
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "evidence" / "search_vs_hand.py"), "--report",
                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
     assert "no certificate: a first-edition report" in out.stdout

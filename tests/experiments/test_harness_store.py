@@ -1,17 +1,14 @@
-"""The bench harness's run store and public-API rule: records read back identically from legacy files
-and from the compacted JSON Lines, compaction is idempotent and safe beside a legacy writer, and no
-bench imports an internal npas module."""
+"""The experiments harness's run store: records read back identically from legacy files and from the
+compacted JSON Lines, and compaction is idempotent and safe beside a legacy writer."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import npas
-from bench.harness import store
+from experiments.harness import store
 from tests.conftest import ROOT
 
 A = "arm-s0-0123456789.json"
@@ -70,43 +67,8 @@ def test_save_appends_a_run_that_survives_a_cut_short_write_and_compacts(tmp_pat
 
 
 def test_compact_command_names_a_bad_experiment_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "bench.harness", "compact", "nope"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "experiments.harness", "compact", "nope"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         "error: unknown experiment 'nope'; choose one of " + ", ".join(store.EXPERIMENTS)]
-
-
-def npas_imports(path: Path) -> list[tuple[str, str]]:
-    """(module, name) of every npas import in ``path``, a function-level one too: ``("npas", name)`` for
-    ``from npas import name`` and ``npas.name``, ``(module, "")`` for an import of a module below npas."""
-    found: list[tuple[str, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "npas":
-            found += [("npas", a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("npas."):
-            found.append((node.module, ""))
-        elif isinstance(node, ast.Import):
-            found += [(a.name, "") for a in node.names if a.name.startswith("npas.")]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "npas":
-            found.append(("npas", node.attr))
-    return found
-
-
-def documented_modules() -> set[str]:
-    """The npas modules docs/architecture.md names, each under its package's heading."""
-    from tests.docs.test_architecture import sections
-
-    return {f"{package}.{name}" for package, names in sections().items() for name in names} | set(sections())
-
-
-def test_benches_import_only_public_names_and_documented_modules():
-    """A bench uses `npas.__all__` (what a user scripts with) or imports a module docs/architecture.md names:
-    a module's move then shows in that page and here, never as a bench broken at run time."""
-    public, documented = set(npas.__all__), documented_modules()
-    bad = sorted({f"{p.relative_to(ROOT).as_posix()}: {module}{'.' + name if name else ''}"
-                  for p in sorted((ROOT / "bench").rglob("*.py")) for module, name in npas_imports(p)
-                  if (module == "npas" and name not in public and name != "__version__")
-                  or (module != "npas" and module not in documented)})
-    assert bad == [], "not in npas.__all__ nor a module named in docs/architecture.md:\n" + "\n".join(bad)
-    assert len(documented) > 80 and ("npas", "Recipe") in npas_imports(ROOT / "bench" / "harness" / "recipes.py")

@@ -1,4 +1,4 @@
-"""The replay over sampler orders (bench/ladder_orders.py) on a tiny synthetic cache: the product's cap
+"""The replay over sampler orders (experiments/ladder_orders.py) on a tiny synthetic cache: the product's cap
 holds, a closing rung sends its best waiting trial on, compute adds up, and the default rule."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from bench import ladder_orders as lo
-from bench.proxy_fidelity_ladder import replay, segment_steps
+from experiments import ladder_orders as lo
+from experiments.proxy_fidelity_ladder import replay, segment_steps
 from npas import Recipe
 
 T = 160

@@ -1,11 +1,11 @@
-"""bench/ladder_sampler.py: what the sampler is told of trials the ladder stops below T, measured on a
+"""experiments/ladder_sampler.py: what the sampler is told of trials the ladder stops below T, measured on a
 synthetic objective through npas's own searcher and ladder; and the recorder's three ways of telling."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import ladder_sampler as ls
+from experiments import ladder_sampler as ls
 from npas import load_space
 from npas.service.study.record import Constraint, TrialAttr
 from npas.service.study.studies import front_trials, reached_top
@@ -23,12 +23,14 @@ def runs(space):
     return {arm: ls.search(space, arm, 0, N, 8, 64) for arm in ("constraint", "fail", "plain", "all-to-T")}
 
 
+@pytest.mark.slow  # the module's synthetic searches through the real searcher (~8 s)
 def test_nothing_is_told_before_the_driver_ends_so_the_first_driver_is_the_same_under_every_telling(runs):
     firsts = {arm: runs[arm]["N"] for arm in ("constraint", "fail", "plain")}
     assert firsts["constraint"]["points"] == firsts["fail"]["points"] == firsts["plain"]["points"]
     assert firsts["constraint"]["steps"] == firsts["fail"]["steps"]
 
 
+@pytest.mark.slow  # the module's synthetic searches through the real searcher (~8 s)
 def test_the_ladder_trains_fewer_steps_than_every_candidate_to_t(runs):
     for label in ("N", "2N"):
         full = runs["all-to-T"][label]
@@ -51,6 +53,7 @@ def test_rung_losses_are_fixed_per_allocation_and_end_at_the_surrogate(space):
     assert ls.rung_loss(cand.config, ls.RUNGS[0]) > ls.rung_loss(cand.config, ls.T) + 0.2
 
 
+@pytest.mark.slow  # the module's synthetic searches through the real searcher (~8 s)
 @pytest.mark.parametrize("told", ["constraint", "fail", "plain"])
 def test_a_stopped_trial_is_told_as_the_recorder_is_set_and_never_reaches_the_front(runs, told):
     import optuna

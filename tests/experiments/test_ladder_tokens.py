@@ -1,11 +1,11 @@
-"""bench/ladder_tokens.py: three real searches on the same candidates; the ladder and ASHA spend
+"""experiments/ladder_tokens.py: three real searches on the same candidates; the ladder and ASHA spend
 fewer tokens than every trial trained to T, which trains each candidate's T steps (plus forks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import ladder_tokens
+from experiments import ladder_tokens
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""bench/located_rate.py --quick end to end: the grid at the locating rung (T/4) by the located-rate rule,
+"""experiments/located_rate.py --quick end to end: the grid at the locating rung (T/4) by the located-rate rule,
 the hold-at-T runs at f/2, f, 2f on a fresh seed, and a report from the cache alone."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import store
+from experiments.harness import store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(*args: str) -> str:
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "located_rate.py"), *args], capture_output=True,
+    p = subprocess.run([sys.executable, str(ROOT / "experiments" / "located_rate.py"), *args], capture_output=True,
                        text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p.stdout

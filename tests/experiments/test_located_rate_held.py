@@ -1,4 +1,4 @@
-"""bench/located_rate.py's held-candidate rows (item 4 on the 8 held, from the hold runs alone): truth at
+"""experiments/located_rate.py's held-candidate rows (item 4 on the 8 held, from the hold runs alone): truth at
 each one's best rate is the lowest of its holds, truth at the fair rate its x1 hold, and Delta tau
 compares the rung-T/4 score at the located factor with the score at x1 against the first."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import located_rate as lr
+from experiments import located_rate as lr
 
 
 def _bench(grids: dict[str, dict[float, float]], holds: dict[str, dict[float, float]]) -> SimpleNamespace:
@@ -21,6 +21,7 @@ def _bench(grids: dict[str, dict[float, float]], holds: dict[str, dict[float, fl
     return SimpleNamespace(cands=cands, held=list(grids), rung=400, record=record)
 
 
+@pytest.mark.slow  # reads the committed located_rate and proxy_fidelity caches
 def test_held_rows_read_truth_at_best_and_fair_rate(capsys):
     # a, b, c, d: the x1 score orders them d < c < b < a, the located score a < b < c < d, and at T their
     # best rates order them a < b < c < d: the located score is right, x1 reversed (Delta tau = +2)

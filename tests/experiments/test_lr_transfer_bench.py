@@ -1,4 +1,4 @@
-"""bench/lr_transfer.py: --quick runs every arm under both parameterizations, caches each run,
+"""experiments/lr_transfer.py: --quick runs every arm under both parameterizations, caches each run,
 resumes without retraining, and prints the side-by-side optima and the target line; --plan estimates."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.harness import store
+from experiments.harness import store
 from tests.conftest import ROOT
 
 ARMS = ("reference", "untied_L1", "untied_L4", "untied_d8", "untied_d32", "tied_full", "tied_cycle2",
@@ -17,7 +17,7 @@ ARMS = ("reference", "untied_L1", "untied_L4", "untied_d8", "untied_d32", "tied_
 
 
 def _bench(*args: str) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "lr_transfer.py"), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "lr_transfer.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -26,7 +26,7 @@ def _bench(*args: str) -> str:
 @pytest.mark.slow  # a bench --quick sweep that trains in a subprocess
 def test_quick_sweep_caches_resumes_and_reports(tmp_path):
     out = _bench("--quick", "--out", str(tmp_path))
-    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (bench/harness/store.py)
+    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (experiments/harness/store.py)
     # 9 arms x 2 parameterizations x 3 lrs, plus the reference once (fair == uniform for it)
     assert len(runs) == 9 * 2 * 3 + 3
     rec = store.load(runs[0])
@@ -58,11 +58,11 @@ def test_plan_estimates_cpu_hours_without_training(tmp_path):
 
 
 def test_implied_sharing_exponent_puts_the_optimum_on_the_reference_by_linear_interpolation():
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     try:
         import lr_transfer
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(ROOT / "experiments"))
     # H200 run: tied_full's optimum sat 0.66 step under the reference's without the rule and 0.81 over it
     # with k**-0.5, so the exponent that lands it on the reference is 0.5 * 0.66 / 1.47
     assert abs(lr_transfer.implied_exponent(-0.66, 0.81, 0.5) - 0.5 * 0.66 / 1.47) < 1e-12

@@ -1,4 +1,4 @@
-"""bench/proxy_fidelity.py: --quick trains 4 candidates' proxy and 4x runs under both
+"""experiments/proxy_fidelity.py: --quick trains 4 candidates' proxy and 4x runs under both
 parameterizations and one WSD run each, caches each run, reruns nothing the second time, and prints
 the side-by-side table with tau, its interval and a verdict, then the horizon rows; the time box and
 the statistics behave as documented."""
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness import store
+from experiments.harness import store
 from tests.conftest import ROOT
 
-BENCH = ROOT / "bench" / "proxy_fidelity.py"
+BENCH = ROOT / "experiments" / "proxy_fidelity.py"
 ROW = r"\s+(\d\.\d{4}|div|-)\s+(\d\.\d{4}|div|-)\s+\d"  # proxy, long, seeds of one parameterization
 
 
@@ -46,7 +46,7 @@ def pf():
 @pytest.fixture(scope="module")
 def pfr(pf):
     """The bench's report module (statistics and tables), importable once the bench put ROOT on the path."""
-    return importlib.import_module("bench.proxy_fidelity_report")
+    return importlib.import_module("experiments.proxy_fidelity_report")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def quick_run(tmp_path_factory) -> tuple[str, Path]:
 @pytest.mark.xdist_group("proxy_fidelity_quick")
 def test_quick_runs_caches_and_reruns_nothing(quick_run):
     out, tmp_path = quick_run
-    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (bench/harness/store.py)
+    runs = [tmp_path / n for n in store.names(tmp_path)]  # the run cache (experiments/harness/store.py)
     # 4 candidates x {fair, uniform} x {proxy, 1 long seed}, + fair at 2x, + one fair WSD run to T each
     assert len(runs) == 4 * 2 * 2 + 4 + 4
     assert "ran 24, cached 0" in out
@@ -94,7 +94,7 @@ def test_quick_runs_caches_and_reruns_nothing(quick_run):
                          r"pairs = \S+ \| top-3 recall \d\.\d\d$", out, re.M), out
     assert re.search(r"^target: delta tau \(fork 6 - proxy 6\) over 4/4 candidates = \S+ \[95% paired bootstrap "
                      r"\S+, \S+; \d+ resamples\] above 0: (PASS|MISS)$", out, re.M), out
-    # the ladder row, replayed from the WSD runs' rung losses (bench/proxy_fidelity_ladder.py)
+    # the ladder row, replayed from the WSD runs' rung losses (experiments/proxy_fidelity_ladder.py)
     m = re.search(r"^ladder \(4 of 4 candidates, sampler order, 2 workers, eta 4, rungs 3, 6, 24, .*reached "
                   r"3: (\d+), 6: (\d+), 24: (\d+)$", out, re.M)
     assert m and sum(map(int, m.groups())) == 4, out
@@ -304,6 +304,6 @@ def test_failed_runs_rank_last(pfr):
 
 
 def test_bench_readme_row():
-    text = (ROOT / "bench" / "README.md").read_text()
+    text = (ROOT / "experiments" / "README.md").read_text()
     assert "| `proxy_fidelity.py` |" in text
-    assert Path(ROOT / "bench" / "spaces" / "full_frozen.yaml").is_file()
+    assert Path(ROOT / "experiments" / "spaces" / "full_frozen.yaml").is_file()

@@ -1,4 +1,4 @@
-"""The ladder row's replay (bench/proxy_fidelity_ladder.py): the ladder's own rule over cached rung losses."""
+"""The ladder row's replay (experiments/proxy_fidelity_ladder.py): the ladder's own rule over cached rung losses."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import functools
 import random
 import re
 
-from bench.proxy_fidelity import wsd_recipe
-from bench.proxy_fidelity_ladder import replay, segment_steps
+from experiments.proxy_fidelity import wsd_recipe
+from experiments.proxy_fidelity_ladder import replay, segment_steps
 from npas import Recipe
 
 
@@ -70,9 +70,9 @@ def test_the_report_s_ladder_row_replays_the_search_s_rule_and_says_it_is_one_or
     """The proxy-fidelity report's ladder row, fed planted rung losses: the search's cap (N = 8, eta 4:
     at most 2 past the first rung, 1 to T by the second rung's close), FLOPs beside steps, and recall
     said to be one order's. Its intervals are not what is checked: no bootstrap resamples (seconds)."""
-    from bench import proxy_fidelity as pf
-    from bench import proxy_fidelity_report as report
-    from bench.proxy_fidelity_report import DEFAULT_PAR, _ladder_rows
+    from experiments import proxy_fidelity as pf
+    from experiments import proxy_fidelity_report as report
+    from experiments.proxy_fidelity_report import DEFAULT_PAR, _ladder_rows
 
     monkeypatch.setattr(report, "rank_correlation", functools.partial(report.rank_correlation, n_boot=0))
     monkeypatch.setattr(report, "_delta_target", functools.partial(report._delta_target, n_boot=0))
@@ -86,7 +86,7 @@ def test_the_report_s_ladder_row_replays_the_search_s_rule_and_says_it_is_one_or
     out = _ladder_rows(setup, cands, res, {c.name: 2.0 - 0.01 * k for k, c in enumerate(cands)}, truth, 0.02)
     text = capsys.readouterr().out
     assert "under the search's rule: target N = 8, ranked on (rung loss, train memory); one order of many, see " \
-           "bench/ladder_orders.py): reached " in text, text
+           "experiments/ladder_orders.py): reached " in text, text
     reached = out["ladder"]["reached"]
     assert reached[1600] == 1 and reached[400] + reached[1600] <= 2 and sum(reached.values()) == 8
     assert re.search(r"^target: ladder compute [\d,]+ steps \(forks counted\) = \d\.\d{3} x N x T \(8 x 1,600\) "

@@ -1,4 +1,4 @@
-"""bench/recipe_lr.py: --quick trains the space's baselines at x0.5, x1, x2 of the recipe's rate, caches
+"""experiments/recipe_lr.py: --quick trains the space's baselines at x0.5, x1, x2 of the recipe's rate, caches
 each run, reruns nothing the second time, and its verdict follows the printed grid."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from bench.harness import store
+from experiments.harness import store
 from tests.conftest import ROOT
 
-BENCH = ROOT / "bench" / "recipe_lr.py"
+BENCH = ROOT / "experiments" / "recipe_lr.py"
 CELL = r"\s+(\d\.\d{4}|div)"
 
 
@@ -52,9 +52,10 @@ def test_an_unknown_arm_is_refused_in_one_line_before_anything_trains(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # a bench script in a subprocess (imports torch and the bench)
 def test_a_shipped_recipe_is_swept_at_its_own_rate_in_its_own_cache():
     """--recipe NAME (issue #35 item 2): the shipped recipe itself, its own cache version and folder."""
-    from bench.recipe_lr import shipped, shipped_version
+    from experiments.recipe_lr import shipped, shipped_version
     from npas.training.recipe import load_recipe, resolve_recipe
 
     ladder = shipped("ladder")
@@ -74,7 +75,7 @@ def test_a_shipped_sweep_keeps_its_runs_when_its_base_rate_is_retuned():
     sweep's version leaves the base rate out and names each run by the rate it trains at."""
     from types import SimpleNamespace
 
-    from bench.recipe_lr import key, shipped, shipped_version
+    from experiments.recipe_lr import key, shipped, shipped_version
     from npas import Recipe
 
     smoke = shipped("smoke")
