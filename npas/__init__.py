@@ -26,9 +26,10 @@ from npas.errors import (
 )
 from npas.version import __version__ as __version__  # re-exported: `npas.__version__`
 
-# Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast. Beyond these,
-# `npas.api.ENTRY_POINTS` lists the further public names (`from npas import Recipe, tying_map`) that tools
-# such as the benches use instead of internal modules; they resolve the same way.
+# Heavy parts (torch models, optuna, ray) load on first use so `import npas` stays fast: name -> the
+# module that defines it ("module:attr" where the public name differs). Only the names of `__all__`
+# live here; tools that need more (the benchmarks, the experiments) import the module named in
+# docs/architecture.md that defines it, so the public surface stays what a user scripts with.
 _LAZY = {
     "build_model": "npas.allocation.transformer",
     "load_space": "npas.allocation.space_parser",
@@ -42,6 +43,19 @@ _LAZY = {
     "plan_search": "npas.service.search.plan",
     "resume": "npas.service.search.driver",
     "export": "npas.service.export.exporter",
+    "load_trained": "npas.training.train",
+    "train_allocation": "npas.training.train",
+    "Recipe": "npas.training.recipe",
+    "Launch": "npas.service.search.launch",
+    "open_storage": "npas.service.study.storage",
+    "front_trials": "npas.service.study.studies",
+    "StudyAttr": "npas.service.study.record",
+    "TrialAttr": "npas.service.study.record",
+    "certify": "npas.service.certify.retrain",
+    "CertifyOptions": "npas.service.certify.retrain:Options",
+    "convert_model": "npas.conversion",
+    "read_hf_dir": "npas.conversion.hf_source",
+    "write_hf": "npas.conversion.hf_export",
 }
 
 
@@ -91,23 +105,19 @@ _register_hf_when_imported()
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    from npas.api import ENTRY_POINTS  # the wider public table (tools, benches): documented there
-
-    if name in ENTRY_POINTS:
-        module, attr = ENTRY_POINTS[name]
-        return getattr(import_module(module), attr)
+        module, _, attr = _LAZY[name].partition(":")
+        return getattr(import_module(module), attr or name)
     raise AttributeError(f"module 'npas' has no attribute {name!r}")
 
 
 # The user-facing API, documented in docs/python-api.md (generated from these names' docstrings by
-# `python -m npas.presentation.docs`); the wider table for tools is `npas.api.ENTRY_POINTS`.
+# `python -m npas.presentation.docs`). Nothing else is public: a name a user needs goes here (at most 45).
 __all__ = [
     # search spaces and allocations: what a candidate is and costs
     "load_space", "Space", "Candidate", "count", "Accounting", "parse_budget", "build_model",
     "ArchConfig", "Chassis", "Bank", "reference_config",
-    # training
-    "load_recipe", "Recipe", "load_corpus", "run_proxy",
+    # training: a proxy run, and an exported allocation trained for real and loaded back
+    "load_recipe", "Recipe", "load_corpus", "run_proxy", "train_allocation", "load_trained",
     # searching: plan, run, continue, pick
     "plan_search", "SearchPlan", "Launch", "search", "resume", "export",
     # the studies a search leaves

@@ -7,7 +7,8 @@ import re
 
 from tests.conftest import ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench" / "README.md"]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md",
+         ROOT / "experiments" / "README.md"]
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

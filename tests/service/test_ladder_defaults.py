@@ -1,4 +1,4 @@
-"""The ladder's default (rungs horizon/16 and horizon, eta 4: bench/ladder_orders.py's choice) is what the
+"""The ladder's default (rungs horizon/16 and horizon, eta 4: experiments/ladder_orders.py's choice) is what the
 shipped ladder recipes run, and a study keeps the rungs it was created with: a resume reads them from
 the study's stored recipe, not from today's shipped file."""
 

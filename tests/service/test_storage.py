@@ -98,7 +98,7 @@ def test_one_handle_per_database_and_process(tmp_path):
 
 
 def test_reachable_tells_a_server_that_answers_from_one_that_does_not(tmp_path):
-    # what the PostgreSQL tests and bench/driver_scale.py skip on: no exception, just True or False
+    # what the PostgreSQL tests and benchmarks/driver_scale.py skip on: no exception, just True or False
     assert reachable(f"sqlite:///{tmp_path}/r.db")
     assert not reachable("postgresql+psycopg://postgres@127.0.0.1:1/test")  # nothing listens on port 1
     assert not reachable(f"sqlite:///{tmp_path}/no/such/dir/r.db")

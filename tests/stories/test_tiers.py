@@ -92,11 +92,11 @@ def _ray_init_calls(tree: ast.AST) -> list[tuple[int, str]]:
     return calls
 
 
-def test_every_ray_init_in_tests_and_bench_names_its_address():
+def test_every_ray_init_in_tests_benchmarks_and_experiments_names_its_address():
     """Without an address, `ray.init` joins the cluster `ray start --head` left on the machine (and with
     num_cpus it then refuses: "When connecting to an existing cluster, num_cpus ... must not be provided")."""
     seen, bare = 0, []
-    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+    for path in sorted(p for d in ("tests", "benchmarks", "experiments") for p in (ROOT / d).rglob("*.py")):
         for line, call in _ray_init_calls(ast.parse(path.read_text())):
             seen += 1
             if "address" not in call:

@@ -88,7 +88,7 @@ def test_the_rule_on_its_own():
 def test_the_grid_stops_going_up_past_a_clearly_worse_factor_but_not_within_the_noise():
     from npas.training.located_rate import CLEARLY_WORSE
 
-    # narrow_untied at rung 1 (bench/located_rate.py's cache): x2 is 0.22 nats worse: x4 is skipped and
+    # narrow_untied at rung 1 (experiments/located_rate.py's cache): x2 is 0.22 nats worse: x4 is skipped and
     # the edge optimum at x0.5 extends downwards
     assert next_factor({0.5: 2.484, 1.0: 2.489, 2.0: 2.701}) == 0.25
     assert next_factor({0.5: 2.484, 1.0: 2.489, 2.0: math.nan}) == 0.25  # a diverged run, the same

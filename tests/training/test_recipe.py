@@ -39,7 +39,7 @@ def test_long_is_ten_times_proxy_and_defaults_match_proxy():
 def test_ladder_ranks_at_long_s_horizon_with_long_s_run():
     """`--recipe ladder` is the search whose top rung is the run `long` trains (its length, rate and
     warmup), on a WSD schedule so the ladder forks at horizon/16 and reads the front at T (the default
-    bench/ladder_orders.py chose)."""
+    experiments/ladder_orders.py chose)."""
     ladder, long = load_recipe("ladder"), load_recipe("long")
     assert ladder.schedule == "wsd" and long.schedule == "cosine"
     assert ladder.steps == ladder.horizon == long.steps

@@ -1,7 +1,7 @@
 """docs/python-api.md's reference: every name in `npas.__all__`, with its signature and docstring.
 
-Read from the source, not imported: a name is found through `npas/__init__.py`'s imports, its lazy
-table and `npas.api.ENTRY_POINTS`, then followed through re-exports to the `def` or `class` that
+Read from the source, not imported: a name is found through `npas/__init__.py`'s imports and its lazy
+table, then followed through re-exports to the `def` or `class` that
 defines it. So rendering the page loads neither torch nor Ray, and a signature reads as written.
 """
 
@@ -13,7 +13,6 @@ from functools import cache
 from pathlib import Path
 
 import npas
-from npas.api import ENTRY_POINTS
 
 ROOT = Path(npas.__file__).resolve().parent
 _GROUP = re.compile(r"^\s*# (.+)$")  # the comment lines above each group of __all__ become headings
@@ -28,7 +27,7 @@ def _tree(module: str) -> ast.Module:
 
 
 def _lazy_table() -> dict[str, str]:
-    """npas/__init__.py's `_LAZY` mapping: name -> module."""
+    """npas/__init__.py's `_LAZY` mapping: name -> module (``module:attr`` where the name differs)."""
     for node in _tree("npas").body:
         if isinstance(node, ast.AnnAssign | ast.Assign) and "_LAZY" in ast.unparse(node):
             return ast.literal_eval(node.value)  # type: ignore[arg-type]
@@ -53,10 +52,8 @@ def _definition(module: str, name: str) -> tuple[str, ast.AST]:
 def locate(name: str) -> tuple[str, ast.AST]:
     lazy = _lazy_table()
     if name in lazy:
-        return _definition(lazy[name], name)
-    if name in ENTRY_POINTS:
-        module, attr = ENTRY_POINTS[name]
-        return _definition(module, attr)
+        module, _, attr = lazy[name].partition(":")
+        return _definition(module, attr or name)
     return _definition("npas", name)
 
 

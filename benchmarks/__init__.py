@@ -1,0 +1,1 @@
+"""Performance benchmarks of npas, each with its target (README.md lists them); run from the checkout."""
