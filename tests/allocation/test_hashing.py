@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 import npas
+from npas.allocation.budget import count, hash_step_bytes, reference_params, stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config
+from npas.allocation.fit import bank_members, fit_banks
 from npas.allocation.hashing import element_index, loads, mapping_checksum, tile_layout
 from npas.errors import ConfigError
+from npas.training.parameterization import SHARING_EXPONENT, rules
 from tests.conftest import ROOT
 
 CH = Chassis(vocab_size=30, context=24, d_model=32, n_layers=3, n_heads=4, d_ff=80, activation="gelu")
@@ -128,3 +132,78 @@ def test_bad_hash_banks_are_refused_naming_the_fix(bank, problem):
     with pytest.raises(ConfigError, match="banks\\[0\\]") as e:
         ArchConfig(chassis=CH, mlp_widths=(80,) * 3, block_of_layer=(0, 1, 2), banks=(bank,))
     assert problem in str(e.value)
+
+
+# ---- accounting, budget fit, learning-rate rule --------------------------------------------------
+REF64 = Chassis(vocab_size=68, context=64, d_model=64, n_layers=8, n_heads=4, d_ff=256)
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.5, 0.25, 0.1, 0.03])
+@pytest.mark.parametrize("rule, banks", [("all", 1), ("by_type", 2)])
+def test_count_equals_the_built_model_and_the_fit_meets_every_budget_exactly(frac, rule, banks):
+    ref = reference_config(REF64)
+    budget = int(frac * reference_params(REF64))
+    fit = fit_banks(ref, bank_members(ref, rule, banks), "hash", budget, tile=32, seed=3)
+    assert fit.config is not None, fit.reason
+    assert stored_params(fit.config) == count(fit.config).stored_params == fit.stored == budget  # to the element
+    assert npas.build_model(fit.config).num_params() == budget
+    assert count(fit.config).flops_per_token == count(ref).flops_per_token  # the reference's shapes
+    if frac == 1.0:  # the 1x point is the collision-free one
+        assert all(b.size == sum(fit.config.member_numels(b)) for b in fit.config.banks)
+
+
+def test_the_smallest_hashed_allocation_is_one_tile_per_bank_and_below_it_the_fit_says_why():
+    ref = reference_config(REF64)
+    members = bank_members(ref, "all", 1)
+    fixed = reference_params(REF64) - sum(ref.member_numels(Bank(members[0], "tie", 1)))
+    assert fit_banks(ref, members, "hash", fixed + 32, tile=32).stored == fixed + 32
+    reason = fit_banks(ref, members, "hash", fixed + 31, tile=32).reason
+    assert "one tile (32 elements)" in reason and "lower knobs.pools.tile" in reason
+
+
+def test_training_memory_counts_the_materialised_view_and_the_gather():
+    ref = reference_config(REF64)
+    members = bank_members(ref, "all", 1)[0]
+    n = sum(ref.member_numels(Bank(members, "tie", 1)))
+    size = n // 10
+    cfg = replace(ref, banks=(Bank(members, "hash", size=size, tile=32, seed=1),))
+    same_stored = replace(ref, banks=(Bank(members, "slice", size=size),))  # materialises the same members
+    extra = count(cfg).train_memory_bytes - count(same_stored).train_memory_bytes
+    assert extra == hash_step_bytes(cfg) >= 4 * 2 * (n + size)  # gathered tiles, circular array, their grads
+    assert count(cfg).train_memory_bytes >= 16 * size + 8 * n  # weights + AdamW, and the view + its grad
+
+
+def test_the_fair_rule_reads_a_hashed_array_as_a_bank_read_k_times_per_element():
+    for frac in (1.0, 0.25):
+        ref = reference_config(REF64)
+        members = bank_members(ref, "all", 1)[0]
+        n = sum(ref.member_numels(Bank(members, "tie", 1)))
+        cfg = replace(ref, banks=(Bank(members, "hash", size=int(frac * n), tile=32),))
+        rule = rules(npas.build_model(cfg))["banks.0.weight"]
+        # the reference's shapes: w = 1, d = 1, so the multiplier is the sharing count's alone; 1 at 1x
+        assert rule.group == "bank" and rule.init_scale == 1.0
+        assert rule.lr_mult == pytest.approx((n / int(frac * n)) ** -SHARING_EXPONENT)
+
+
+def test_load_scaling_never_changes_the_adam_step_a_second_time():
+    """The fair rule sets the array's step; the gradient's load scaling is divided out by AdamW (it only
+    changes what global-norm clipping sees), so the step with and without it is the same."""
+    cfg = hashed(N // 5)
+    steps = []
+    for scaled in (True, False):
+        torch.manual_seed(0)
+        model = npas.build_model(cfg)
+        if not scaled:
+            model.banks[0].inv_load = None
+        before = model.banks[0].weight.detach().clone()
+        # eps far below every gradient: Adam's m / (sqrt(v) + eps) is then scale-free per element (at
+        # the default 1e-8 the few elements with gradients near eps differ slightly: that is all eps does)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-30)
+        idx = torch.randint(0, CH.vocab_size, (2, CH.context))
+        model(idx, idx)[1].backward()
+        grad = model.banks[0].weight.grad.clone()
+        opt.step()
+        steps.append((model.banks[0].weight.detach() - before, grad))
+    (with_scaling, g1), (without, g0) = steps
+    assert not torch.allclose(g1, g0)  # the gradients differ (mean vs sum of the readers')...
+    torch.testing.assert_close(with_scaling, without, rtol=0, atol=1e-7)  # ...the Adam step does not
