@@ -81,12 +81,12 @@ def tile_layout(total: int, tile: int, size: int, seed: int) -> tuple[Tensor, Te
     folded onto the array (position p -> p % size)."""
     count = n_tiles(total, tile)
     full = total // tile
-    t = torch.arange(count, dtype=torch.int64)
+    t = torch.arange(count, dtype=torch.int64, device="cpu")  # explicit: a meta-device build still computes it
     position = t.clone()
     if full > 1:
         key = mix(t[:full], seed, _SALT_ORDER) * PRIME + mix(t[:full], seed, _SALT_ORDER_LOW)  # < 2**62
         order = torch.sort(key, stable=True).indices  # order[j] = the tile laid j-th
-        position[order] = torch.arange(full, dtype=torch.int64)
+        position[order] = torch.arange(full, dtype=torch.int64, device="cpu")
     offsets = position * tile % size
     signs = 1.0 - 2.0 * (mix(t, seed, _SALT_SIGN) & 1).to(torch.float32)
     return offsets, signs
@@ -95,14 +95,14 @@ def tile_layout(total: int, tile: int, size: int, seed: int) -> tuple[Tensor, Te
 def loads(total: int, size: int) -> Tensor:
     """Weights read from each array element (closed form: positions 0..total-1 fold onto p % size)."""
     q, r = divmod(total, size)
-    return torch.full((size,), q, dtype=torch.int64) + (torch.arange(size) < r).to(torch.int64)
+    return torch.full((size,), q, dtype=torch.int64, device="cpu") + (torch.arange(size, device="cpu") < r).long()
 
 
 def element_index(total: int, tile: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
     """(array index (total,) int64, sign (total,) float32) of every weight, in the members' flat order:
     what conversion and the tests read (the forward gathers whole tiles instead)."""
     offsets, signs = tile_layout(total, tile, size, seed)
-    u = torch.arange(tile, dtype=torch.int64)
+    u = torch.arange(tile, dtype=torch.int64, device="cpu")
     index = ((offsets[:, None] + u[None, :]) % size).reshape(-1)[:total]
     return index, signs.repeat_interleave(tile)[:total]
 
@@ -111,7 +111,7 @@ def mapping_checksum(total: int, tile: int, size: int, seed: int) -> int:
     """An integer digest of the whole mapping (indices and signs), for pinning it across processes."""
     index, sign = element_index(total, tile, size, seed)
     signed = (index + 1) * sign.to(torch.int64)
-    weights = torch.arange(total, dtype=torch.int64) % 1_000_003 + 1
+    weights = torch.arange(total, dtype=torch.int64, device="cpu") % 1_000_003 + 1
     return int((signed * weights % PRIME).sum()) % PRIME
 
 
@@ -132,8 +132,11 @@ class _LoadScaledGrad(torch.autograd.Function):
 class HashedBank(nn.Module):
     """One hash bank: `weight` (size,) is the array; its members are generated from it per forward.
 
-    The mapping (offsets, signs, inverse loads) is rebuilt from (seed, shapes) at construction and kept
-    in non-persistent buffers: the state dict holds the array alone, the allocation holds the seed."""
+    The mapping (offsets, signs, inverse loads) is rebuilt from (seed, shapes) at construction, on the
+    CPU, and kept outside the state dict (the array is its only entry; the allocation holds the seed).
+    It is not a buffer: transformers' `from_pretrained` builds models on the meta device and leaves
+    non-persistent buffers uninitialised, so the mapping is plain tensors, copied to the array's device
+    on first use there."""
 
     def __init__(self, bank: Bank, shapes: list[tuple[int, int]], std: float) -> None:
         super().__init__()
@@ -145,12 +148,25 @@ class HashedBank(nn.Module):
         total = sum(self.numels)
         self.weight = nn.Parameter(torch.empty(bank.size))
         offsets, signs = tile_layout(total, bank.tile, bank.size, bank.seed)
-        self.register_buffer("offsets", offsets, persistent=False)
-        self.register_buffer("signs", signs[:, None], persistent=False)  # (n_tiles, 1)
         # 1 / load per element; None when every element is read once (size == total): nothing to scale
         inv = None if bank.size == total else 1.0 / loads(total, bank.size).to(torch.float32)
-        self.register_buffer("inv_load", inv, persistent=False)
+        self._mapping: dict[torch.device, tuple[Tensor, Tensor, Tensor | None]] = {
+            offsets.device: (offsets, signs[:, None], inv)}  # device -> (offsets, signs (n_tiles, 1), 1/load)
         self.reset_parameters()
+
+    @property
+    def inv_load(self) -> Tensor | None:
+        return next(iter(self._mapping.values()))[2]
+
+    @inv_load.setter
+    def inv_load(self, value: Tensor | None) -> None:  # tests compare the step without the scaling
+        self._mapping = {dev: (o, s, value) for dev, (o, s, _) in self._mapping.items()}
+
+    def _on(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
+        if device not in self._mapping:
+            o, s, inv = next(iter(self._mapping.values()))
+            self._mapping[device] = (o.to(device), s.to(device), None if inv is None else inv.to(device))
+        return self._mapping[device]
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.std)
@@ -158,13 +174,14 @@ class HashedBank(nn.Module):
     def flat(self) -> Tensor:
         """Every member's weights, flat and concatenated in member order: one gather of the tiles."""
         w = self.weight
-        if self.inv_load is not None:
-            w = _LoadScaledGrad.apply(w, self.inv_load)
+        offsets, signs, inv_load = self._on(w.device)
+        if inv_load is not None:
+            w = _LoadScaledGrad.apply(w, inv_load.to(w.dtype))
         tile, size = self.tile, w.shape[0]
         # circular windows: append the array's first tile - 1 elements, so every offset reads a whole tile
         wrap = w if tile == 1 else torch.cat([w, w.repeat(math.ceil((tile - 1) / size))[: tile - 1]])
-        tiles = wrap.unfold(0, tile, 1).index_select(0, self.offsets)  # (n_tiles, tile), one index per tile
-        return (tiles * self.signs).reshape(-1)[: sum(self.numels)]
+        tiles = wrap.unfold(0, tile, 1).index_select(0, offsets)  # (n_tiles, tile), one index per tile
+        return (tiles * signs.to(w.dtype)).reshape(-1)[: sum(self.numels)]
 
     def generate(self) -> list[Tensor]:
         """Every member's weight, shaped (out, in)."""
