@@ -336,17 +336,17 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
 def hash_step_bytes(cfg: ArchConfig) -> int:
     """Training memory of `hash` banks beyond their members' materialised weights and gradients (which
     `count` counts as generated for every bank): per step the gathered tiles before their signs are
-    applied (n_tiles x tile elements, transient beside the signed copy), the array with its first
-    tile - 1 elements appended (the circular windows) and the gradient of each, in fp32; and the
-    mapping kept beside the array: an int64 offset and a sign per tile, a 1/load per array element.
-    Mirrors `npas.allocation.hashing.HashedBank.flat`."""
+    applied (n_tiles x tile elements, transient beside the signed copy) and its gradient, in fp32; and
+    the mapping kept beside the array: an int32 index per gathered element, a sign per tile and a 1/load
+    per array element. Mirrors `npas.allocation.hashing.HashedBank.flat`."""
     total = 0
     for bank in cfg.banks:
         if bank.generator != "hash":
             continue
         n = sum(cfg.member_numels(bank))
         tiles = -(-n // bank.tile)
-        total += 4 * 2 * (tiles * bank.tile + bank.size + bank.tile - 1) + (8 + 4) * tiles + 4 * bank.size
+        index = 4 if bank.size < 2**31 else 8  # int32 where it addresses the array
+        total += 4 * 2 * tiles * bank.tile + index * tiles * bank.tile + 4 * tiles + 4 * bank.size
     return total
 
 

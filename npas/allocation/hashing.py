@@ -38,14 +38,15 @@ a budget, with no change to the architecture or its FLOPs. What npas builds (`ge
   (every product < 2**62), computed on the CPU: the same mapping in every process and on every machine,
   independent of torch's RNG, so an exported allocation (which stores `seed`) rebuilds it exactly.
 
-Cost per forward: one gather of the tiles (`index_select` over the array's unfolded windows: one index
-per tile, not per element) and one sign multiply; the materialised members and their gradients are
-what `npas.allocation.budget` counts as generated per step.
+Cost per forward: one gather (`index_select` of the array with a precomputed int32 index of every
+weight: the tiles' contiguous runs, vectorised; its backward is one `index_add` into the array) and one
+sign multiply per tile row; the materialised members and their gradients are what
+`npas.allocation.budget` counts as generated per step, the index and the transient gather what it adds
+for hash banks. (Gathering whole tiles from the array's unfolded windows reads one index per tile, but
+its backward materialises a gradient of size x tile elements: 10-25x slower at these sizes, measured.)
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor, nn
@@ -132,7 +133,7 @@ class _LoadScaledGrad(torch.autograd.Function):
 class HashedBank(nn.Module):
     """One hash bank: `weight` (size,) is the array; its members are generated from it per forward.
 
-    The mapping (offsets, signs, inverse loads) is rebuilt from (seed, shapes) at construction, on the
+    The mapping (element index, signs, inverse loads) is rebuilt from (seed, shapes) at construction, on the
     CPU, and kept outside the state dict (the array is its only entry; the allocation holds the seed).
     It is not a buffer: transformers' `from_pretrained` builds models on the meta device and leaves
     non-persistent buffers uninitialised, so the mapping is plain tensors, copied to the array's device
@@ -148,10 +149,15 @@ class HashedBank(nn.Module):
         total = sum(self.numels)
         self.weight = nn.Parameter(torch.empty(bank.size))
         offsets, signs = tile_layout(total, bank.tile, bank.size, bank.seed)
+        u = torch.arange(bank.tile, dtype=torch.int64, device="cpu")
+        # every weight's array element, the partial last tile padded to a whole one (cut after the gather);
+        # int32 halves the index's memory wherever it can address the array
+        index = ((offsets[:, None] + u[None, :]) % bank.size).reshape(-1)
+        index = index.to(torch.int32) if bank.size < 2**31 else index
         # 1 / load per element; None when every element is read once (size == total): nothing to scale
         inv = None if bank.size == total else 1.0 / loads(total, bank.size).to(torch.float32)
         self._mapping: dict[torch.device, tuple[Tensor, Tensor, Tensor | None]] = {
-            offsets.device: (offsets, signs[:, None], inv)}  # device -> (offsets, signs (n_tiles, 1), 1/load)
+            index.device: (index, signs[:, None], inv)}  # device -> (index, signs (n_tiles, 1), 1/load)
         self.reset_parameters()
 
     @property
@@ -164,8 +170,8 @@ class HashedBank(nn.Module):
 
     def _on(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
         if device not in self._mapping:
-            o, s, inv = next(iter(self._mapping.values()))
-            self._mapping[device] = (o.to(device), s.to(device), None if inv is None else inv.to(device))
+            i, s, inv = next(iter(self._mapping.values()))
+            self._mapping[device] = (i.to(device), s.to(device), None if inv is None else inv.to(device))
         return self._mapping[device]
 
     def reset_parameters(self) -> None:
@@ -174,13 +180,10 @@ class HashedBank(nn.Module):
     def flat(self) -> Tensor:
         """Every member's weights, flat and concatenated in member order: one gather of the tiles."""
         w = self.weight
-        offsets, signs, inv_load = self._on(w.device)
+        index, signs, inv_load = self._on(w.device)
         if inv_load is not None:
             w = _LoadScaledGrad.apply(w, inv_load.to(w.dtype))
-        tile, size = self.tile, w.shape[0]
-        # circular windows: append the array's first tile - 1 elements, so every offset reads a whole tile
-        wrap = w if tile == 1 else torch.cat([w, w.repeat(math.ceil((tile - 1) / size))[: tile - 1]])
-        tiles = wrap.unfold(0, tile, 1).index_select(0, offsets)  # (n_tiles, tile), one index per tile
+        tiles = w.index_select(0, index).view(-1, self.tile)  # (n_tiles, tile): one gather for all members
         return (tiles * signs.to(w.dtype)).reshape(-1)[: sum(self.numels)]
 
     def generate(self) -> list[Tensor]:
