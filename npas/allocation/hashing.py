@@ -23,9 +23,10 @@ a budget, with no change to the architecture or its FLOPs. What npas builds (`ge
 * **Gradient scaling (STABLE-RPS).** ROAST multiplies each layer's view by a scale factor (its init
   std over the array's), which multiplies the gradients too, so its effective learning rate depended on
   the initialisation; STABLE-RPS rescales the array's gradient to remove that. npas's view has no
-  scale factor (a weight *is* s_t times an array element; the bank's init std is the members', as for
-  every bank), so nothing depends on the init scale, and the scaling implemented is the part that still
-  acts: each array element's gradient is divided by its load, the number of weights read from it (the
+  scale factor (a weight *is* s_t times an array element; each array element is drawn at the mean
+  init variance of the weights read from it, so at the collision-free size every weight starts as in
+  the untied model, residual projections smaller), so nothing depends on a scale factor's choice,
+  and the scaling implemented is the part that still acts: each array element's gradient is divided by its load, the number of weights read from it (the
   mean of its readers' signed gradients instead of their sum; 1 everywhere at size == N). Under SGD
   that makes the array's step the least-squares projection of the dense model's step; under AdamW
   (npas's optimizer) the loads are one constant (or two adjacent) per array, which Adam's m / sqrt(v)
@@ -139,12 +140,12 @@ class HashedBank(nn.Module):
     non-persistent buffers uninitialised, so the mapping is plain tensors, copied to the array's device
     on first use there."""
 
-    def __init__(self, bank: Bank, shapes: list[tuple[int, int]], std: float) -> None:
+    def __init__(self, bank: Bank, shapes: list[tuple[int, int]], stds: list[float]) -> None:
         super().__init__()
         self.generator = bank.generator
         self.shapes = shapes
         self.numels = [o * i for o, i in shapes]
-        self.std = std
+        self.stds = stds  # each member's init std (the model's: residual projections smaller)
         self.tile, self.seed = bank.tile, bank.seed
         total = sum(self.numels)
         self.weight = nn.Parameter(torch.empty(bank.size))
@@ -174,8 +175,17 @@ class HashedBank(nn.Module):
             self._mapping[device] = (i.to(device), s.to(device), None if inv is None else inv.to(device))
         return self._mapping[device]
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, mean=0.0, std=self.std)
+        """Each array element ~ N(0, the mean variance of the weights read from it): at the collision-free
+        size every weight starts at its own slot's std, as in the untied model (a global array mixes
+        residual projections, drawn smaller, with the rest); shared elements take their readers' mean."""
+        index, _ = self.element_index()
+        var = torch.cat([torch.full((n,), s * s, device="cpu") for n, s in zip(self.numels, self.stds, strict=True)])
+        size = self.weight.shape[0]
+        mean_var = torch.zeros(size, device="cpu").index_add_(0, index, var) / loads(sum(self.numels), size).float()
+        nn.init.normal_(self.weight, mean=0.0, std=1.0)
+        self.weight.mul_(mean_var.sqrt().to(self.weight.device, self.weight.dtype))
 
     def flat(self) -> Tensor:
         """Every member's weights, flat and concatenated in member order: one gather of the tiles."""

@@ -172,7 +172,9 @@ class TransformerLM(nn.Module):
         )
         resid_std = INIT_STD / math.sqrt(2 * c.n_layers)
         self.banks = nn.ModuleList(
-            (HashedBank if bank.generator == "hash" else BankModule)(
+            HashedBank(bank, [cfg.slot_shape(*m) for m in bank.members],  # each member at its slot's init std
+                       [resid_std if s in RESIDUAL_SLOTS else INIT_STD for _, s in bank.members])
+            if bank.generator == "hash" else BankModule(
                 bank,
                 [cfg.slot_shape(*m) for m in bank.members],
                 resid_std if all(s in RESIDUAL_SLOTS for _, s in bank.members) else INIT_STD,

@@ -207,3 +207,15 @@ def test_load_scaling_never_changes_the_adam_step_a_second_time():
     (with_scaling, g1), (without, g0) = steps
     assert not torch.allclose(g1, g0)  # the gradients differ (mean vs sum of the readers')...
     torch.testing.assert_close(with_scaling, without, rtol=0, atol=1e-7)  # ...the Adam step does not
+
+
+def test_each_member_starts_at_its_own_slots_init_std_as_in_the_untied_model():
+    torch.manual_seed(0)
+    model = npas.build_model(hashed(N))  # collision-free: one reader per element
+    dense = npas.build_model(reference_config(CH))
+    weights = model.materialise()
+    for b, slot in GLOBAL:
+        want = float(dense.blocks[b].get_parameter(slot).std())
+        assert abs(float(weights[b][slot].std()) / want - 1) < 0.1, (b, slot)
+    resid, other = float(weights[0]["attn_o"].std()), float(weights[0]["attn_q"].std())
+    assert resid < 0.5 * other  # residual projections start smaller (0.02 / sqrt(2 L)), as the reference's
