@@ -283,7 +283,7 @@ def print_sharing(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], experts: dic
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other jobs skew absolute times; "
           f"the paired ratios less so)")
     print(f"interleaved {args.rounds} rounds x {args.steps} steps per block (fastest step counts); ratio = median of paired "
-          f"variant/reference ratios; target <= {TARGET:.2f}x")
+          f"variant/reference ratios; target <= {TARGET:.2f}x (hashed_*: {HASH_TARGET:.2f}x)")
     print(f"{'variant':<{w}}{'ms/step':>9}{'ratio':>8}{'FLOP ratio':>12}{'+gen':>8}{'stored':>11}  result")
     print(f"{label.replace(' ', '_') + 'reference':<{w}}{1e3 * statistics.median(ref_times):>9.1f}{1.0:>8.3f}{1.0:>12.4f}{1.0:>8.4f}"
           f"{ref_acc.stored_params:>11,}")
