@@ -307,6 +307,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     probs = 4 * c.n_heads * T * L if device == "cuda" else 4 * c.n_heads * T * T * L
     act = batch_size * T * per_token_bytes + batch_size * probs
     train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
+    train += hash_step_bytes(cfg)  # hash banks' transient gather, circular window and mapping buffers
+    gen_flops += sum(sum(cfg.member_numels(b)) for b in cfg.banks if b.generator == "hash")  # the tiles' signs
     return Accounting(
         stored_params=stored,
         param_bytes=stored * nbytes,
@@ -329,6 +331,23 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         activated_params=embedding + d + sum(layer_mat),
         expert_params=experts,
     )
+
+
+def hash_step_bytes(cfg: ArchConfig) -> int:
+    """Training memory of `hash` banks beyond their members' materialised weights and gradients (which
+    `count` counts as generated for every bank): per step the gathered tiles before their signs are
+    applied (n_tiles x tile elements, transient beside the signed copy) and its gradient, in fp32; and
+    the mapping kept beside the array: an int32 index per gathered element, a sign per tile and a 1/load
+    per array element. Mirrors `npas.allocation.hashing.HashedBank.flat`."""
+    total = 0
+    for bank in cfg.banks:
+        if bank.generator != "hash":
+            continue
+        n = sum(cfg.member_numels(bank))
+        tiles = -(-n // bank.tile)
+        index = 4 if bank.size < 2**31 else 8  # int32 where it addresses the array
+        total += 4 * 2 * tiles * bank.tile + index * tiles * bank.tile + 4 * tiles + 4 * bank.size
+    return total
 
 
 BUDGET_SCOPES = ("all", "non_embedding")

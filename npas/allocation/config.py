@@ -233,6 +233,7 @@ class ArchConfig:
                 "generator": bank.generator,
                 "size": bank.size,
                 "templates": bank.templates,
+                **({"tile": bank.tile, "seed": bank.seed} if bank.generator == "hash" else {}),
             }
             for bank in self.banks
         ]

@@ -6,13 +6,13 @@ fit grows sizes in this order, each only as far as the budget allows, and never 
 knob:
 
   1. the candidate's free size at its sampled shapes (`npas.allocation.fit`): the MLP width scale
-     (and d_model in `all` mode), the bank sizes of `slice` / `tile` pools, the template count T of
+     (and d_model in `all` mode), the bank sizes of `slice` / `tile` / `hash` pools, the template count T of
      `template_mix` pools, or the expert width;
   2. `template_mix` only: when T full-length templates store under FILL_TARGET of the budget, one
      more template, all of them shortened (and tiled) to take the budget: the bank count grows,
      then the bank size is free, and the architecture and its FLOPs stay as sampled;
   3. the MLP widths of a pooled candidate whose banks can take no more: `tie` banks (no free size),
-     `slice` / `tile` banks at their members' full length, `template_mix` at fit.max_templates
+     `slice` / `tile` / `hash` banks at their members' full length, `template_mix` at fit.max_templates
      full-length templates. The widths scale together, in the proportions of the taper, by
      bisection on one width scale up to fit.max_width_scale; every bank keeps its members' full
      length at the new widths (`at_widths`), so the banks grow with the MLP slots they generate.
@@ -42,9 +42,9 @@ FILL_TARGET = 0.98  # the least fill (stored / budget) a candidate reaches unles
 
 def full_length(cfg: ArchConfig, bank: Bank) -> int:
     """A bank's size at its members' full length: `slice` holds every member whole (their sum),
-    `tie`, `tile` and `template_mix` the largest member."""
+    `tie`, `tile` and `template_mix` the largest member; `hash` every member whole, read once (collision-free)."""
     n = cfg.member_numels(bank)
-    return sum(n) if bank.generator == "slice" else max(n)
+    return sum(n) if bank.generator in ("slice", "hash") else max(n)
 
 
 def at_widths(cfg: ArchConfig, widths: tuple[int, ...]) -> ArchConfig:
@@ -60,7 +60,7 @@ def at_widths(cfg: ArchConfig, widths: tuple[int, ...]) -> ArchConfig:
     def numels(bank: Bank) -> list[int]:
         return [math.prod(ch.slot_shape(slot, block_width[b])) for b, slot in bank.members]
 
-    banks = tuple(replace(b, size=sum(n) if b.generator == "slice" else max(n))
+    banks = tuple(replace(b, size=sum(n) if b.generator in ("slice", "hash") else max(n))
                   for b in cfg.banks for n in [numels(b)])
     return replace(cfg, mlp_widths=widths, banks=banks)
 

@@ -260,11 +260,16 @@ def fit_width(make: Callable[[Chassis, tuple[int, ...]], ArchConfig], chassis: C
 
 
 def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], generator: str,
-              budget: int, min_templates: int = 2, max_templates: int = 64, floor: int = 0) -> Fit:
+              budget: int, min_templates: int = 2, max_templates: int = 64, floor: int = 0,
+              tile: int = 0, seed: int = 0) -> Fit:
     """Give `cfg` pooled banks and solve their free size (bank sizes, or template count T).
 
     `floor`: the least stored params full-length template_mix templates must reach before one
-    more, shortened, template takes the budget instead (0: T full-length templates whenever they fit)."""
+    more, shortened, template takes the budget instead (0: T full-length templates whenever they fit).
+    `tile`, `seed`: a `hash` bank's (see `npas.allocation.hashing`); its size is free from one tile up
+    to its members' elements (collision-free there), one element at a time."""
+    if generator == "hash":
+        return _fit_hashed(cfg, members, budget, tile, seed)
     probe = replace(cfg, banks=tuple(
         Bank(m, generator, size=max(cfg.member_numels(Bank(m, "tie", 1))), templates=1) for m in members))
     numels = [probe.member_numels(b) for b in probe.banks]
@@ -282,6 +287,34 @@ def fit_banks(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], gener
         return Fit(None, f"{generator} banks leave {avail:,} params for {len(caps)} banks after the fixed "
                          f"{fixed:,} (embeddings, norms, LoRA); raise the budget")
     sizes = _proportional(avail, caps)
+    out = replace(probe, banks=tuple(replace(b, size=s) for b, s in zip(probe.banks, sizes, strict=True)))
+    stored = fixed + sum(sizes)
+    return Fit(out, free="bank_size", stored=stored, step=1, capped=sizes == caps)
+
+
+def _fit_hashed(cfg: ArchConfig, members: list[tuple[tuple[int, str], ...]], budget: int, tile: int,
+                seed: int) -> Fit:
+    """`hash` banks: the array sizes, split in proportion to the members' elements, each between one
+    tile and its members' elements; stored params are exact to the element, so any budget from the
+    smallest arrays (one tile each) up to the collision-free ones (the untied count) is met exactly."""
+    caps = [sum(cfg.member_numels(Bank(m, "tie", 1))) for m in members]
+    if tile < 1:
+        return Fit(None, f"hash banks need a tile of >= 1 elements, got {tile}; set knobs.pools.tile")
+    small = [c for c in caps if c < tile]
+    if small:
+        return Fit(None, f"a hash bank's members hold {min(small):,} elements, fewer than one tile of {tile}; "
+                         f"lower knobs.pools.tile")
+    probe = replace(cfg, banks=tuple(Bank(m, "hash", size=tile, tile=tile, seed=seed) for m in members))
+    fixed = stored_params(probe) - tile * len(caps)
+    avail = budget - fixed
+    if avail < tile * len(caps):
+        return Fit(None, f"hash banks of one tile ({tile} elements) each need {fixed + tile * len(caps):,} params "
+                         f"> budget {budget:,} (embeddings, norms, LoRA are {fixed:,}); raise the budget or lower "
+                         f"knobs.pools.tile")
+    sizes = [max(tile, s) for s in _proportional(avail, caps)]
+    while sum(sizes) > avail:  # raising a share to one tile may overshoot: take it back from the largest
+        i = max(range(len(sizes)), key=lambda j: sizes[j] - tile)
+        sizes[i] -= 1
     out = replace(probe, banks=tuple(replace(b, size=s) for b, s in zip(probe.banks, sizes, strict=True)))
     stored = fixed + sum(sizes)
     return Fit(out, free="bank_size", stored=stored, step=1, capped=sizes == caps)

@@ -33,6 +33,7 @@ from npas.allocation.config import (
     KvMode,
     LoraScaling,
 )
+from npas.allocation.parts import DEFAULT_HASH_TILE, HASH_SEED_LIMIT
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
 # learned: groups clustered from trained weights (npas.allocation.fit.groups_from_similarity); the
@@ -75,6 +76,10 @@ def _atoms_on(values: dict[str, Any]) -> bool:
 def _default_atoms(values: dict[str, Any]) -> int:
     """K = atoms.fraction x depth (a third of the layers by default), at least 1."""
     return max(1, round(float(values.get("atoms_fraction", 1 / 3)) * int(values["n_layers"])))
+
+
+def _hashed(values: dict[str, Any]) -> bool:
+    return bool(values.get("pools")) and values.get("generator") == "hash"
 
 
 def _experts_on(values: dict[str, Any]) -> bool:
@@ -214,6 +219,13 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("expert_balance", "experts", "balance_weight", float, 0.01, low=0.0, high=100.0,
              applies=_experts_on, when="experts.per_layer > 0",
              help="weight of the pool-level load-balancing loss in the training loss"),
+    # hashed sharing, appended last so spaces written before it keep their seeded suggestion order
+    KnobSpec("hash_tile", "pools", "tile", int, DEFAULT_HASH_TILE, low=1, high=65536, applies=_hashed,
+             when="pools.enabled and pools.generator is hash",
+             help="elements per tile a hash bank reads contiguously from its array; the smallest array is one tile"),
+    KnobSpec("hash_seed", "pools", "seed", int, 0, low=0, high=HASH_SEED_LIMIT - 1, applies=_hashed,
+             when="pools.enabled and pools.generator is hash", searchable=False,
+             help="seed of the hash mapping, stored in the allocation so an export rebuilds it"),
 )
 
 # Settings of a space that shape every candidate but are never searched: fixed values only.

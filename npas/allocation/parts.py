@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Generator = Literal["tie", "slice", "tile", "template_mix"]
+Generator = Literal["tie", "slice", "tile", "template_mix", "hash"]
 DType = Literal["float32", "bfloat16", "float16"]
 LoraScaling = Literal["standard", "rslora"]
 KvMode = Literal["kv", "v"]  # cross-layer sharing of keys and values, or of values only
@@ -33,6 +33,11 @@ DEFAULT_LORA_ALPHA = 16.0
 # so the training-memory estimate counts 4 bytes for weights and for gradients.
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+# A hash bank's default tile (elements read contiguously per hashed offset) and the seeds its mapping
+# takes: the hash works modulo the prime 2**31 - 1, so a seed is one residue of it.
+DEFAULT_HASH_TILE = 32
+HASH_SEED_LIMIT = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Bank:
@@ -46,12 +51,19 @@ class Bank:
       tile         - every member repeats the bank to its length (SSN 'repeat'); size <= max n
       template_mix - member i is (coef[i] @ templates)[:n], tiled when templates are shorter than n;
                      T templates, learned per-member coefficients (m, T)
+      hash         - randomized parameter sharing (ROAST / STABLE-RPS): the members' weights, cut into
+                     tiles of `tile` consecutive elements, each read contiguously, with a sign, from a
+                     hashed offset into one array of `size` (npas.allocation.hashing); `seed` fixes the
+                     mapping; tile <= size <= sum n, and size = sum n reads every element exactly once
+    `tile` and `seed` belong to `hash` alone (0 for the other generators).
     """
 
     members: tuple[tuple[int, str], ...]
     generator: Generator
     size: int
     templates: int = 1
+    tile: int = 0  # hash: elements per tile (read contiguously from the array)
+    seed: int = 0  # hash: the mapping's seed, 0 <= seed < HASH_SEED_LIMIT
 
 
 @dataclass(frozen=True)

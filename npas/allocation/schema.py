@@ -12,6 +12,7 @@ from typing import Any, get_args
 
 from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, LLAMA_MAX, Chassis
 from npas.allocation.parts import (
+    DEFAULT_HASH_TILE,
     DEFAULT_LORA_ALPHA,
     DTYPE_BYTES,
     AtomSpec,
@@ -107,9 +108,10 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
 
 def read_bank(k: int, raw: Any, problems: list[str]) -> Bank | None:
     where = f"banks[{k}]"
-    keys = ("members", "generator", "size", "templates")
+    keys = ("members", "generator", "size", "templates", "tile", "seed")
     if not isinstance(raw, dict) or sorted(set(raw) - set(keys)) or not {"members", "generator", "size"} <= set(raw):
-        problems.append(f"{where}: must be a mapping of members, generator, size (templates optional), got {raw!r}")
+        problems.append(f"{where}: must be a mapping of members, generator, size (templates, tile, seed optional), "
+                        f"got {raw!r}")
         return None
     before = len(problems)
     members = raw["members"]
@@ -118,12 +120,14 @@ def read_bank(k: int, raw: Any, problems: list[str]) -> Bank | None:
         problems.append(f"{where}.members: must be a list of [block, slot] pairs, got {members!r}")
     if not isinstance(raw["generator"], str):
         problems.append(f"{where}.generator: must be one of {list(get_args(Generator))}, got {raw['generator']!r}")
-    for key in ("size", "templates"):
+    for key in ("size", "templates", "tile", "seed"):
         if key in raw and not _is_int(raw[key]):
             problems.append(f"{where}.{key}: must be an integer, got {raw[key]!r}")
     if len(problems) > before:
         return None
-    return Bank(tuple((b, s) for b, s in members), raw["generator"], raw["size"], raw.get("templates", 1))
+    hashed = raw["generator"] == "hash"  # tile and seed are hash's alone; a hash bank's tile defaults
+    return Bank(tuple((b, s) for b, s in members), raw["generator"], raw["size"], raw.get("templates", 1),
+                raw.get("tile", DEFAULT_HASH_TILE if hashed else 0), raw.get("seed", 0))
 
 
 def read_atoms(k: int, raw: Any, problems: list[str]) -> AtomSpec | None:

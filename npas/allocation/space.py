@@ -316,7 +316,8 @@ class Space:
             return Candidate(values, Fit(None, str(e)), budget)
         excluded = self._excluded(chassis)  # pools keep d_model: the scope shifts the cap by a constant
         fit = fit_banks(base, members, value(values, "generator"), budget + excluded, int(value(values, "templates")),
-                        self.max_templates, floor=math.ceil(FILL_TARGET * budget) + excluded)
+                        self.max_templates, floor=math.ceil(FILL_TARGET * budget) + excluded,
+                        tile=int(value(values, "hash_tile")), seed=int(value(values, "hash_seed")))
         fit = grow_pooled(fit, [chassis.d_ff * p for p in profile], budget + excluded, self.max_width_scale)
         if excluded and fit.config is not None:
             fit = replace(fit, stored=fit.stored - excluded)

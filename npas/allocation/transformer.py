@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from npas.allocation.atoms import AtomDictionary
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slots
 from npas.allocation.experts import ExpertPools, PerForward
+from npas.allocation.hashing import HashedBank
 from npas.allocation.layer_ops import apply_rotary, causal_mask, norm_for, padded_mask, repeat_kv, rotary
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
 from npas.errors import ConfigError
@@ -171,7 +172,9 @@ class TransformerLM(nn.Module):
         )
         resid_std = INIT_STD / math.sqrt(2 * c.n_layers)
         self.banks = nn.ModuleList(
-            BankModule(
+            HashedBank(bank, [cfg.slot_shape(*m) for m in bank.members],  # each member at its slot's init std
+                       [resid_std if s in RESIDUAL_SLOTS else INIT_STD for _, s in bank.members])
+            if bank.generator == "hash" else BankModule(
                 bank,
                 [cfg.slot_shape(*m) for m in bank.members],
                 resid_std if all(s in RESIDUAL_SLOTS for _, s in bank.members) else INIT_STD,

@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from npas.allocation.parts import (
     DTYPE_BYTES,
+    HASH_SEED_LIMIT,
     AtomScope,
     AtomSpec,
     Bank,
@@ -169,4 +170,23 @@ def _size_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
         out.append(f"banks[{k}]: {bank.generator} needs size >= largest member ({max(sizes)}), got {bank.size}")
     elif bank.generator != "template_mix" and bank.templates != 1:
         out.append(f"banks[{k}]: templates={bank.templates} only applies to template_mix")
+    out.extend(_hash_problems(k, bank, sizes))
+    return out
+
+
+def _hash_problems(k: int, bank: Bank, sizes: list[int]) -> list[str]:
+    """A hash bank reads whole tiles from an array no smaller than one tile and no larger than its
+    members (a larger array would hold elements no weight reads); the other generators take no tile or seed."""
+    if bank.generator != "hash":
+        if bank.tile or bank.seed:
+            return [f"banks[{k}]: tile={bank.tile} and seed={bank.seed} only apply to generator hash; remove them"]
+        return []
+    out = []
+    if not isinstance(bank.tile, int) or isinstance(bank.tile, bool) or bank.tile < 1:
+        out.append(f"banks[{k}].tile: a hash bank needs a tile of >= 1 elements, got {bank.tile!r}")
+    elif not bank.tile <= bank.size <= sum(sizes):
+        out.append(f"banks[{k}]: hash needs tile ({bank.tile}) <= size <= its members' elements ({sum(sizes)}), "
+                   f"got size {bank.size}")
+    if not isinstance(bank.seed, int) or isinstance(bank.seed, bool) or not 0 <= bank.seed < HASH_SEED_LIMIT:
+        out.append(f"banks[{k}].seed: must be an integer in [0, {HASH_SEED_LIMIT}), got {bank.seed!r}")
     return out

@@ -31,6 +31,7 @@ from npas.conversion.atoms import fit_atoms
 from npas.conversion.banks import fit_copy_bank, fit_template_bank
 from npas.conversion.calibration import mlp_inputs
 from npas.conversion.experts import split_experts
+from npas.conversion.hashed import fit_hashed_bank
 from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
@@ -228,6 +229,11 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
                    else f"least squares (rank {bank_cfg.templates})")
             prov.add(f"banks.{k}.weight", sources, f"template_mix {how} of {len(members)} members{narrowed}", fresh)
             prov.add(f"banks.{k}.coef", sources, "template_mix least squares coefficients")
+        elif bank_cfg.generator == "hash":
+            weight, _ = fit_hashed_bank(bank, members, members_fresh)
+            bank.weight.copy_(weight)
+            prov.add(f"banks.{k}.weight", sources, f"hash bank: least squares, each array element the sign-corrected "
+                     f"mean of the member elements hashed to it (layers {layers}){narrowed}", mlp_notes)
         else:
             weight, unread = fit_copy_bank(bank, members, members_fresh)
             bank.weight.copy_(weight)

@@ -27,6 +27,10 @@ matrix (block slot)   ``k**-SHARING_EXPONENT * mean over uses of w**a * d``, whe
                       into the weights, as the model's 0.02/sqrt(2L) residual init does)
 bank                  as a matrix, with its members' uses (a pool's template, a tie or     std x
                       slice bank); ``k`` counts reads per stored element                   sqrt(w)
+hash array            as a bank: ``k = N / size``, the members' N weights over the array    std x
+                      (1 at the collision-free size N); its gradient's division by each    sqrt(w)
+                      element's load (STABLE-RPS, npas.allocation.hashing) is a constant
+                      per element that AdamW divides out, so the step is set once, here
 template coefficient  ``k**-SHARING_EXPONENT`` with ``k`` the mean uses of a member's      model's
                       block: a coefficient is a gain (vector-like, width-free in muP);
                       its reach through the templates already carries their init scale

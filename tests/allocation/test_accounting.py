@@ -30,7 +30,8 @@ knobs:
   tying: {mode: [none, all, sequential, cycle, middle_loop, explicit], unique_blocks: {low: 2, high: 5},
           groups: [[0, 5], [1, 2], [3, 4]]}
   pools: {enabled: [false, true], rule: [by_type, by_type_and_shape, all, explicit], banks: {low: 1, high: 3},
-          generator: [tie, slice, tile, template_mix], templates: [1, 2, 3], groups: [[0, 1], [2, 3, 4]]}
+          generator: [tie, slice, tile, template_mix, hash], templates: [1, 2, 3], groups: [[0, 1], [2, 3, 4]],
+          tile: [4, 16]}
   relaxation: {rank: [0, 2, 4], targets: [attn, mlp, both], per_position: true, alpha: 8, scaling: rslora}
   untied_norms: [true, false]
 """
@@ -125,7 +126,7 @@ def test_most_samples_are_feasible_and_every_mechanism_is_met(which, floor):
         seen |= {"tied"} if cfg.n_blocks < cfg.chassis.n_layers else set()
     assert feasible / 150 >= floor, f"{which}: only {feasible}/150 samples feasible"
     if which == "everything":
-        assert seen >= {"gelu", "swiglu", "tie", "slice", "tile", "template_mix", "lora", "tied"}, seen
+        assert seen >= {"gelu", "swiglu", "tie", "slice", "tile", "template_mix", "hash", "lora", "tied"}, seen
 
 
 @pytest.mark.parametrize("which", SPACE_IDS)

@@ -1,4 +1,4 @@
-"""The service benches run in `--quick` mode. Speed is not asserted (their targets live in bench/), so a
+"""The service benches run in `--quick` mode. Speed is not asserted (their targets live in benchmarks/), so a
 ratio line may say PASS or MISS; what is asserted is what does not depend on the machine's load: the
 bare runs reproduce the search's losses, and the search-efficiency verdict agrees with its numbers."""
 
