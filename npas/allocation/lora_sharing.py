@@ -127,6 +127,21 @@ def equal_private_rank(cfg: Any) -> int:
     return max(1, math.floor(relaxation_params(cfg)[0] / sides + 0.5)) if sides else 1
 
 
+def param_names(cfg: Any, layer: int, slot: str) -> list[str]:
+    """The state-dict names a relaxed (layer, slot) reads its delta from (provenance of what it computes)."""
+    mode, own = cfg.lora_sharing, f"h.{layer}.lora.{slot}"
+    if mode == "private":
+        return [f"{own}.A", f"{own}.B"]
+    if mode == "shared_a":
+        return [f"lora_shared.pairs.{slot}.A", f"{own}.B"]
+    if mode == "vera":
+        return ["lora_shared.pairs.frozen.A", "lora_shared.pairs.frozen.B", f"{own}.d", f"{own}.b"]
+    rank = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
+    shared, private = split_rank(rank, cfg.lora_private_fraction)
+    return ([f"lora_shared.pairs.{slot}.A", f"lora_shared.pairs.{slot}.B"] if shared else []) + (
+        [f"{own}.A", f"{own}.B"] if private else [])
+
+
 def rank_problems(cfg: Any) -> list[str]:
     """What only the whole allocation knows: a shards pool must hold every layer's shared shards."""
     if cfg.lora_sharing != "shards":
@@ -216,6 +231,7 @@ __all__ = [
     "equal_private_rank",
     "knob_fields",
     "own_params",
+    "param_names",
     "pool_size",
     "read_sharing_fields",
     "rank_problems",
