@@ -110,8 +110,8 @@ class ShardsLoRA(nn.Module):
                  index_b: tuple[int, ...], private: int) -> None:
         super().__init__()
         self.scale, self.d_in, self.d_out = scale, d_in, d_out
-        self.register_buffer("index_a", torch.tensor(index_a, dtype=torch.long), persistent=False)
-        self.register_buffer("index_b", torch.tensor(index_b, dtype=torch.long), persistent=False)
+        self.index_a, self.index_b = tuple(index_a), tuple(index_b)
+        self._on: dict[torch.device, tuple[Tensor, Tensor]] = {}  # the indices as tensors, per device
         self.private = private
         if private:
             self.A = nn.Parameter(torch.empty(private, d_in))
@@ -122,9 +122,14 @@ class ShardsLoRA(nn.Module):
     def factors(self) -> tuple[Tensor, Tensor]:
         """(B (d_out, r), A (r, d_in)) this layer assembles from its shards."""
         parts_a, parts_b = [], []
-        if self.index_a.numel():
-            parts_a.append(self._shared.A[self.index_a, : self.d_in])
-            parts_b.append(self._shared.B[: self.d_out, self.index_b])
+        if self.index_a:
+            pool = self._shared
+            dev = pool.A.device
+            if dev not in self._on:
+                self._on[dev] = (torch.tensor(self.index_a, device=dev), torch.tensor(self.index_b, device=dev))
+            ia, ib = self._on[dev]
+            parts_a.append(pool.A[ia, : self.d_in])
+            parts_b.append(pool.B[: self.d_out, ib])
         if self.private:
             parts_a.append(self.A)
             parts_b.append(self.B)
