@@ -34,7 +34,7 @@ from npas.conversion.experts import split_experts
 from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
-from npas.conversion.shared_lora import conversion_problems, fit_relaxation
+from npas.conversion.shared_lora import fit_relaxation
 from npas.conversion.source import SourceModel, read_source
 from npas.conversion.tying import TIE_INITS, TieInit, fresh_only, shared_weight
 from npas.conversion.widths import fresh_elements, resize_mlp
@@ -157,7 +157,7 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
              calibration: Tensor | None) -> Conversion:
     if tie_init not in TIE_INITS:
         raise ConfigError(f"tie init {tie_init!r} is not one of {list(TIE_INITS)}")
-    problems = convertible_problems(source.cfg, cfg) + conversion_problems(cfg)
+    problems = convertible_problems(source.cfg, cfg)
     if problems:
         raise ConfigError("cannot convert: " + "; ".join(problems))
     src = read_source(source)

@@ -54,6 +54,8 @@ CASES = {
                                         lora_sharing="shared_a")),
     "tied+vera": (_source(), _alloc(WIDE, block_of_layer=(0, 0, 1, 1), lora_mlp=(4,) * L, lora_attn=(2,) * L,
                                     lora_sharing="vera", lora_seed=5)),
+    "tied+shards": (_source(), _alloc(WIDE, block_of_layer=(0, 0, 1, 1), lora_mlp=(4,) * L, lora_attn=(2,) * L,
+                                      lora_sharing="shards", lora_shards=6, lora_private_fraction=0.25)),
 }
 
 

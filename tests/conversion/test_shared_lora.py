@@ -1,5 +1,6 @@
 """Conversion into LoRA factors shared across layers: shared_a by one SVD of the stacked residuals and
-least-squares Bs, vera's d and b by alternating least squares, shards refused in one line."""
+least-squares Bs, vera's d and b by alternating least squares, shards' pools by the same SVD and one
+least-squares solve, their private shards from what the pools left."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from npas.allocation.config import ArchConfig, Chassis
 from npas.allocation.transformer import build_model
 from npas.conversion import convert_model
 from npas.conversion.shared_lora import fit_vera
-from npas.errors import ConfigError
 
 CH = Chassis(vocab_size=30, context=16, d_model=32, n_layers=4, n_heads=4, d_ff=64)
 
@@ -51,7 +51,12 @@ def test_vera_fit_recovers_a_vera_delta_and_improves_on_tying(dense):
     assert all(conv.errors[k] < tied.errors[k] for k in conv.errors if k in tied.errors and tied.errors[k] > 0)
 
 
-def test_shards_conversion_is_refused_in_one_line(dense):
-    with pytest.raises(ConfigError, match="convert into lora_sharing: shared_a") as e:
-        convert_model(dense, relaxed(4, "shards", lora_shards=4))
-    assert "\n" not in str(e.value)
+def test_shard_pools_fit_the_residuals_and_a_larger_pool_fits_better(dense):
+    tied = convert_model(dense, relaxed(0, "private"))
+    errs = []
+    for pool in (8, 32):
+        conv = convert_model(dense, relaxed(8, "shards", lora_shards=pool, lora_private_fraction=0.25))
+        assert all(conv.errors[k] < tied.errors[k] for k in conv.errors if tied.errors.get(k, 0) > 0)
+        errs.append(sum(conv.errors.values()) / len(conv.errors))
+        assert conv.provenance.counts()["fresh"] == 0
+    assert errs[1] < errs[0]
