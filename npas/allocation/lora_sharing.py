@@ -34,6 +34,8 @@ import math
 import random
 from typing import Any, Literal, get_args
 
+from npas.allocation.slots import block_slots
+
 LoraSharing = Literal["private", "shared_a", "vera", "shards"]
 LORA_SHARING: tuple[str, ...] = get_args(LoraSharing)
 VERA_D_INIT = 0.1  # VeRA's d starts at 0.1 and b at 0 (PEFT's d_initial): the relaxed model starts tied
@@ -89,9 +91,7 @@ def relaxed_uses(cfg: Any) -> dict[str, list[tuple[int, int, int, int]]]:
     layer reads at its `lora_attn` rank, its MLP slots at `lora_mlp` (at the layer's own MLP width)."""
     c = cfg.chassis
     out: dict[str, list[tuple[int, int, int, int]]] = {}
-    slots = ("attn_q", "attn_k", "attn_v", "attn_o") + (
-        ("mlp_gate", "mlp_up", "mlp_down") if c.activation == "swiglu" else ("mlp_up", "mlp_down"))
-    for slot in slots:
+    for slot in block_slots(c.activation):
         ranks = cfg.lora_attn if slot.startswith("attn") else cfg.lora_mlp
         for i, r in enumerate(ranks):
             if r and cfg.layer_reads(i, slot):

@@ -151,8 +151,10 @@ def relaxation(cfg: ArchConfig, shared: SharedFactors | None, layer: int, slot: 
     """The per-layer module relaxing `slot` of `layer` at `rank` under the allocation's sharing mode."""
     scale = cfg.lora_scale(rank)
     mode = cfg.lora_sharing
-    if mode == "private" or shared is None:
+    if mode == "private":
         return LoRA(rank, d_in, d_out, scale)
+    if shared is None:
+        raise ValueError(f"lora_sharing {mode!r} needs the model's shared factors (TransformerLM builds them)")
     if mode == "vera":
         return VeraLoRA(shared.pairs["frozen"], rank, d_in, d_out)
     if mode == "shared_a":
