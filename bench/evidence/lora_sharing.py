@@ -60,7 +60,11 @@ import runs
 import stats
 
 from npas import ArchConfig, Chassis, Recipe, count, tying_map
-from npas.allocation.lora_sharing import relaxation_params
+
+
+def relaxation(cfg: ArchConfig) -> int:
+    """The relaxation's stored parameters (npas.count's LoRA count: shared factors once, a frozen pair too)."""
+    return count(cfg).lora_params
 
 RANK, QUICK_RANK = 16, 4  # private LoRA's rank (P is its relaxation parameters)
 SHARD_RANK, QUICK_SHARD_RANK = 8, 2  # every shards arm's rank; one private rank vector with private shards
@@ -82,7 +86,7 @@ def _solve(target: int, make, low: int, high: int) -> ArchConfig:
     best = make(low)
     for n in range(low, high + 1):
         cfg = make(n)
-        if relaxation_params(cfg)[0] > target:
+        if relaxation(cfg) > target:
             break
         best = cfg
     return best
@@ -92,7 +96,7 @@ def arms(ch: Chassis, quick: bool) -> tuple[dict[str, ArchConfig], int]:
     """The grid's allocations, by arm name, and P."""
     r, rs = (QUICK_RANK, QUICK_SHARD_RANK) if quick else (RANK, SHARD_RANK)
     private = _relaxed(ch, r)
-    P = relaxation_params(private)[0]
+    P = relaxation(private)
     out = {TIED: _relaxed(ch, 0), PRIVATE.format(r=r): private}
     for k in FRACTIONS:
         t = P // k
@@ -124,9 +128,9 @@ def accounting(configs: dict[str, ArchConfig], P: int, setup: common.Setup) -> d
     acc = {}
     for name, cfg in configs.items():
         row = common.accounting_row(name, cfg, ref, recipe=setup.recipe)
-        stored, frozen, _ = relaxation_params(cfg)
-        row.update(relaxation_params=stored, relaxation_frozen=frozen, fraction_of_p=stored / P,
-                   trainable_params=count(cfg).trainable_params)
+        acc_ = count(cfg)
+        row.update(relaxation_params=acc_.lora_params, relaxation_frozen=acc_.frozen_params,
+                   fraction_of_p=acc_.lora_params / P, trainable_params=acc_.trainable_params)
         acc[name] = row
     return acc
 
@@ -195,6 +199,8 @@ def main() -> None:
     p = common.arg_parser(__doc__)
     args = p.parse_args()
     setup = common.setup_from(args, "lora_sharing")
+    if setup.lr_factor != 1.0:
+        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
     configs, P = arms(setup.chassis, setup.quick)
     acc = accounting(configs, P, setup)
     common.print_accounting(list(acc.values()))

@@ -129,6 +129,9 @@ class ArchConfig:
             object.__setattr__(self, "lora_sharing", "private")
         if self.lora_sharing in ("private", "shared_a"):
             object.__setattr__(self, "lora_seed", 0)
+        if self.lora_sharing == "vera":  # d and b are VeRA's scale: alpha / r multiplies nothing
+            object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
+            object.__setattr__(self, "lora_scaling", "standard")
         if self.lora_sharing != "shards":
             object.__setattr__(self, "lora_shards", 0)
             object.__setattr__(self, "lora_private_fraction", 0.0)

@@ -45,7 +45,8 @@ atom coefficient      ``k**-SHARING_EXPONENT`` with ``k`` the mean layers readin
                       (1 for scope layer, a block's readers for scope block): a gain, like
                       a template coefficient
 LoRA factor (A, B)    ``w**a * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
-                      it); the rank's effect on step size is the model's alpha/r scaling
+                      it); the rank's effect on step size is the model's alpha/r scaling;
+                      also shared_a's per-layer B and a layer's private shards
 shared LoRA factor    as a bank (shared_a's A, shards' A and B pools): ``k`` = elements     model's
                       the relaxed layers read (rank rows at their d_in, or their shards)
                       over the elements stored, ``w`` and ``d`` of the slot it relaxes

@@ -122,6 +122,7 @@ def test_sharing_fields_round_trip_validate_and_keep_old_hashes():
         assert ArchConfig.from_yaml(cfg.to_yaml()) == cfg and ArchConfig.from_json(cfg.to_json()).hash == cfg.hash
     # fields a mode does not read take their defaults: one spelling per model
     assert relaxed("shared_a", lora_seed=9, lora_shards=3) == relaxed("shared_a")
+    assert relaxed("vera", lora_alpha=4.0) == relaxed("vera")  # VeRA's d and b are its scale: alpha is unread
     bad = {"lora_sharing": ("bogus", "lora_sharing: 'bogus' is not one of"),
            "lora_shards": (2, "lora_shards: 2 shared shards cannot give a layer its 3 distinct ones"),
            "lora_private_fraction": (1.5, "lora_private_fraction: must be a number in [0, 1]")}
