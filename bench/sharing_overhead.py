@@ -293,19 +293,19 @@ def print_sharing(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], experts: dic
     shared = [n for n in cfgs if n.endswith(tuple(f"_{m}8" for m in LORA_SHARING_KW))]
     private = next((n for n in cfgs if n.endswith("relaxed_cycle_lora8")), None)
     if shared and private:
-        print_lora_sharing(shared, private, ratios, label)
+        print_lora_sharing(shared, private, ratios)
     timed = {n: c for n, c in cfgs.items() if n in experts}
     if timed:
         print_experts(timed, ratios, times, ref_cfg, shape)
 
 
-def print_lora_sharing(shared: list[str], private: str, ratios: dict[str, list[float]], label: str) -> None:
+def print_lora_sharing(shared: list[str], private: str, ratios: dict[str, list[float]]) -> None:
     """Each shared-LoRA variant's step time against private LoRA of equal rank: both are paired with the same
     reference blocks, so the quotient of their median ratios cancels the machine's drift."""
     base = statistics.median(ratios[private])
     for name in shared:
         r = statistics.median(ratios[name]) / base
-        print(f"{label}{name} vs {private} (equal rank): {r:.3f}x the step time (target <= {TARGET:.2f}x) "
+        print(f"{name} vs {private} (equal rank): {r:.3f}x the step time (target <= {TARGET:.2f}x) "
               f"{'PASS' if r <= TARGET else 'MISS'}")
 
 
