@@ -23,6 +23,8 @@ Target: each variant <= 1.10x the reference's step time. Prints PASS/MISS per va
 Hashed sharing (rows `hashed_global_<budget>x`: one array for every weight, at 0.5x, 0.25x and 0.1x of
 the reference's stored parameters) runs the reference's shapes and gathers every weight from the array
 once per step; its target is <= 1.25x the reference, the dense model of equal FLOPs per token.
+The shared-LoRA rows (`relaxed_cycle_{shared_a,vera,shards}8`) are also printed against private LoRA
+of equal rank (`relaxed_cycle_lora8`), same 1.10x target: the price of sharing the factors.
 
 The same sharing variants run again on a LLaMA-family chassis (RMSNorm, rotary positions, SwiGLU,
 grouped-query attention with 2 K/V heads for 4 query heads: search_spaces/llama.yaml's reference),
@@ -81,6 +83,11 @@ LLAMA_QUICK = Chassis(vocab_size=68, context=32, d_model=32, n_layers=4, n_heads
                       family="llama", n_kv_heads=1, rms_norm_eps=1e-5)
 
 
+# each shared-LoRA mode's fields at rank 8: shards pool a quarter of private LoRA's 8 x L rank vectors
+# (at least a layer's 6 shared ones), with a quarter of each rank private
+LORA_SHARING_KW = {"shared_a": {}, "vera": {"lora_seed": 0}, "shards": {"lora_shards": 16, "lora_private_fraction": 0.25}}
+
+
 def variants(ch: Chassis) -> dict[str, ArchConfig]:
     """The sharing mechanisms, each at the reference's per-token shape."""
     L = ch.n_layers
@@ -110,6 +117,10 @@ def variants(ch: Chassis) -> dict[str, ArchConfig]:
         "tapered_cosine3": ArchConfig(chassis=ch, mlp_widths=taper, block_of_layer=ref.block_of_layer),
         "relaxed_cycle_lora8": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle,
                                           lora_attn=(8,) * L, lora_mlp=(8,) * L),
+        # LoRA factors shared across layers, each at private LoRA's rank 8 (also timed against it, below)
+        **{f"relaxed_cycle_{mode}8": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=cycle,
+                                                lora_attn=(8,) * L, lora_mlp=(8,) * L, lora_sharing=mode, **kw)
+           for mode, kw in LORA_SHARING_KW.items()},
         "atoms_qkvo_third": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer, atoms=atoms),
         # consumers skip their K/V projections: fewer FLOPs than the reference (FLOP ratio < 1)
         "kv_shared_g2": ArchConfig(chassis=ch, mlp_widths=widths, block_of_layer=ref.block_of_layer,
@@ -291,9 +302,23 @@ def print_sharing(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], experts: dic
     if sharing:
         print(f"{label}result: {len(sharing) - len(misses)}/{len(sharing)} variants within {TARGET:.2f}x of the "
               f"{label}reference (hashed_*: {HASH_TARGET:.2f}x)" + (f"; MISS: {', '.join(misses)}" if misses else ""))
+    shared = [n for n in cfgs if n.endswith(tuple(f"_{m}8" for m in LORA_SHARING_KW))]
+    private = next((n for n in cfgs if n.endswith("relaxed_cycle_lora8")), None)
+    if shared and private:
+        print_lora_sharing(shared, private, ratios)
     timed = {n: c for n, c in cfgs.items() if n in experts}
     if timed:
         print_experts(timed, ratios, times, ref_cfg, shape)
+
+
+def print_lora_sharing(shared: list[str], private: str, ratios: dict[str, list[float]]) -> None:
+    """Each shared-LoRA variant's step time against private LoRA of equal rank: both are paired with the same
+    reference blocks, so the quotient of their median ratios cancels the machine's drift."""
+    base = statistics.median(ratios[private])
+    for name in shared:
+        r = statistics.median(ratios[name]) / base
+        print(f"{name} vs {private} (equal rank): {r:.3f}x the step time (target <= {TARGET:.2f}x) "
+              f"{'PASS' if r <= TARGET else 'MISS'}")
 
 
 def print_experts(cfgs: dict[str, ArchConfig], ratios: dict[str, list[float]], times: dict[str, list[float]],

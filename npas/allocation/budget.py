@@ -21,6 +21,7 @@ from npas.allocation.config import (
     block_slots,
     reference_config,
 )
+from npas.allocation.lora_sharing import relaxation_params
 from npas.errors import BudgetError
 
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
@@ -77,6 +78,10 @@ class Accounting:
     # basis of flops_per_token. Without experts activated_params == materialised_params.
     activated_params: int = 0
     expert_params: int = 0  # stored experts of all pools plus the routers (0 without experts)
+    # Stored but never trained (VeRA's frozen projections): the budget caps stored parameters, so they
+    # count there; trainable_params = stored_params - frozen_params is what the optimizer steps.
+    frozen_params: int = 0
+    trainable_params: int = 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -201,6 +206,8 @@ def stored_params(cfg: ArchConfig) -> int:
             total -= numel[slot] if slot.startswith("attn") else d * widths[b]
         t = bank.templates
         total += t * bank.size + len(bank.members) * t if bank.generator == "template_mix" else bank.size
+    if cfg.lora_sharing != "private":  # factors shared across layers: their own closed form
+        return total + relaxation_params(cfg)[0]
     if any(cfg.lora_attn):  # r * (in + out) per attention slot the layer reads: 4, or 2-3 for a KV consumer
         sides = _attn_sides(c)
         source = sum(sides.values())
@@ -276,6 +283,11 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         matmul_params += used  # LoRA is merged into these weights per step, not run per token
         layer_mat.append(used + lp + 2 * d)
     experts = expert_params(cfg)
+    frozen = 0
+    if cfg.lora_sharing != "private":  # a layer reads r (d_in + d_out) factors but stores only its share
+        lora, frozen, shares = relaxation_params(cfg)
+        for i in range(L):
+            layer_stored[i] += shares[i] - _lora_params(cfg, i)
     stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts
 
     # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC, over n_heads x head_dim
@@ -306,7 +318,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     per_token_bytes = sum(4 * 4 * d + low * (qkvo + gate * w) for w in cfg.mlp_widths) + 4 * (2 * d + 2 * V)
     probs = 4 * c.n_heads * T * L if device == "cuda" else 4 * c.n_heads * T * T * L
     act = batch_size * T * per_token_bytes + batch_size * probs
-    train = stored * 4 * 2 + stored * 8 + generated * 4 * 2 + act  # fp32 master weights and grads, AdamW m and v
+    trainable = stored - frozen  # frozen projections (VeRA) have no gradient and no AdamW state
+    train = stored * 4 + trainable * 4 + trainable * 8 + generated * 4 * 2 + act  # fp32 weights, grads, AdamW m, v
     train += hash_step_bytes(cfg)  # hash banks' transient gather, circular window and mapping buffers
     gen_flops += sum(sum(cfg.member_numels(b)) for b in cfg.banks if b.generator == "hash")  # the tiles' signs
     return Accounting(
@@ -330,6 +343,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         layer_materialised=tuple(layer_mat),
         activated_params=embedding + d + sum(layer_mat),
         expert_params=experts,
+        frozen_params=frozen,
+        trainable_params=trainable,
     )
 
 

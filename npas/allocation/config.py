@@ -34,6 +34,7 @@ from npas.allocation.chassis import (
     llama_problems,
     rope_scaling_problems,
 )
+from npas.allocation.lora_sharing import LoraSharing, rank_problems, sharing_field_problems
 from npas.allocation.parts import (
     DEFAULT_LORA_ALPHA,
     DTYPE_BYTES,
@@ -89,6 +90,13 @@ class ArchConfig:
     # The MLP as top-k experts from pools shared across layers; None = dense MLPs. With experts no
     # block stores an MLP slot, and mlp_widths hold each layer's activated width, top_k x d_expert.
     experts: ExpertPool | None = None
+    # Low-rank relaxations shared across layers (npas.allocation.lora_sharing): private LoRA, one A per
+    # slot type (shared_a), VeRA's frozen pair regenerated from lora_seed (vera), or a pool of
+    # lora_shards shared shards per factor with lora_private_fraction of each rank private (shards).
+    lora_sharing: LoraSharing = "private"
+    lora_seed: int = 0  # vera: the frozen projections' seed; shards: the per-layer indices' seed
+    lora_shards: int = 0  # shards: shared rank-1 shards in each factor's pool, per slot type
+    lora_private_fraction: float = 0.0  # shards: the share of each layer's rank that is its own
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -100,6 +108,7 @@ class ArchConfig:
             # with no LoRA the scale computes nothing: one canonical form, so equal models hash equal
             object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
             object.__setattr__(self, "lora_scaling", "standard")
+        self._canonical_sharing()
         if not self.kv_source:
             object.__setattr__(self, "kv_source", tuple(range(L)))
         if self.kv_source == tuple(range(L)):
@@ -113,6 +122,21 @@ class ArchConfig:
         problems = self.problems()
         if problems:
             raise ConfigError("invalid allocation: " + "; ".join(problems))
+
+    def _canonical_sharing(self) -> None:
+        """Sharing fields a mode does not read take their defaults, so equal models hash equal."""
+        if not any(self.lora_attn) and not any(self.lora_mlp):
+            object.__setattr__(self, "lora_sharing", "private")
+        if self.lora_sharing in ("private", "shared_a"):
+            object.__setattr__(self, "lora_seed", 0)
+        if self.lora_sharing == "vera":  # d and b are VeRA's scale: alpha / r multiplies nothing
+            object.__setattr__(self, "lora_alpha", DEFAULT_LORA_ALPHA)
+            object.__setattr__(self, "lora_scaling", "standard")
+        if self.lora_sharing != "shards":
+            object.__setattr__(self, "lora_shards", 0)
+            object.__setattr__(self, "lora_private_fraction", 0.0)
+        elif isinstance(self.lora_private_fraction, int) and not isinstance(self.lora_private_fraction, bool):
+            object.__setattr__(self, "lora_private_fraction", float(self.lora_private_fraction))
 
     # ---- derived structure -------------------------------------------------------------------
     # Derived structure is cached on the (immutable) instance: accounting asks for it per slot and
@@ -202,7 +226,10 @@ class ArchConfig:
         out += expert_problems(self.experts, c.n_layers, self.lora_mlp)
         if out:
             return out
-        return scalar_problems(self.lora_alpha, self.lora_scaling, self.dtype) + bank_problems(
+        out = sharing_field_problems(self.lora_sharing, self.lora_seed, self.lora_shards, self.lora_private_fraction)
+        if out:
+            return out
+        return rank_problems(self) + scalar_problems(self.lora_alpha, self.lora_scaling, self.dtype) + bank_problems(
             self.banks, set(block_slots(c.activation)), self.n_blocks, self.block_stores,
             lambda b, s: math.prod(self.slot_shape(b, s)))
 
@@ -247,6 +274,10 @@ class ArchConfig:
             del d["experts"]
         else:
             d["experts"] = self.experts.to_dict()
+        if self.lora_sharing == "private":
+            del d["lora_sharing"], d["lora_seed"], d["lora_shards"], d["lora_private_fraction"]
+        elif self.lora_sharing != "shards":
+            del d["lora_shards"], d["lora_private_fraction"]
         return d
 
     @classmethod
@@ -319,7 +350,7 @@ class ArchConfig:
             parts.append(f"experts={len(e.pool_sizes)}x{max(e.pool_sizes)}:k{e.top_k}:w{e.d_expert}")
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
-            parts.append(f"lora<={max(ranks)}")
+            parts.append(f"lora<={max(ranks)}" + ("" if self.lora_sharing == "private" else f":{self.lora_sharing}"))
         return " ".join(parts)
 
 
@@ -363,6 +394,7 @@ __all__ = [
     "Generator",
     "KvMode",
     "LoraScaling",
+    "LoraSharing",
     "block_slots",
     "canonical_blocks",
     "llama_problems",

@@ -33,6 +33,7 @@ from npas.allocation.config import (
     KvMode,
     LoraScaling,
 )
+from npas.allocation.lora_sharing import LORA_SHARING
 from npas.allocation.parts import DEFAULT_HASH_TILE, HASH_SEED_LIMIT
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
@@ -67,6 +68,10 @@ def _tied(values: dict[str, Any]) -> bool:
 def _relaxed(values: dict[str, Any]) -> bool:
     """Some tied position has a LoRA rank (per-position ranks are named lora_rank_{i})."""
     return any(values[k] for k in values if k.startswith("lora_rank"))
+
+
+def _shards(values: dict[str, Any]) -> bool:
+    return _relaxed(values) and values.get("lora_sharing") == "shards"
 
 
 def _atoms_on(values: dict[str, Any]) -> bool:
@@ -226,6 +231,22 @@ KNOBS: tuple[KnobSpec, ...] = (
     KnobSpec("hash_seed", "pools", "seed", int, 0, low=0, high=HASH_SEED_LIMIT - 1, applies=_hashed,
              when="pools.enabled and pools.generator is hash", searchable=False,
              help="seed of the hash mapping, stored in the allocation so an export rebuilds it"),
+    # low-rank relaxations shared across layers (npas.allocation.lora_sharing), appended last so spaces
+    # written before them keep their seeded suggestion order
+    KnobSpec("lora_sharing", "relaxation", "sharing", str, "private", allowed=LORA_SHARING, applies=_relaxed,
+             when="some LoRA rank is > 0",
+             help="private: a LoRA per layer; shared_a: one A per slot type (ASLoRA); vera: a frozen seeded pair, "
+                  "per-layer d and b (VeRA); shards: factors from shared shard pools (Mixture of Shards)"),
+    KnobSpec("lora_shard_fraction", "relaxation", "shard_fraction", float, 0.25, low=0.01, high=64.0,
+             applies=_shards, when="relaxation.sharing is shards",
+             help="shards per factor pool as a fraction of the shared rank vectors private LoRA would own"),
+    KnobSpec("lora_private_fraction", "relaxation", "private_fraction", float, 0.0, low=0.0, high=1.0,
+             applies=_shards, when="relaxation.sharing is shards",
+             help="share of each position's rank held in private shards (differentiation)"),
+    KnobSpec("lora_seed", "relaxation", "seed", int, 0, low=0, high=2**31 - 1, searchable=False,
+             applies=lambda v: _relaxed(v) and v.get("lora_sharing") in ("vera", "shards"),
+             when="relaxation.sharing is vera or shards",
+             help="seed of VeRA's frozen projections and of the shards' per-layer indices"),
 )
 
 # Settings of a space that shape every candidate but are never searched: fixed values only.

@@ -11,6 +11,7 @@ from dataclasses import fields
 from typing import Any, get_args
 
 from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, LLAMA_MAX, Chassis
+from npas.allocation.lora_sharing import read_sharing_fields
 from npas.allocation.parts import (
     DEFAULT_HASH_TILE,
     DEFAULT_LORA_ALPHA,
@@ -99,6 +100,7 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     out["atoms"] = tuple(a for k, raw in enumerate(atoms) if (a := read_atoms(k, raw, problems)) is not None)
     if d.get("experts") is not None:
         out["experts"] = read_experts(d["experts"], problems)
+    out.update(read_sharing_fields(d, problems))
     version = d.get("version", SCHEMA_VERSION)
     if version not in (1, SCHEMA_VERSION) or not _is_int(version):
         problems.append(f"version: {version!r} is not a schema version this npas reads (1 or {SCHEMA_VERSION})")

@@ -47,6 +47,7 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob
+from npas.allocation.lora_sharing import equal_private_rank, knob_fields
 from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
 from npas.errors import BudgetError, NpasError, SampleError, SpaceError
 
@@ -285,6 +286,9 @@ class Space:
         ranks = [int(values.get(f"lora_rank_{i}", rank) or 0) if shared[i] else 0 for i in range(L)]
         lora_attn = tuple(r if targets in ("attn", "both") else 0 for r in ranks)
         lora_mlp = tuple(r if targets in ("mlp", "both") else 0 for r in ranks)
+        sharing = knob_fields(value(values, "lora_sharing"), int(value(values, "lora_seed")),
+                              float(value(values, "lora_shard_fraction")),
+                              float(value(values, "lora_private_fraction")), ranks)
         g = int(value(values, "kv_group"))
         if not 1 <= g <= L:
             return Candidate(values, Fit(None, f"kv_sharing.group={g} must be 1..n_layers={L}"), budget)
@@ -298,7 +302,7 @@ class Space:
                               lora_mlp=lora_mlp if experts is None else (0,) * L, lora_alpha=float(value(values, "lora_alpha")),
                               lora_scaling=value(values, "lora_scaling"), untied_norms=bool(value(values, "untied_norms")),
                               dtype=self.dtype, kv_source=kv_source, kv_mode=value(values, "kv_mode"), atoms=atoms,
-                              experts=experts)
+                              experts=experts, **sharing)
 
         if int(value(values, "experts_per_layer")) > 0:
             return self._experts_candidate(values, chassis, make, budget)
@@ -374,7 +378,32 @@ class Space:
             else []
         if experts and (moe := self._per_layer_moe(max(experts))) is not None:
             out["per_layer_moe"] = moe
+        if (private := self._private_lora()) is not None:
+            out["private_lora"] = private
         return out
+
+    def _private_lora(self) -> dict[str, Any] | None:
+        """Where the space shares LoRA factors across layers: the private LoRA that stores as many
+        relaxation parameters as its first sharing mode does at its largest rank (cycle tying, U = L/2,
+        every slot relaxed), so a shared relaxation is always seen beside private LoRA of equal
+        relaxation parameters. None when the space offers no sharing mode, rank or cycle."""
+        sharing, rank = self.knobs.get("lora_sharing"), self.knobs.get("lora_rank")
+        modes = [m for m in sharing.options() if m != "private"] if sharing else []
+        ranks = [r for r in rank.options() if r > 0] if rank else []
+        L = self.reference_chassis.n_layers
+        if not modes or not ranks or L < 4:
+            return None
+        chassis = {name: knob.default for name, knob in self.chassis.items()}
+        vals = {**BASELINES["cycle_tying"], "unique_blocks": L // 2, "lora_rank": max(ranks), "lora_targets": "both",
+                "lora_sharing": modes[0], **({"experts_per_layer": 0} if "experts_per_layer" in self.knobs else {})}
+        if self.per_position:
+            vals.update({f"lora_rank_{i}": max(ranks) for i in range(L)})
+        cfg = self.candidate({**chassis, **vals}).config
+        if cfg is None:
+            return None
+        r = equal_private_rank(cfg)
+        return {**vals, "lora_sharing": "private", "lora_rank": r,
+                **({f"lora_rank_{i}": r for i in range(L)} if self.per_position else {})}
 
     def _per_layer_moe(self, most: int) -> dict[str, Any] | None:
         """The natural baseline of an expert pool, as a careful person would hand-build it at this budget:

@@ -7,6 +7,7 @@ Three kinds of module carry parameters, with stable state-dict names:
   atoms.{slot}.atoms/coef  a dictionary of matrix atoms generating one attention slot (MASA)
   experts.pools.{p}.up/gate/down, experts.routers.{j}  expert pools replacing the MLP (see experts.py)
   h.{l}.ln_1 / lora_*    what belongs to one depth position: untied norms and LoRA deltas
+  lora_shared.pairs.{slot|frozen}.A/B  LoRA factors shared across layers (see shared_lora.py)
 Every forward first *materialises* each block's weights once (views for direct and tied weights,
 one generation per bank and per atom dictionary), then runs the L layers over them. A layer that
 shares another's keys/values (cross-layer KV sharing) is handed that layer's K/V instead of
@@ -44,7 +45,8 @@ from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slot
 from npas.allocation.experts import ExpertPools, PerForward
 from npas.allocation.hashing import HashedBank
 from npas.allocation.layer_ops import apply_rotary, causal_mask, norm_for, padded_mask, repeat_kv, rotary
-from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule, LoRA
+from npas.allocation.shared_lora import SharedFactors, relaxation, shared_factors
+from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule
 from npas.errors import ConfigError
 
 # npas name (per-block / per-layer part after the index) -> Hugging Face Llama name, see the docstring
@@ -71,7 +73,7 @@ class Block(nn.Module):
 class Layer(nn.Module):
     """One depth position: attention + MLP over weights handed in by the model (maybe shared)."""
 
-    def __init__(self, cfg: ArchConfig, layer: int) -> None:
+    def __init__(self, cfg: ArchConfig, layer: int, shared: SharedFactors | None = None) -> None:
         super().__init__()
         c = cfg.chassis
         self.n_heads = c.n_heads
@@ -91,11 +93,11 @@ class Layer(nn.Module):
         if ra:
             for slot in (s for s in ATTN_SLOTS if cfg.layer_reads(layer, s)):
                 d_out, d_in = c.slot_shape(slot, 1)
-                self.lora[slot] = LoRA(ra, d_in, d_out, cfg.lora_scale(ra))
+                self.lora[slot] = relaxation(cfg, shared, layer, slot, ra, d_in, d_out)
         if rm:
             for slot in MLP_SLOTS[c.activation]:
                 d_in, d_out = (self.width, c.d_model) if slot == "mlp_down" else (c.d_model, self.width)
-                self.lora[slot] = LoRA(rm, d_in, d_out, cfg.lora_scale(rm))
+                self.lora[slot] = relaxation(cfg, shared, layer, slot, rm, d_in, d_out)
 
     def _weight(self, slot: str, w: Tensor) -> Tensor:
         if slot in self.lora:  # this depth's relaxation, merged once per forward (see sharing.LoRA)
@@ -197,7 +199,9 @@ class TransformerLM(nn.Module):
         self.experts = None if cfg.experts is None else ExpertPools(
             cfg.experts, c.d_model, c.activation == "swiglu", INIT_STD, resid_std)
         self._last = PerForward([torch.zeros(())])  # the weighted expert balance loss of the last forward
-        self.h = nn.ModuleList(Layer(cfg, i) for i in range(c.n_layers))
+        # LoRA factors the relaxed layers share (npas.allocation.shared_lora); None for private LoRA
+        self.lora_shared = shared_factors(cfg)
+        self.h = nn.ModuleList(Layer(cfg, i, self.lora_shared) for i in range(c.n_layers))
         self.ln_f = norm_for(c)
         self._init_direct(resid_std)
 

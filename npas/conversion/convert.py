@@ -35,6 +35,7 @@ from npas.conversion.hashed import fit_hashed_bank
 from npas.conversion.lora import lora_factors, relative_error
 from npas.conversion.provenance import ProvenanceRecord
 from npas.conversion.residual import ResidualPlan, narrow_slot, narrow_vector, plan_residual
+from npas.conversion.shared_lora import fit_relaxation
 from npas.conversion.source import SourceModel, read_source
 from npas.conversion.tying import TIE_INITS, TieInit, fresh_only, shared_weight
 from npas.conversion.widths import fresh_elements, resize_mlp
@@ -308,7 +309,15 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
     # ---- LoRA: what sharing lost, per relaxed layer --------------------------------------------
     errors: dict[str, float] = {}
     read = _read_weights(model)
-    for i, layer in enumerate(model.h):
+    if cfg.lora_sharing != "private":  # factors shared across layers (npas.conversion.shared_lora)
+        relaxed = [(i, slot) for i, layer in enumerate(model.h) for slot in layer.lora]
+        fit_relaxation(model, cfg, {(i, s): _trained(targets[i][s], fresh_at[i][s]) - _trained(read[i][s], fresh_at[i][s])
+                                    for i, s in relaxed}, {(i, s): srcs([i], s) + block_sources.get(
+                                        (cfg.block_of_layer[i], s), []) for i, s in relaxed}, prov)
+        for i, s in relaxed:
+            errors[f"{i}.{s}"] = relative_error(_trained(targets[i][s], fresh_at[i][s]), _trained(
+                read[i][s] + model.h[i].lora[s].delta(), fresh_at[i][s]))
+    for i, layer in enumerate(model.h if cfg.lora_sharing == "private" else ()):
         for slot, lora in layer.lora.items():
             target = _trained(targets[i][slot], fresh_at[i][slot])
             residual = target - _trained(read[i][slot], fresh_at[i][slot])  # fitted to the trained units only

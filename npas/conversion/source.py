@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from npas.allocation.config import ArchConfig, block_slots
+from npas.allocation.lora_sharing import param_names
 
 
 @dataclass
@@ -47,7 +48,7 @@ def _slot_sources(cfg: ArchConfig, layer: int, slot: str) -> tuple[str, ...]:
                                               if cfg.banks[bank].generator == "template_mix" else [])
     rank = cfg.lora_attn[layer] if slot.startswith("attn") else cfg.lora_mlp[layer]
     if rank:
-        out += [f"h.{layer}.lora.{slot}.A", f"h.{layer}.lora.{slot}.B"]
+        out += param_names(cfg, layer, slot)
     return tuple(out)
 
 

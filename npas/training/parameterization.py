@@ -49,7 +49,13 @@ atom coefficient      ``k**-SHARING_EXPONENT`` with ``k`` the mean layers readin
                       (1 for scope layer, a block's readers for scope block): a gain, like
                       a template coefficient
 LoRA factor (A, B)    ``w**a * d`` of the slot and layer it relaxes (k = 1: one layer reads  model's
-                      it); the rank's effect on step size is the model's alpha/r scaling
+                      it); the rank's effect on step size is the model's alpha/r scaling;
+                      also shared_a's per-layer B and a layer's private shards
+shared LoRA factor    as a bank (shared_a's A, shards' A and B pools): ``k`` = elements     model's
+                      the relaxed layers read (rank rows at their d_in, or their shards)
+                      over the elements stored, ``w`` and ``d`` of the slot it relaxes
+VeRA d and b          1: per-layer gains (vector-like: width- and depth-free, like a norm's) model's
+VeRA frozen pair      0, group ``frozen``: stored, never trained (requires_grad is False)    seeded
 norm gain             ``k**-SHARING_EXPONENT`` (vector-like: width- and depth-free); k > 1  model's
                       only for a shared block's norms when norms are tied; a llama
                       chassis' RMSNorm gains follow the same rule as LayerNorm gains
@@ -94,6 +100,7 @@ import torch
 from torch import nn
 
 from npas.allocation.config import ArchConfig, Chassis
+from npas.allocation.lora_sharing import relaxed_uses, split_rank
 from npas.allocation.sharing import RESIDUAL_SLOTS
 
 SHARING_EXPONENT = 0.5  # lr multiplier k**-0.5 for a tensor read k times per element (see the table)
@@ -113,6 +120,7 @@ class Rule:
     """What the parameterization decided for one parameter: its group, lr multiplier and init scale."""
 
     group: str  # embedding | norm | matrix | bank | coef | lora | expert | router | atom | atom_coef
+    #            | lora_shared | lora_vec | frozen
     lr_mult: float
     init_scale: float = 1.0  # multiplies the model's draw once, before training (1: untouched)
 
@@ -192,6 +200,26 @@ def _lora_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
     return Rule("lora", width_factor(w) * depth_factor(slot, s.depth_ratio))
 
 
+def _shared_lora_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """A LoRA factor shared by the relaxed layers of one slot type: the bank rule, with the elements
+    each layer reads (rank rows of A at its d_in, rank columns of B at its d_out, or its shards)."""
+    cfg, name, which = s.cfg, m[1], m[2]
+    if name == "frozen":
+        return Rule("frozen", 0.0)
+    uses = relaxed_uses(cfg)[name]
+    reads = 0
+    for _, r, o, n in uses:
+        k = r if cfg.lora_sharing == "shared_a" else split_rank(r, cfg.lora_private_fraction)[0]
+        reads += k * (n if which == "A" else o)
+    _, wdf, w = _use_factors(cfg, s.ref, [(layer, name) for layer, *_ in uses])
+    return Rule("lora_shared", sharing_factor(reads / max(p.numel(), 1)) * wdf)
+
+
+def _vera_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """VeRA's per-layer scaling vectors d (r) and b (d_out): gains read by one layer."""
+    return Rule("lora_vec", 1.0)
+
+
 def _expert_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
     """A pool's stacked expert matrices: an MLP slot of width ``d_expert`` whose sharing count is the
     expected reads of one expert per token, (layers reading the pool) x top_k / (experts in it).
@@ -249,6 +277,8 @@ RULES: tuple[tuple[re.Pattern[str], Callable[[_Scope, re.Match[str], nn.Paramete
     (re.compile(r"blocks\.(\d+)\.(\w+)$"), _matrix_rule),
     (re.compile(r"banks\.(\d+)\.(weight|coef)$"), _bank_rule),
     (re.compile(r"h\.(\d+)\.lora\.(\w+)\.([AB])$"), _lora_rule),
+    (re.compile(r"h\.(\d+)\.lora\.(\w+)\.([db])$"), _vera_rule),
+    (re.compile(r"lora_shared\.pairs\.(\w+)\.([AB])$"), _shared_lora_rule),
     (re.compile(r"experts\.pools\.(\d+)\.(up|gate|down)$"), _expert_rule),
     (re.compile(r"experts\.routers\.(\d+)$"), _router_rule),
     (re.compile(r"atoms\.(\w+)\.(atoms|coef)$"), _atom_rule),

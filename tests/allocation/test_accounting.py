@@ -32,7 +32,9 @@ knobs:
   pools: {enabled: [false, true], rule: [by_type, by_type_and_shape, all, explicit], banks: {low: 1, high: 3},
           generator: [tie, slice, tile, template_mix, hash], templates: [1, 2, 3], groups: [[0, 1], [2, 3, 4]],
           tile: [4, 16]}
-  relaxation: {rank: [0, 2, 4], targets: [attn, mlp, both], per_position: true, alpha: 8, scaling: rslora}
+  relaxation: {rank: [0, 2, 4], targets: [attn, mlp, both], per_position: true, alpha: 8, scaling: rslora,
+               sharing: [private, shared_a, vera, shards], shard_fraction: [0.25, 1.0], private_fraction: [0.0, 0.5],
+               seed: 7}
   untied_norms: [true, false]
 """
 SPACE_IDS = [p.stem for p in SPACES] + ["everything"]
@@ -124,9 +126,15 @@ def test_most_samples_are_feasible_and_every_mechanism_is_met(which, floor):
         seen |= {cfg.chassis.activation, *(b.generator for b in cfg.banks)}
         seen |= {"lora"} if any(cfg.lora_attn + cfg.lora_mlp) else set()
         seen |= {"tied"} if cfg.n_blocks < cfg.chassis.n_layers else set()
+        seen |= {cfg.lora_sharing} if any(cfg.lora_attn + cfg.lora_mlp) else set()
+        seen |= {"private_shards"} if cfg.lora_private_fraction > 0 else set()
     assert feasible / 150 >= floor, f"{which}: only {feasible}/150 samples feasible"
     if which == "everything":
         assert seen >= {"gelu", "swiglu", "tie", "slice", "tile", "template_mix", "hash", "lora", "tied"}, seen
+    if which in ("everything", "recursive_lora", "full"):  # every sharing mode is counted exactly above
+        assert seen >= {"private", "shared_a", "vera", "shards"}, seen
+    if which in ("everything", "recursive_lora"):
+        assert "private_shards" in seen, seen
 
 
 @pytest.mark.parametrize("which", SPACE_IDS)

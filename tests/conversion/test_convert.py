@@ -204,9 +204,14 @@ def _check_provenance(dense, cfgs: list[ArchConfig], x: torch.Tensor, y: torch.T
         torch.manual_seed(0)  # the init convert_model starts from: a tensor left as drawn would equal it
         init = build_model(cfg).state_dict()
         for name, p in entries.items():
+            if name.startswith("lora_shared.pairs.frozen."):  # VeRA's pair: the allocation's, from its lora_seed
+                assert torch.equal(state[name], other_state[name]) and not dict(conv.model.named_parameters())[
+                    name].requires_grad, (cfg.summary(), name)
+                continue
             assert p.kind != "fresh" and p.sources, (cfg.summary(), name)
             assert (p.kind == "partly fresh") == bool(p.fresh)
-            fully_fresh_lora = ".lora." in name and p.fresh and re.match(r"(\d+) of \1 ", p.fresh)
+            fully_fresh_lora = (".lora." in name or name.startswith("lora_shared.")) and p.fresh and re.match(
+                r"(\d+) of \1 ", p.fresh)
             if not fully_fresh_lora:
                 assert not torch.equal(state[name], init[name]), (cfg.summary(), name)
             if p.kind == "derived":

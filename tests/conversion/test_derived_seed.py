@@ -48,6 +48,14 @@ CASES = {
     # units, so unit matching pairs new units with trained ones
     "tapered source": (_source((F // 2, F, F // 2, F)), _alloc((F + 16,) * L, block_of_layer=(0, 0, 0, 0),
                                                                  lora_mlp=(4,) * L)),
+    # LoRA factors shared across layers: one A per slot type fitted to every layer's residual, and VeRA's
+    # d and b fitted against its seeded frozen pair; widened layers' new units stay out of both fits
+    "tied+shared_a": (_source(), _alloc(WIDE, block_of_layer=(0, 0, 1, 1), lora_mlp=(4,) * L, lora_attn=(2,) * L,
+                                        lora_sharing="shared_a")),
+    "tied+vera": (_source(), _alloc(WIDE, block_of_layer=(0, 0, 1, 1), lora_mlp=(4,) * L, lora_attn=(2,) * L,
+                                    lora_sharing="vera", lora_seed=5)),
+    "tied+shards": (_source(), _alloc(WIDE, block_of_layer=(0, 0, 1, 1), lora_mlp=(4,) * L, lora_attn=(2,) * L,
+                                      lora_sharing="shards", lora_shards=6, lora_private_fraction=0.25)),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-SCRIPT = ROOT / "bench" / "evidence" / "hashed.py"
+SCRIPT = ROOT / "experiments" / "evidence" / "hashed.py"
 ROW = r"^{name}\s+([\d,]+)\s+([\d,]+|-)\s+([\d,]+|-)\s+([\d,]+|-)\s+([\d,]+)\s+([\d.]+)\s"
 
 

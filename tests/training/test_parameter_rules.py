@@ -24,7 +24,8 @@ from npas.training.parameterization import Rule, UnruledParameter, apply_init, o
 from tests.conftest import SPACES
 
 # the groups the docstring table documents; "other" (the old silent fallback) is not one of them
-DOCUMENTED = {"embedding", "norm", "matrix", "bank", "coef", "lora", "expert", "router", "atom", "atom_coef"}
+DOCUMENTED = {"embedding", "norm", "matrix", "bank", "coef", "lora", "expert", "router", "atom", "atom_coef",
+              "lora_shared", "lora_vec", "frozen"}
 SAMPLES = 20
 
 
@@ -66,7 +67,10 @@ def test_every_parameter_of_every_shipped_space_has_a_documented_rule(path, acti
             assert table.keys() == dict(model.named_parameters()).keys()
             unruled = {name: r.group for name, r in table.items() if r.group not in DOCUMENTED}
             assert not unruled, f"{path.stem}/{activation}: parameters without a documented rule: {unruled}"
-            assert all(math.isfinite(r.lr_mult) and r.lr_mult > 0 and r.init_scale > 0 for r in table.values())
+            params = dict(model.named_parameters())
+            # every trained parameter steps; a frozen one (VeRA's projections) never does and takes no grad
+            assert all(math.isfinite(r.lr_mult) and r.init_scale > 0 and (r.lr_mult > 0) == (r.group != "frozen")
+                       == params[name].requires_grad for name, r in table.items())
         seen |= {name.split(".")[0] for name in table}
     assert n >= SAMPLES // 2  # the space really was sampled
     if path.stem in ("atoms", "full"):

@@ -40,8 +40,10 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("  banks + coefficients", f"{acc.bank_params:,}"),
         ("  atoms + coefficients", f"{acc.atom_params:,}{_atoms_note(cfg)}"),
         ("  experts + routers", f"{acc.expert_params:,}{_experts_note(cfg)}"),
-        ("  LoRA", f"{acc.lora_params:,}"),
+        ("  LoRA", f"{acc.lora_params:,}{_lora_note(cfg, acc)}"),
         ("  norms", f"{acc.norm_params:,}"),
+        *([("trainable params", f"{acc.trainable_params:,} (stored less {acc.frozen_params:,} frozen)")]
+          if acc.frozen_params else []),
         ("non-embedding params", f"{acc.non_embedding_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
@@ -53,6 +55,15 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
         ("training memory (estimate)", f"{acc.train_memory_bytes:,} ({acc.train_memory_bytes / mib:.1f} MiB)"),
     ]
+
+
+def _lora_note(cfg: ArchConfig, acc: Accounting) -> str:
+    """How the relaxation's factors are shared across layers, when they are (private LoRA: nothing)."""
+    if cfg.lora_sharing == "private" or not acc.lora_params:
+        return ""
+    extra = {"vera": f", {acc.frozen_params:,} frozen (lora_seed {cfg.lora_seed})",
+             "shards": f", {cfg.lora_shards} shards per factor pool, {cfg.lora_private_fraction:g} private"}
+    return f" ({cfg.lora_sharing}: factors shared across layers{extra.get(cfg.lora_sharing, '')})"
 
 
 def _experts_note(cfg: ArchConfig) -> str:

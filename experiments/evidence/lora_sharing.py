@@ -1,0 +1,267 @@
+"""Mixture of Shards: shared low-rank factors beat private LoRA at equal relaxation parameters, and pure
+sharing loses.
+
+    python experiments/evidence/lora_sharing.py --plan     # runs x tokens -> CPU-hours, what is cached; trains nothing
+    python experiments/evidence/lora_sharing.py            # report: d_model 64, 8 layers, 5 seeds, rates located per arm
+    python experiments/evidence/lora_sharing.py --quick    # smoke run (tiny chassis, 1 seed, the recipe's rate)
+
+Claims. ASLoRA (arXiv 2412.10135): one A per matrix type shared by all layers, a private B per layer,
+beats LoRA with under 25% of its parameters. VeRA (ICLR 2024): one frozen random pair shared by all
+layers, per-layer scaling vectors d and b, about 10x fewer parameters than LoRA at its quality. Mixture
+of Shards (ICLR 2025): factors assembled from global shard pools, about 8x fewer parameters than LoRA;
+pure sharing without differentiation (no private shards) is worse. Here they relax a recursive model.
+
+Grid (fixed before any run). The evidence chassis (d_model 64, 8 layers, d_ff 256), cycle tying with
+U = 4 unique blocks (ABCDABCD: every block read by 2 layers, so every position is relaxed), LoRA on
+attention and MLP (alpha / r). P = private LoRA's relaxation parameters at rank r = 16 (147,456).
+  tied r=0             pure tying, no relaxation
+  private r=16         private LoRA at rank 16: P
+  private P/k          private LoRA at the rank whose relaxation stores P/k (k = 2, 4, 8): private LoRA at
+                       *equal* relaxation parameters, the reference the row's title names
+  shared_a P/k         one A per slot type, per-layer B; the rank solved so that it stores <= P/k, closest
+  vera P/k             VeRA's frozen pair (lora_seed 0, sized to the largest matrix) + per-layer d and b; the
+                       rank solved likewise (the frozen pair counts: the budget caps stored parameters, and
+                       the table prints the trainable count beside it)
+  shards P/k           rank-8 factors from shard pools, no private shards (pure sharing); the pool size solved
+  shards+private P/k   rank-8 factors, 1 of the 8 rank vectors a layer's private shard (lora_private_fraction
+                       1/8, costing P/16), the pool solved for the rest
+for k in 2, 4, 8: 2 + 5 x 3 = 17 arms. "Relaxation parameters" are the stored ones (npas's budget) and
+each arm prints its exact count and its fraction of P.
+
+Second-edition rules. 5 reported seeds (0-4). Each arm's learning rate is located first on seed 99 (never
+reported) over x0.5, x1, x2 of the recipe's rate, extended outward by factors of 2 (to x1/8 or x8 at most)
+while the best is at the grid's edge; the arm's seeds run at its best rate, and an arm whose best stayed
+at an edge is reported as "not located". Paired 95% t-intervals over the shared seeds, each verdict
+confirmed on the test split (`stats.split_verdict`).
+
+Verdicts, for each shared arm A at P/k:
+  A vs private r=16      parity (within +0.02 nats): the papers' claim, at 1/k of the parameters
+  A vs private P/k       better: the row's title, at equal relaxation parameters
+  A vs tied r=0          better: the relaxation does anything at all (the LoRA row found no gain of private
+                         LoRA over r = 0 at the grid-best rate, so both comparisons are needed)
+and shards+private P/k vs shards P/k: better (the differentiation reverses pure sharing's loss).
+
+Held equal (printed): every arm has the dense model's FLOPs per token (each delta is merged into its
+layer's weight once per forward; the merge FLOPs per step are printed), data and seeds.
+
+Budget. 17 arms x (5 seeds + 3 check rates) = 136 runs of 1,000 x 3,072 tokens, 6.0 CPU-hours by npas's
+estimate plus up to 2 more runs per arm whose optimum sits at an edge (--plan prints both); the cap is
+10 core-hours. If it must be cut: drop the private P/k arms first (the title's equal-parameter reference,
+-3 arms), then the k = 2 column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import common
+import report
+import runs
+import stats
+
+from npas import ArchConfig, Chassis, Recipe, count
+from npas.allocation.fit import tying_map
+
+
+def relaxation(cfg: ArchConfig) -> int:
+    """The relaxation's stored parameters (npas.count's LoRA count: shared factors once, a frozen pair too)."""
+    return count(cfg).lora_params
+
+RANK, QUICK_RANK = 16, 4  # private LoRA's rank (P is its relaxation parameters)
+SHARD_RANK, QUICK_SHARD_RANK = 8, 2  # every shards arm's rank; one private rank vector with private shards
+FRACTIONS = (2, 4, 8)  # P/k
+GRID = (0.5, 1.0, 2.0)  # the rate check's first grid (x the recipe's rate), seed 99
+EDGES = (0.125, 8.0)  # how far the check extends while its best is at an edge
+TIED, PRIVATE = "tied r=0", "private r={r}"
+
+
+def _relaxed(ch: Chassis, rank: int, **kw: Any) -> ArchConfig:
+    L = ch.n_layers
+    return ArchConfig(chassis=ch, mlp_widths=(ch.d_ff,) * L, block_of_layer=tying_map("cycle", L, L // 2),
+                      lora_attn=(rank,) * L, lora_mlp=(rank,) * L, **kw)
+
+
+def _solve(target: int, make, low: int, high: int) -> ArchConfig:
+    """The allocation of the largest free size in [low, high] whose relaxation stores <= target (the
+    smallest when none does: its fraction is printed, so the table shows it)."""
+    best = make(low)
+    for n in range(low, high + 1):
+        cfg = make(n)
+        if relaxation(cfg) > target:
+            break
+        best = cfg
+    return best
+
+
+def arms(ch: Chassis, quick: bool) -> tuple[dict[str, ArchConfig], int]:
+    """The grid's allocations, by arm name, and P."""
+    r, rs = (QUICK_RANK, QUICK_SHARD_RANK) if quick else (RANK, SHARD_RANK)
+    private = _relaxed(ch, r)
+    P = relaxation(private)
+    out = {TIED: _relaxed(ch, 0), PRIVATE.format(r=r): private}
+    for k in FRACTIONS:
+        t = P // k
+        out[f"private P/{k}"] = _solve(t, lambda n: _relaxed(ch, n), 1, r)
+        out[f"shared_a P/{k}"] = _solve(t, lambda n: _relaxed(ch, n, lora_sharing="shared_a"), 1, 4 * r)
+        out[f"vera P/{k}"] = _solve(t, lambda n: _relaxed(ch, n, lora_sharing="vera"), 1, 64 * r)
+        out[f"shards P/{k}"] = _solve(t, lambda n: _relaxed(ch, rs, lora_sharing="shards", lora_shards=n), rs, 64 * rs)
+        out[f"shards+private P/{k}"] = _solve(t, lambda n: _relaxed(
+            ch, rs, lora_sharing="shards", lora_shards=n, lora_private_fraction=1 / rs), rs - 1, 64 * rs)
+    return out, P
+
+
+def claims(names: list[str], private: str) -> list[tuple[str, str, str, str]]:
+    """(arm, reference, kind, words) of every verdict the docstring fixes."""
+    out = []
+    for k in FRACTIONS:
+        for mode in ("shared_a", "vera", "shards", "shards+private"):
+            arm = f"{mode} P/{k}"
+            out += [(arm, private, "parity", f"{mode} at 1/{k} of private LoRA's relaxation parameters reaches it"),
+                    (arm, f"private P/{k}", "better", f"{mode} beats private LoRA at equal relaxation parameters"),
+                    (arm, TIED, "better", f"{mode} at P/{k} improves on pure tying")]
+        out.append((f"shards+private P/{k}", f"shards P/{k}", "better",
+                    "private shards beat pure sharing at equal parameters (differentiation)"))
+    return [c for c in out if c[0] in names and c[1] in names]
+
+
+def accounting(configs: dict[str, ArchConfig], P: int, setup: common.Setup) -> dict[str, dict]:
+    ref = configs[TIED]
+    acc = {}
+    for name, cfg in configs.items():
+        row = common.accounting_row(name, cfg, ref, recipe=setup.recipe)
+        acc_ = count(cfg)
+        row.update(relaxation_params=acc_.lora_params, relaxation_frozen=acc_.frozen_params,
+                   fraction_of_p=acc_.lora_params / P, trainable_params=acc_.trainable_params)
+        acc[name] = row
+    return acc
+
+
+def print_relaxation(acc: dict[str, dict], P: int, setup: common.Setup) -> None:
+    tokens = setup.recipe.tokens_per_step
+    rows = [[n, f"{a['relaxation_params']:,}", f"{a['fraction_of_p']:.3f}", f"{a['relaxation_frozen']:,}",
+             f"{a['trainable_params']:,}", f"{a['generation_flops_per_step'] / (a['flops_per_token'] * tokens):.2%}"]
+            for n, a in acc.items()]
+    print(f"relaxation parameters (stored; P = {P:,}), frozen, trainable, and the merge's share of a "
+          f"{tokens}-token step's forward FLOPs:")
+    print(report.format_table(["arm", "relaxation", "x P", "frozen", "trainable params", "merge"], rows), flush=True)
+
+
+def _jobs(configs: dict[str, ArchConfig], setup: common.Setup, factor: float, seeds) -> list[dict[str, Any]]:
+    recipe: Recipe = setup.recipe.with_lr_factor(factor) if factor != 1.0 else setup.recipe
+    return runs.make_jobs(configs, setup, recipe, seeds=seeds)
+
+
+def locate(configs: dict[str, ArchConfig], setup: common.Setup, version: str) -> dict[str, tuple[float, bool]]:
+    """Each arm's best rate factor on seed 99 and whether it is interior to the grid it was checked on,
+    extending the grid outward while the best sits at an edge (see the docstring)."""
+    grid = {name: list(GRID) for name in configs}
+    losses: dict[str, dict[float, float]] = {name: {} for name in configs}
+    while True:
+        todo = [(n, f) for n in configs for f in grid[n] if f not in losses[n]]
+        if todo:
+            jobs = [j for n, f in todo for j in _jobs({n: configs[n]}, setup, f, (common.LR_CHECK_SEED,))]
+            for (n, f), rec in zip(todo, runs.run_jobs(jobs, setup.workers, version, setup.cache), strict=True):
+                losses[n][f] = rec["val_loss"] if rec.get("val_loss") is not None else float("inf")
+        grown = False
+        for n in configs:
+            best = min(grid[n], key=lambda f: losses[n][f])
+            if best == min(grid[n]) and best > EDGES[0]:
+                grid[n].insert(0, best / 2)
+                grown = True
+            elif best == max(grid[n]) and best < EDGES[1]:
+                grid[n].append(best * 2)
+                grown = True
+        if not grown:
+            break
+    out = {}
+    rows = []
+    for n in configs:
+        best = min(grid[n], key=lambda f: losses[n][f])
+        out[n] = (best, stats.optimum_located(best, grid[n]))
+        rows.append([n, ", ".join(f"x{f:g} {losses[n][f]:.4f}" for f in grid[n]), stats.optimum_words(best, grid[n])])
+    print(f"learning-rate location (seed {common.LR_CHECK_SEED}, val loss):")
+    print(report.format_table(["arm", "rates tried", "optimum"], rows), flush=True)
+    return out
+
+
+def plan(configs: dict[str, ArchConfig], setup: common.Setup, version: str) -> None:
+    """The runs a report needs: the check's first grid and the reported seeds (at x1: the cost does not
+    depend on the rate), plus the most the edge extensions could add."""
+    jobs = [j for f in GRID for j in _jobs(configs, setup, f, (common.LR_CHECK_SEED,))]
+    jobs += _jobs(configs, setup, 1.0, setup.seeds)
+    runs.run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
+    per_run = common.cpu_seconds(max(count(c).flops_per_token for c in configs.values()),
+                                 setup.recipe.steps * setup.recipe.tokens_per_step)
+    worst = 2 * len(configs)  # x0.25 then x0.125, or x4 then x8, per arm at most (in practice a few arms)
+    print(f"plan: edge extensions add at most {worst} runs (~{worst * per_run / 3600:.2f} CPU-hours); cap ~10 core-hours")
+
+
+def main() -> None:
+    p = common.arg_parser(__doc__)
+    args = p.parse_args()
+    setup = common.setup_from(args, "lora_sharing")
+    if setup.lr_factor != 1.0:
+        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
+    configs, P = arms(setup.chassis, setup.quick)
+    acc = accounting(configs, P, setup)
+    common.print_accounting(list(acc.values()))
+    print_relaxation(acc, P, setup)
+    version = runs.code_version(setup.name)
+    if setup.only:
+        unknown = [a for a in setup.only if a not in configs]
+        if unknown:
+            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
+        configs = {a: configs[a] for a in setup.only}
+    if setup.plan_only:
+        plan(configs, setup, version)
+        raise SystemExit(0)
+    rates = {n: (1.0, False) for n in configs} if setup.quick else locate(configs, setup, version)
+    results = []
+    for factor in sorted({f for f, _ in rates.values()}):
+        group = {n: c for n, c in configs.items() if rates[n][0] == factor}
+        results += runs.run_jobs(_jobs(group, setup, factor, setup.seeds), setup.workers, version, setup.cache)
+    names = list(configs)
+    private = PRIVATE.format(r=QUICK_RANK if setup.quick else RANK)
+    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
+    summary = report.print_results(setup, results, names, private if private in names else names[0], acc, extra)
+    print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
+          "(negative = the arm is better); each arm at its located rate")
+    verdicts = []
+    for arm, ref, kind, words in claims(names, private):
+        iv = stats.paired_interval(results, arm, ref)
+        verdict = stats.split_verdict(results, arm, ref, kind)
+        if not setup.quick and not (rates[arm][1] and rates[ref][1]):
+            verdict += " (a rate at its grid's edge: not located)"
+        verdicts.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
+                         "verdict": verdict})
+        print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdict}")
+    if setup.only:
+        raise SystemExit(0)  # a partial run writes no report
+    report.save_json(setup, {"accounting": acc, "P": P, "results": results, "summary": summary, "claims": verdicts,
+                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()}})
+    plot(setup, summary, acc)
+    report.finish(setup)
+
+
+def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None:
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, mode in enumerate(("private", "shared_a", "vera", "shards", "shards+private")):
+        rows = [r for r in summary if r["name"].startswith(mode + " ") or (mode == "private"
+                                                                            and r["name"].startswith("private r="))]
+        rows.sort(key=lambda r: acc[r["name"]]["relaxation_params"])
+        ax.errorbar([acc[r["name"]]["fraction_of_p"] for r in rows], [r["mean"] for r in rows],
+                    yerr=[0.0 if r["std"] != r["std"] else r["std"] for r in rows], marker="o", capsize=3,
+                    color=f"C{k}", label=mode)
+    tied = next((r for r in summary if r["name"] == TIED), None)
+    if tied is not None:
+        ax.axhline(tied["mean"], color="k", ls="--", label=TIED)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="relaxation parameters / P (private LoRA at its rank)", ylabel="val loss (nats/char)",
+           title=f"cycle U = L/2, {setup.recipe.steps} steps, {len(setup.seeds)} seed(s)")
+    ax.legend(fontsize=7)
+    report.save_figure(setup, fig)
+
+
+if __name__ == "__main__":
+    main()
