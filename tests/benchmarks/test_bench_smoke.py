@@ -55,7 +55,8 @@ def verdict_matches(verdict: str, printed: float, target: float, digits: int = 3
 def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
     out = quick("sharing_overhead.py")
     variants = ("tied_all", "tied_cycle", "pooled_template_mix", "pooled_slice", "tapered_cosine3",
-                "relaxed_cycle_lora8", "atoms_qkvo_third", "kv_shared_g2")
+                "relaxed_cycle_lora8", "relaxed_cycle_shared_a8", "relaxed_cycle_vera8", "relaxed_cycle_shards8",
+                "atoms_qkvo_third", "kv_shared_g2")
     passed = []
     for v in variants:
         m = re.search(rf"^{v}\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+({NUM})\s+(PASS|MISS)", out, re.M)
@@ -74,7 +75,7 @@ def test_sharing_overhead_keeps_flops_and_its_verdicts_match_its_ratios():
         assert num(m[3]) == 1.0, m[0]
         assert verdict_matches(m[6], num(m[2]), 1.25), m[0]
         passed += [v] if m[6] == "PASS" else []
-    m = re.search(r"^result: (\d+)/11 variants within 1\.10x", out, re.M)
+    m = re.search(r"^result: (\d+)/14 variants within 1\.10x", out, re.M)
     assert m and int(m[1]) == len(passed), out
     # expert pools: activated FLOPs = the dense reference's + routers; own targets (1.5x, pool size 1.15x)
     for v in ("experts_global_k1", "experts_global4x_k1", "experts_global_k2", "experts_per_layer_k1"):
