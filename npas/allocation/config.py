@@ -14,6 +14,7 @@ a file (`schema`) and the parts' checks (`validation`); the public names are re-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -48,6 +49,7 @@ from npas.allocation.parts import (
     LoraScaling,
     lora_scale,
 )
+from npas.allocation.recursion import RecursionSpec, recursion_problems
 from npas.allocation.schema import SCHEMA_VERSION, read_fields, upgrade_v1
 from npas.allocation.slots import ATTN_SLOTS, MLP_SLOTS, block_slots, slot_shape
 from npas.allocation.validation import (
@@ -89,6 +91,9 @@ class ArchConfig:
     # The MLP as top-k experts from pools shared across layers; None = dense MLPs. With experts no
     # block stores an MLP slot, and mlp_widths hold each layer's activated width, top_k x d_expert.
     experts: ExpertPool | None = None
+    # Per-token recursion depth (Mixture-of-Recursions, npas.allocation.recursion): the tying map is
+    # its layout, and a router decides which tokens run each pass through the shared stack; None = off.
+    recursion: RecursionSpec | None = None
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -102,6 +107,9 @@ class ArchConfig:
             object.__setattr__(self, "lora_scaling", "standard")
         if not self.kv_source:
             object.__setattr__(self, "kv_source", tuple(range(L)))
+        if (self.recursion is not None and self.recursion.kv == "shared_first"
+                and self.kv_source == tuple(range(L)) and self.recursion.n_layers == L):
+            object.__setattr__(self, "kv_source", self.recursion.kv_source())  # the policy names its sources
         if self.kv_source == tuple(range(L)):
             object.__setattr__(self, "kv_mode", "kv")  # nothing is shared: one canonical form
         if self.experts is not None and isinstance(self.experts.top_k, int) and isinstance(self.experts.d_expert, int):
@@ -200,6 +208,8 @@ class ArchConfig:
             return out + numbering
         out += sharing_problems(self.kv_source, self.kv_mode, self.atoms)
         out += expert_problems(self.experts, c.n_layers, self.lora_mlp)
+        out += recursion_problems(self.recursion, c.n_layers, self.block_of_layer, self.kv_source, self.kv_mode,
+                                  self.experts is not None)
         if out:
             return out
         return scalar_problems(self.lora_alpha, self.lora_scaling, self.dtype) + bank_problems(
@@ -246,6 +256,10 @@ class ArchConfig:
             del d["experts"]
         else:
             d["experts"] = self.experts.to_dict()
+        if self.recursion is None:
+            del d["recursion"]
+        else:
+            d["recursion"] = self.recursion.to_dict()
         return d
 
     @classmethod
@@ -316,6 +330,9 @@ class ArchConfig:
         if self.experts is not None:
             e = self.experts
             parts.append(f"experts={len(e.pool_sizes)}x{max(e.pool_sizes)}:k{e.top_k}:w{e.d_expert}")
+        if self.recursion is not None:
+            r = self.recursion
+            parts.append(f"mor={r.first}+{r.stack}x{r.steps}+{r.last}:{r.router}")
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")
@@ -331,6 +348,15 @@ def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:
         block_of_layer=tuple(range(L)),
         dtype=dtype,
     )
+
+
+def recursion_config(chassis: Chassis, spec: RecursionSpec, d_ff: int | None = None,
+                     dtype: DType = "float32") -> ArchConfig:
+    """The allocation of a recursion spec on a chassis: its depth, tying map and KV sources set by the
+    spec, every layer at the chassis' MLP width (or `d_ff`)."""
+    L = spec.n_layers
+    return ArchConfig(chassis=dataclasses.replace(chassis, n_layers=L), mlp_widths=(d_ff or chassis.d_ff,) * L,
+                      block_of_layer=spec.block_of_layer(), kv_source=spec.kv_source(), recursion=spec, dtype=dtype)
 
 
 def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]:
@@ -359,6 +385,7 @@ __all__ = [
     "ExpertPool",
     "ExpertRouter",
     "Family",
+    "RecursionSpec",
     "Generator",
     "KvMode",
     "LoraScaling",
@@ -366,6 +393,7 @@ __all__ = [
     "canonical_blocks",
     "llama_problems",
     "lora_scale",
+    "recursion_config",
     "reference_config",
     "rope_scaling_problems",
     "slot_shape",
