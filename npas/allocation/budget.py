@@ -291,6 +291,10 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         layer_mat.append(used + lp + 2 * d)
     experts = expert_params(cfg)
     router = 0 if cfg.recursion is None else cfg.recursion.router_params(d)
+    if cfg.recursion is not None:  # each step's router row, split over the step's layers
+        for i in range(L):
+            if cfg.recursion.step_of(i) is not None:
+                layer_stored[i] += d / cfg.recursion.stack
     stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts + router
 
     # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC, over n_heads x head_dim

@@ -39,6 +39,19 @@ from typing import Any, Literal, get_args
 RecursionRouter = Literal["expert_choice", "token_choice"]
 RecursionKv = Literal["per_step", "shared_first"]
 RecursionGate = Literal["sigmoid", "none"]
+RecursionLayout = Literal["cycle", "middle_cycle"]  # the stack alone, or between a unique first and last layer
+# how the share of tokens running a step falls with depth (expert_choice): linear (N - r) / N, halving
+# 2^-r, full (every token every step: fixed-depth recursion, the router unused)
+CapacitySchedule = Literal["linear", "halving", "full"]
+
+
+def capacity_schedule(schedule: str, steps: int) -> tuple[float, ...]:
+    """The capacities of a named schedule at `steps` steps (() for full: every token runs every step)."""
+    if schedule == "full":
+        return ()
+    if schedule == "halving":
+        return tuple(0.5**r for r in range(steps))
+    return tuple((steps - r) / steps for r in range(steps))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from npas.allocation.budget import stored_params
 from npas.allocation.config import ArchConfig, Chassis, recursion_config
 from npas.allocation.recursion import RecursionSpec
 from npas.allocation.transformer import build_model
@@ -232,3 +233,28 @@ def test_flops_follow_the_capacities_and_the_realised_depth():
     # the gathers' copies are in the activation estimate: more than the half-depth layers alone save
     assert f_half.activation_bytes < f_full.activation_bytes
     assert "layer_share" not in plain.to_dict()
+
+
+@pytest.mark.parametrize("name", ["recursion", "recursion_llama"])
+def test_the_space_reaches_every_router_kv_and_layout_and_enqueues_its_baselines(name):
+    from npas.allocation.space_parser import load_space
+    from tests.allocation.test_accounting import sweep
+    from tests.conftest import ROOT
+
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+
+    def features(cfg: ArchConfig) -> set[str]:
+        r = cfg.recursion
+        return set() if r is None else {r.router, r.kv, "middle" if r.first else "cycle", f"steps{r.steps}"}
+
+    feasible, seen = sweep(space, 40, features)
+    assert feasible == 40
+    assert seen >= {"expert_choice", "token_choice", "per_step", "shared_first", "middle", "cycle", "steps2", "steps4"}
+    base = space.baselines()
+    chassis = {n: k.default for n, k in space.chassis.items()}
+    vanilla = space.candidate({**chassis, **base["narrow_untied"]}).config
+    fixed = space.candidate({**chassis, **base["fixed_depth_recursion"]}).config
+    assert vanilla.recursion is None and len(set(vanilla.block_of_layer)) == vanilla.chassis.n_layers
+    assert fixed.recursion.capacities == () and fixed.recursion.gate == "none" and fixed.recursion.steps == 3
+    for cfg in (vanilla, fixed):  # equal stored parameters, as close as the fit's shapes allow
+        assert abs(stored_params(cfg) - space.budget_params) / space.budget_params < 0.01

@@ -42,17 +42,29 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("  experts + routers", f"{acc.expert_params:,}{_experts_note(cfg)}"),
         ("  LoRA", f"{acc.lora_params:,}"),
         ("  norms", f"{acc.norm_params:,}"),
+        *([("  recursion router", f"{acc.recursion_params:,}")] if cfg.recursion else []),
         ("non-embedding params", f"{acc.non_embedding_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
         ("activated params / token", f"{acc.activated_params:,}"
                                      + (" (k experts and the routers, not the whole pool)" if cfg.experts else "")),
-        ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
+        ("forward FLOPs / token", f"{acc.flops_per_token:,}{_recursion_note(cfg, acc)}"),
         ("weight generation FLOPs / step", f"{acc.generation_flops_per_step:,}"),
         ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}{_kv_note(cfg)}"),
         ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
         ("training memory (estimate)", f"{acc.train_memory_bytes:,} ({acc.train_memory_bytes / mib:.1f} MiB)"),
     ]
+
+
+def _recursion_note(cfg: ArchConfig, acc: Accounting) -> str:
+    """Which depth the FLOPs assume: the capacities (what training pays, and what the causal rule's
+    threshold aims at); a trained run stores the depth its causal rule realised on the validation windows."""
+    r = cfg.recursion
+    if r is None:
+        return ""
+    depth = sum(r.active_share())
+    return (f" (at the capacities' expected depth, {depth:.2f} of {r.steps} passes through the stack of {r.stack}: "
+            f"training FLOPs; a trained run stores the realised depth's)")
 
 
 def _experts_note(cfg: ArchConfig) -> str:
