@@ -47,8 +47,8 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob
-from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
 from npas.allocation.recursion import RecursionSpec, capacity_schedule
+from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
 from npas.errors import BudgetError, ConfigError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)

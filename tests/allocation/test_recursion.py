@@ -258,3 +258,18 @@ def test_the_space_reaches_every_router_kv_and_layout_and_enqueues_its_baselines
     assert fixed.recursion.capacities == () and fixed.recursion.gate == "none" and fixed.recursion.steps == 3
     for cfg in (vanilla, fixed):  # equal stored parameters, as close as the fit's shapes allow
         assert abs(stored_params(cfg) - space.budget_params) / space.budget_params < 0.01
+
+
+def test_a_dense_model_converts_into_a_recursion_allocation_where_every_token_runs_every_step():
+    from npas.conversion.convert import convert_model
+
+    cfg = recursion_config(CLASSIC, spec(first=1, last=1, gate="none", capacities=(1.0, 0.5, 0.25)))
+    dense = built(ArchConfig(chassis=cfg.chassis, mlp_widths=cfg.mlp_widths, block_of_layer=tuple(range(8))))
+    mor = convert_model(dense, cfg, seed=0).model.eval()
+    tied = convert_model(dense, plain_of(cfg), seed=0).model.eval()
+    x = tokens()
+    with torch.no_grad():
+        assert torch.equal(mor(x)[0], tied(x)[0])  # the stack as tying makes it; every token runs every step
+        assert mor.recursion.active_share.tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ConfigError, match="routes each token through its shared stack"):
+        convert_model(mor, plain_of(cfg))
