@@ -15,6 +15,8 @@ ENTRY_POINTS: dict[str, tuple[str, str]] = {
         "ATTN_SLOTS", "MLP_SLOTS", "AtomSpec", "ExpertPool", "block_slots", "slot_shape")},
     **{n: ("npas.allocation.fit", n) for n in ("bank_members", "fit_width", "taper_profile", "tying_map")},
     "stored_params": ("npas.allocation.budget", "stored_params"),
+    "RecursionSpec": ("npas.allocation.recursion", "RecursionSpec"),
+    "recursion_config": ("npas.allocation.config", "recursion_config"),
     "export_state": ("npas.allocation.transformer", "export_state"),
     "parse_space": ("npas.allocation.space_parser", "parse_space"),
     # -- training: recipes, corpora, the proxy loop and its parts
