@@ -44,3 +44,20 @@ def test_the_router_and_the_stack_have_fair_rules():
     plain = build_model(recursion_config(CHASSIS, RecursionSpec(steps=3, stack=2)))
     # the stack is read by fewer tokens at capacities below 1: a smaller sharing count, a larger step
     assert table["blocks.0.attn_q"].lr_mult > rules(plain)["blocks.0.attn_q"].lr_mult
+
+
+def test_a_trial_stores_the_seed_means_and_its_front_reads_the_realised_costs():
+    from npas.service.execution.outcome import combine_repeats, objective_values
+
+    def run(loss: float, depth: float, kv: int) -> dict:
+        return {"val_loss": loss, "train_loss": loss, "tokens_per_s": 1.0, "steps_done": 10, "wall_s": 1.0,
+                "curve": [[10, loss]], "flops_per_token": 100,
+                "recursion": {"causal_rule_loss": loss, "train_rule_loss": loss - 0.1, "step_share": [1.0, depth - 1],
+                              "realised_depth": depth, "flops_per_token": 100 * depth, "kv_cache_bytes_per_token": kv}}
+
+    rec = combine_repeats([run(2.0, 1.5, 100), run(3.0, 1.7, 140)], [0, 1])
+    assert rec["recursion"]["realised_depth"] == pytest.approx(1.6)
+    assert rec["recursion"]["step_share"] == pytest.approx([1.0, 0.6])
+    assert rec["flops_per_token"] == 160
+    accounting = {"flops_per_token": 999, "kv_cache_bytes_per_token": 999}
+    assert objective_values(["flops_per_token", "kv_cache_bytes_per_token"], accounting, rec, 2.5) == [160, 120]
