@@ -92,8 +92,10 @@ class Recursion(nn.Module):
                         losses.append(spec.aux_weight * loss)
                 gate = torch.sigmoid(score) if spec.gate == "sigmoid" else None
             shares.append(torch.ones((), device=h.device) if active is None else active.float().mean())
-            # the training rule keeps the same number of tokens in every row, known without a host sync
-            kept = T if active is None else max(1, round(spec.capacity(r) * T)) if rule == "train" else None
+            # expert-choice's training rule keeps the same number of tokens in every row, known without a
+            # host sync; token-choice's rows keep what their tokens chose
+            kept = T if active is None else max(1, round(spec.capacity(r) * T)) \
+                if rule == "train" and spec.router == "expert_choice" else None
             h = self._step(r, h, active, kept, gate, pos, run, rope_at)
         self._last = PerForward([torch.stack(losses).sum() if losses else torch.zeros((), device=h.device),
                                  torch.stack(shares).detach()])

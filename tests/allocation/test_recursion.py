@@ -117,6 +117,22 @@ def test_routed_out_tokens_skip_the_stack():
     assert seen == {0: 16, 1: 16, 2: 8, 3: 8, 4: 8, 5: 8}
 
 
+def test_token_choice_runs_each_token_only_through_the_passes_it_chose():
+    cfg = recursion_config(CLASSIC, spec(router="token_choice", gate="none"))
+    model = built(cfg).train()
+    with torch.no_grad():  # row 0 of the router picks depth 1 for every token, unless its score is beaten
+        model.recursion.router.zero_()
+        model.recursion.router[1, 0] = 1.0  # steers on the first residual coordinate: tokens differ
+    seen: dict[int, int] = {}
+    for i, layer in enumerate(model.h):
+        layer.register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0].shape[1]))
+    x = tokens(B=1, T=16)
+    model(x)
+    share = model.recursion.active_share.tolist()
+    assert share[0] == 1.0 and 0 < share[1] < 1 and share[2] == 0.0  # depth 3 is never chosen: zero logit ties lose
+    assert seen[2] == round(share[1] * 16) < 16 and 4 not in seen  # only the chosen tokens ran pass 2; none pass 3
+
+
 def test_a_kept_token_computes_what_the_stack_computes_on_the_kept_subsequence():
     """The gathered slice attends causally over the kept tokens only (per-step KV): on a classic
     chassis it equals running the step's layers on those tokens' hidden states alone."""
