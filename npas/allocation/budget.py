@@ -372,13 +372,17 @@ def layer_shares(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None)
 def recursion_flops(cfg: ArchConfig, share: tuple[float, ...], matmul: list[int], T: int) -> int:
     """Forward FLOPs per token (without the head) of a recursion allocation: a position's matmuls for
     its share s of tokens; attention over s x T / 2 kept keys on average (per_step: s^2 of the full
-    cost), or over every token's step-0 keys (shared_first: s), plus the router's steps x d."""
+    cost), or over every token's step-0 keys (shared_first: s), plus the router's d per token for each
+    step whose score is read."""
     c, spec = cfg.chassis, cfg.recursion
     flops = 0.0
     for i, s in enumerate(share):
         keys = s if (spec.kv == "shared_first" and spec.step_of(i)) else s * s
         flops += 2 * matmul[i] * s + 2 * T * c.q_dim * keys
-    return round(flops + 2 * c.d_model * spec.steps)  # the router scores every token (steps rows)
+    caps = [1.0, *(spec.capacity(r) for r in range(spec.steps))]
+    scored = spec.steps if spec.router == "token_choice" or spec.gate == "sigmoid" else \
+        sum(caps[r + 1] < caps[r] for r in range(spec.steps))  # a step's score is computed where it is read
+    return round(flops + 2 * c.d_model * scored)  # a scored step scores every token
 
 
 def recursion_gather_bytes(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None) -> float:

@@ -332,7 +332,9 @@ class ArchConfig:
             parts.append(f"experts={len(e.pool_sizes)}x{max(e.pool_sizes)}:k{e.top_k}:w{e.d_expert}")
         if self.recursion is not None:
             r = self.recursion
-            parts.append(f"mor={r.first}+{r.stack}x{r.steps}+{r.last}:{r.router}")
+            caps = "/".join(f"{c:.2g}" for c in r.capacities) if r.capacities else "full"
+            parts.append(f"mor={r.first}+{r.stack}x{r.steps}+{r.last}:{r.router}" + (
+                f":{caps}" if r.router == "expert_choice" else ""))
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}")

@@ -85,8 +85,10 @@ class Recursion(nn.Module):
                     active = choice >= r
                 gate = gate_tc if spec.gate == "sigmoid" else None
             else:
-                score = F.linear(h, self.router[r:r + 1]).squeeze(-1).float()  # (B, T)
-                if spec.capacity(r) < (spec.capacity(r - 1) if r else 1.0):
+                routed = spec.capacity(r) < (spec.capacity(r - 1) if r else 1.0)
+                if routed or spec.gate == "sigmoid":  # a score nobody reads is not computed
+                    score = F.linear(h, self.router[r:r + 1]).squeeze(-1).float()  # (B, T)
+                if routed:
                     active, loss = self._route(r, score, active, rule, T)
                     if loss is not None:
                         losses.append(spec.aux_weight * loss)

@@ -249,6 +249,9 @@ def test_flops_follow_the_capacities_and_the_realised_depth():
     # the gathers' copies are in the activation estimate: more than the half-depth layers alone save
     assert f_half.activation_bytes < f_full.activation_bytes
     assert "layer_share" not in plain.to_dict()
+    # fixed-depth recursion (every token every pass, no gate) reads no score: cycle tying's FLOPs exactly
+    fixed = recursion_config(CLASSIC, spec(gate="none"))
+    assert count(fixed, seq_len=32).flops_per_token == plain.flops_per_token
 
 
 @pytest.mark.parametrize("name", ["recursion", "recursion_llama"])
