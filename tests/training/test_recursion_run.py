@@ -4,6 +4,7 @@ Trainer, reports its losses under the causal rule, and reports the training rule
 from __future__ import annotations
 
 import pytest
+import torch
 
 from npas.allocation.config import Chassis, recursion_config
 from npas.allocation.recursion import RecursionSpec
@@ -61,3 +62,19 @@ def test_a_trial_stores_the_seed_means_and_its_front_reads_the_realised_costs():
     assert rec["flops_per_token"] == 160
     accounting = {"flops_per_token": 999, "kv_cache_bytes_per_token": 999}
     assert objective_values(["flops_per_token", "kv_cache_bytes_per_token"], accounting, rec, 2.5) == [160, 120]
+
+
+def test_sampling_a_recursion_model_decodes_with_the_causal_rule(corpus):
+    from npas.training.train import sample
+
+    torch.manual_seed(0)
+    model = build_model(MOR)
+    model.train()  # sample switches to evaluation (the causal rule) and back
+    text = sample(model, corpus.tokenizer, "To be", tokens=6, temperature=0)
+    assert len(corpus.tokenizer.encode(text)) == 6 and model.training
+    # greedy decoding by the full prefix: the last token's logits of the whole text equal its prefix's run
+    ids = torch.tensor([corpus.tokenizer.encode("To be" + text)])
+    model.eval()
+    with torch.no_grad():
+        full, prefix = model(ids)[0], model(ids[:, :-1])[0]
+    assert (full[:, :-1] - prefix).abs().max() < 1e-5
