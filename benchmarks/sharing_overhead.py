@@ -40,6 +40,13 @@ same k is timed against the global pool (target <= 1.15x). That row depends on t
 sees: what a larger pool adds per step (its weight gradients and AdamW state, the routers' scores,
 smaller per-expert matmuls) is per expert, what the experts compute is per token; `--batch 64`
 gives the 4x pool 128 rows an expert a layer instead of 32.
+
+Per-token recursion (a fourth table, `--family recursion`) is timed against the fixed-depth stack it
+skips work of: N_r = 3 passes through a stack of U = 2 layers (no unique layers), batch 16 x 64
+tokens, expert-choice routing with per-step keys/values. At capacity 1 every token runs every pass
+(the routing's own cost: router scores, gates, the auxiliary loss); at capacity 0.5 for passes 2-3
+the stack runs on the gathered half of the tokens there, which must show as time saved: target
+<= 0.80x the fixed-depth step (its FLOP ratio is ~0.7), the median of interleaved paired ratios.
 """
 
 from __future__ import annotations
@@ -56,8 +63,9 @@ import torch
 
 import npas
 from npas import ArchConfig, Bank, Chassis, reference_config
-from npas.allocation.config import AtomSpec, ExpertPool
+from npas.allocation.config import AtomSpec, ExpertPool, recursion_config
 from npas.allocation.fit import bank_members, fit_banks, taper_profile, tying_map
+from npas.allocation.recursion import RecursionSpec
 
 TARGET = 1.10
 HASH_TARGET = 1.25  # hashed sharing: one gather of every weight per step (see `hashed_variants`)
@@ -65,6 +73,7 @@ HASH_BUDGETS = (0.5, 0.25, 0.1)  # of the reference's stored parameters
 HASH_TILE = 64
 EXPERT_TARGET = 1.5  # expert pool vs the dense model of equal activated FLOPs, on CPU
 POOL_SIZE_TARGET = 1.15  # a pool 4x larger at the same k vs the pool
+RECURSION_TARGET = 0.80  # capacity 0.5 at passes 2-3 vs the fixed-depth stack
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,20 @@ def expert_variants(ch: Chassis, per_layer: int = 4) -> dict[str, ArchConfig]:
     }
 
 
+RECURSION_SHAPE = Shape(Chassis(vocab_size=68, context=64, d_model=128, n_layers=6, n_heads=4, d_ff=512), 16, 64)
+RECURSION_QUICK = Shape(Chassis(vocab_size=68, context=32, d_model=32, n_layers=6, n_heads=2, d_ff=128), 4, 32)
+
+
+def recursion_variants(ch: Chassis) -> tuple[ArchConfig, dict[str, ArchConfig]]:
+    """(the fixed-depth stack: 3 passes of 2 tied layers, every token every pass; the same stack with
+    per-token recursion at capacity 1, and at capacity 0.5 for passes 2-3)."""
+    def mor(caps: tuple[float, ...]) -> ArchConfig:
+        return recursion_config(ch, RecursionSpec(steps=3, stack=2, capacities=caps))
+
+    fixed = dataclasses.replace(mor(()), recursion=None)
+    return fixed, {"mor_capacity_1": mor((1.0, 1.0, 1.0)), "mor_capacity_0.5": mor((1.0, 0.5, 0.5))}
+
+
 class Runner:
     """One model, its AdamW and a fixed batch; `time(steps)` returns seconds per training step."""
 
@@ -171,8 +194,8 @@ class Runner:
     def step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
         _, loss = self.model(self.idx, self.targets)
-        if self.model.experts is not None:
-            loss = loss + self.model.aux_loss  # the balance loss trains with the LM loss, as in the proxy
+        if self.model.experts is not None or self.model.recursion is not None:
+            loss = loss + self.model.aux_loss  # balance / router losses train with the LM loss, as in the proxy
         loss.backward()
         self.opt.step()
 
@@ -205,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None,
                     help="sequences per batch (default 16, --quick 4); the pool-size row needs enough tokens per "
                          "expert for the routed work to outweigh the per-expert work (see the module docstring)")
-    ap.add_argument("--family", choices=("classic", "llama", "both"), default="both",
-                    help="which chassis' tables to time (default both: classic with expert pools, then llama)")
+    ap.add_argument("--family", choices=("classic", "llama", "both", "recursion"), default="both",
+                    help="which chassis' tables to time (default both: classic with expert pools, then llama, then "
+                         "per-token recursion; recursion: only that table)")
     args = ap.parse_args(argv)
     shape = QUICK if args.quick else FULL
     if args.batch is not None:
@@ -229,23 +253,54 @@ def main(argv: list[str] | None = None) -> int:
     cfgs.update(hashed_variants(ch))
     llama_ch = LLAMA_QUICK if args.quick else LLAMA
     llama_cfgs = {f"llama_{name}": cfg for name, cfg in variants(llama_ch).items()}
-    if args.family == "llama":
+    rec_shape = RECURSION_QUICK if args.quick else RECURSION_SHAPE
+    fixed_cfg, rec_cfgs = recursion_variants(rec_shape.chassis)
+    if args.family in ("llama", "recursion"):
         cfgs = {}
-    if args.family == "classic":
+    if args.family in ("classic", "recursion"):
         llama_cfgs = {}
+    if args.family in ("classic", "llama"):
+        rec_cfgs = {}
     if args.only:
-        unknown = sorted(set(args.only) - set(cfgs) - set(llama_cfgs))
+        unknown = sorted(set(args.only) - set(cfgs) - set(llama_cfgs) - set(rec_cfgs))
         if unknown:
-            ap.error(f"--only: unknown variants {unknown}; known: {', '.join([*cfgs, *llama_cfgs])}")
+            ap.error(f"--only: unknown variants {unknown}; known: {', '.join([*cfgs, *llama_cfgs, *rec_cfgs])}")
         cfgs = {name: cfgs[name] for name in args.only if name in cfgs}
         llama_cfgs = {name: llama_cfgs[name] for name in args.only if name in llama_cfgs}
+        rec_cfgs = {name: rec_cfgs[name] for name in args.only if name in rec_cfgs}
     if cfgs:
         print_sharing(ref_cfg, cfgs, experts, args, shape, idx, targets)
     if llama_cfgs:
         if cfgs:
             print()
         print_sharing(reference_config(llama_ch), llama_cfgs, {}, args, shape, idx, targets, "llama ")
+    if rec_cfgs:
+        if cfgs or llama_cfgs:
+            print()
+        print_recursion(fixed_cfg, rec_cfgs, args, rec_shape)
     return 0
+
+
+def print_recursion(fixed_cfg: ArchConfig, cfgs: dict[str, ArchConfig], args: argparse.Namespace,
+                    shape: Shape) -> None:
+    """Per-token recursion against the fixed-depth stack of the same weights (module docstring)."""
+    ch = shape.chassis
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, ch.vocab_size, (shape.batch, shape.seq_len), generator=g)
+    targets = torch.randint(0, ch.vocab_size, (shape.batch, shape.seq_len), generator=g)
+    ref_times, times, ratios = measure(fixed_cfg, cfgs, args, idx, targets)
+    print(f"per-token recursion vs the fixed-depth stack (3 passes x 2 tied layers, d_model {ch.d_model}, d_ff "
+          f"{ch.d_ff}; batch {shape.batch} x seq {shape.seq_len}; fp32, {torch.get_num_threads()} threads, AdamW; "
+          f"expert-choice, per-step K/V); interleaved {args.rounds} rounds x {args.steps} steps, median paired ratio")
+    print(f"{'variant':<22}{'ms/step':>9}{'ratio':>8}{'FLOP ratio':>12}{'target':>8}  result")
+    print(f"{'fixed_depth':<22}{1e3 * statistics.median(ref_times):>9.1f}{1.0:>8.3f}{1.0:>12.4f}")
+    fixed_flops = npas.count(fixed_cfg, shape.batch, shape.seq_len).flops_per_token
+    for name, cfg in cfgs.items():
+        ratio = statistics.median(ratios[name])
+        target = TARGET if name == "mor_capacity_1" else RECURSION_TARGET
+        fr = npas.count(cfg, shape.batch, shape.seq_len).flops_per_token / fixed_flops
+        print(f"{name:<22}{1e3 * statistics.median(times[name]):>9.1f}{ratio:>8.3f}{fr:>12.4f}{target:>8.2f}  "
+              f"{'PASS' if ratio <= target else 'MISS'}  {cfg.summary()}")
 
 
 def measure(ref_cfg: ArchConfig, cfgs: dict[str, ArchConfig], args: argparse.Namespace, idx: torch.Tensor,

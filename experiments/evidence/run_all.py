@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("taper", "high_budget", "low_budget", "relaxed", "atoms", "conversion", "search_vs_hand", "early_stop",
-         "expert_pool", "hashed", "lora_sharing")
+         "expert_pool", "hashed", "lora_sharing", "recursion")
 
 
 def main() -> int:

@@ -82,7 +82,8 @@ def run_spec(spec: dict) -> dict:
             "wall_s": res.wall_s, "stored_params": res.stored_params, "flops_per_token": res.flops_per_token,
             "peak_memory_bytes": res.peak_memory_bytes, "device": res.device,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "curve": list(res.curve), **stamp(recipe, cfg, spec.get("commit")), **_forked(res, recipe)}
+            "curve": list(res.curve), **stamp(recipe, cfg, spec.get("commit")), **_forked(res, recipe),
+            **({"recursion": res.recursion} if getattr(res, "recursion", None) else {})}  # both rules' losses, depth
 
 
 def _forked(res, recipe) -> dict:

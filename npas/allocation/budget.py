@@ -82,11 +82,19 @@ class Accounting:
     # count there; trainable_params = stored_params - frozen_params is what the optimizer steps.
     frozen_params: int = 0
     trainable_params: int = 0
+    # Per-token recursion depth: the router (steps x d_model), and the share of tokens running each
+    # depth position that flops_per_token, the KV cache and the activations assume -- the capacities
+    # (training FLOPs) unless `count(depth_shares=...)` gave the realised depth of an evaluation
+    recursion_params: int = 0
+    layer_share: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["layer_stored"] = list(self.layer_stored)
         d["layer_materialised"] = list(self.layer_materialised)
+        d["layer_share"] = list(self.layer_share)
+        if not self.layer_share:  # accountings of allocations without recursion keep their keys
+            del d["layer_share"], d["recursion_params"]
         return d
 
 
@@ -216,18 +224,24 @@ def stored_params(cfg: ArchConfig) -> int:
             zip(cfg.lora_attn, cfg.kv_source, strict=True)))
     if any(cfg.lora_mlp):
         total += n_mlp * sum(r * (d + w) for r, w in zip(cfg.lora_mlp, mlp_widths, strict=True))
+    if cfg.recursion is not None:
+        total += cfg.recursion.router_params(d)
     return total
 
 
 def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, device: str = "cpu",
-          autocast: str = "float32") -> Accounting:
+          autocast: str = "float32", depth_shares: tuple[float, ...] | None = None) -> Accounting:
     """Exact parameter accounting plus FLOP and memory estimates at (batch_size, seq_len).
 
     The activation estimate depends on where training runs: on ``device="cuda"`` attention is fused
     (scaled_dot_product_attention keeps a log-sum-exp per query, not the T x T probabilities), and
     under ``autocast="bfloat16"`` matrix-product outputs are saved in 2 bytes while norm outputs,
     the residual stream and the logits stay fp32. Calibrated on an H200 (docs/results, GPU efficiency):
-    d_model 512 and 1024 x 8 layers at 65,536 tokens a step."""
+    d_model 512 and 1024 x 8 layers at 65,536 tokens a step.
+
+    With per-token recursion a depth position costs FLOPs, KV cache and activations only for the share
+    of tokens that runs it: the capacities (what training pays), or `depth_shares`, the realised share
+    per recursion step of an evaluation (`npas.training.recursion_eval`)."""
     c = cfg.chassis
     d, L, V = c.d_model, c.n_layers, c.vocab_size
     T = seq_len or c.context
@@ -288,12 +302,21 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         lora, frozen, shares = relaxation_params(cfg)
         for i in range(L):
             layer_stored[i] += shares[i] - _lora_params(cfg, i)
-    stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts
+    router = 0 if cfg.recursion is None else cfg.recursion.router_params(d)
+    if cfg.recursion is not None:  # each step's router row, split over the step's layers
+        for i in range(L):
+            if cfg.recursion.step_of(i) is not None:
+                layer_stored[i] += d / cfg.recursion.stack
+    stored = embedding + norms + block_direct + sum(bank_sizes) + lora + atom_params + experts + router
 
     # QK^T and AV at the causal average of T/2 positions, 2 FLOPs per MAC, over n_heads x head_dim
     # (d_model on classic; grouped K/V heads are repeated to every query head, so GQA saves no FLOPs here)
     attention = 2 * L * T * c.q_dim
     flops = 2 * matmul_params + attention + 2 * V * d
+    share = layer_shares(cfg, depth_shares)
+    if cfg.recursion is not None:  # each position's matmuls and attention for the tokens that run it
+        flops = recursion_flops(cfg, share, [m - 2 * d - _lora_params(cfg, i) for i, m in enumerate(layer_mat)], T) \
+            + 2 * V * d
     gen_flops = sum(
         2 * len(b.members) * b.templates * b.size for b in cfg.banks if b.generator == "template_mix"
     )
@@ -306,8 +329,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     generated = sum(sum(cfg.member_numels(b)) for b in cfg.banks) + sum(e for _, e in merges) + atom_elems
     # the cache holds K for each layer that computes its own and V for each KV source, each of
     # n_kv_heads x head_dim (d_model on classic; grouped-query attention caches n_kv_heads heads only)
-    kv = (sum(cfg.layer_reads(i, "attn_k") for i in range(L)) + sum(cfg.layer_reads(i, "attn_v") for i in range(L))) \
-        * c.kv_dim * nbytes
+    kv = round(sum(share[i] * (cfg.layer_reads(i, "attn_k") + cfg.layer_reads(i, "attn_v")) for i in range(L))
+               * c.kv_dim * nbytes)
     # activations saved for backward, per token: per layer ~ ln/qkv/attn-out/residuals (8d: two norm
     # outputs and two residual sums in full precision, q/k/v/attention output from matmuls) + MLP
     # pre/post activation (2-3 widths, matmul outputs) + final norm and logits (2d + 2V, fp32);
@@ -315,8 +338,10 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
     gate = 3 if c.activation == "swiglu" else 2
     low = 2 if autocast == "bfloat16" and device == "cuda" else 4  # bytes of a matmul output
     qkvo = 2 * c.q_dim + 2 * c.kv_dim  # q, k, v and the attention output (4d on classic)
-    per_token_bytes = sum(4 * 4 * d + low * (qkvo + gate * w) for w in cfg.mlp_widths) + 4 * (2 * d + 2 * V)
-    probs = 4 * c.n_heads * T * L if device == "cuda" else 4 * c.n_heads * T * T * L
+    per_token_bytes = sum(s * (4 * 4 * d + low * (qkvo + gate * w)) for s, w in zip(share, cfg.mlp_widths, strict=True)) \
+        + 4 * (2 * d + 2 * V) + recursion_gather_bytes(cfg, depth_shares)
+    per_token_bytes = round(per_token_bytes)
+    probs = round(4 * c.n_heads * T * sum(share) if device == "cuda" else 4 * c.n_heads * T * T * sum(s * s for s in share))
     act = batch_size * T * per_token_bytes + batch_size * probs
     trainable = stored - frozen  # frozen projections (VeRA) have no gradient and no AdamW state
     train = stored * 4 + trainable * 4 + trainable * 8 + generated * 4 * 2 + act  # fp32 weights, grads, AdamW m, v
@@ -345,6 +370,8 @@ def count(cfg: ArchConfig, batch_size: int = 1, seq_len: int | None = None, *, d
         expert_params=experts,
         frozen_params=frozen,
         trainable_params=trainable,
+        recursion_params=router,
+        layer_share=() if cfg.recursion is None else tuple(round(x, 6) for x in share),
     )
 
 
@@ -363,6 +390,43 @@ def hash_step_bytes(cfg: ArchConfig) -> int:
         index = 4 if bank.size < 2**31 else 8  # int32 where it addresses the array
         total += 4 * 2 * tiles * bank.tile + index * tiles * bank.tile + 4 * tiles + 4 * bank.size
     return total
+
+
+def layer_shares(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """Share of tokens running each depth position: 1 everywhere without recursion; with it the
+    spec's capacities, or `depth_shares` (one per recursion step, e.g. realised in an evaluation)."""
+    spec = cfg.recursion
+    if spec is None:
+        return (1.0,) * cfg.chassis.n_layers
+    steps = tuple(depth_shares) if depth_shares is not None else spec.active_share()
+    return (1.0,) * spec.first + tuple(steps[r] for r in range(spec.steps) for _ in range(spec.stack)) \
+        + (1.0,) * spec.last
+
+
+def recursion_flops(cfg: ArchConfig, share: tuple[float, ...], matmul: list[int], T: int) -> int:
+    """Forward FLOPs per token (without the head) of a recursion allocation: a position's matmuls for
+    its share s of tokens; attention over s x T / 2 kept keys on average (per_step: s^2 of the full
+    cost), or over every token's step-0 keys (shared_first: s), plus the router's d per token for each
+    step whose score is read."""
+    c, spec = cfg.chassis, cfg.recursion
+    flops = 0.0
+    for i, s in enumerate(share):
+        keys = s if (spec.kv == "shared_first" and spec.step_of(i)) else s * s
+        flops += 2 * matmul[i] * s + 2 * T * c.q_dim * keys
+    caps = [1.0, *(spec.capacity(r) for r in range(spec.steps))]
+    scored = spec.steps if spec.router == "token_choice" or spec.gate == "sigmoid" else \
+        sum(caps[r + 1] < caps[r] for r in range(spec.steps))  # a step's score is computed where it is read
+    return round(flops + 2 * c.d_model * scored)  # a scored step scores every token
+
+
+def recursion_gather_bytes(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None) -> float:
+    """Activation bytes per token the per-step gathers add: a routed step saves the gathered slice
+    (s x d), the gated slice and the scattered full-size result (d), fp32."""
+    spec = cfg.recursion
+    if spec is None:
+        return 0.0
+    steps = depth_shares if depth_shares is not None else spec.active_share()
+    return sum(4 * cfg.chassis.d_model * (2 * s + 1) for s in steps if s < 1)
 
 
 BUDGET_SCOPES = ("all", "non_embedding")

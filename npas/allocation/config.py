@@ -14,6 +14,7 @@ a file (`schema`) and the parts' checks (`validation`); the public names are re-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -49,6 +50,7 @@ from npas.allocation.parts import (
     LoraScaling,
     lora_scale,
 )
+from npas.allocation.recursion import RecursionSpec, recursion_problems
 from npas.allocation.schema import SCHEMA_VERSION, read_fields, upgrade_v1
 from npas.allocation.slots import ATTN_SLOTS, MLP_SLOTS, block_slots, slot_shape
 from npas.allocation.validation import (
@@ -97,6 +99,9 @@ class ArchConfig:
     lora_seed: int = 0  # vera: the frozen projections' seed; shards: the per-layer indices' seed
     lora_shards: int = 0  # shards: shared rank-1 shards in each factor's pool, per slot type
     lora_private_fraction: float = 0.0  # shards: the share of each layer's rank that is its own
+    # Per-token recursion depth (Mixture-of-Recursions, npas.allocation.recursion): the tying map is
+    # its layout, and a router decides which tokens run each pass through the shared stack; None = off.
+    recursion: RecursionSpec | None = None
 
     def __post_init__(self) -> None:
         L = self.chassis.n_layers
@@ -111,6 +116,9 @@ class ArchConfig:
         self._canonical_sharing()
         if not self.kv_source:
             object.__setattr__(self, "kv_source", tuple(range(L)))
+        if (self.recursion is not None and self.recursion.kv == "shared_first"
+                and self.kv_source == tuple(range(L)) and self.recursion.n_layers == L):
+            object.__setattr__(self, "kv_source", self.recursion.kv_source())  # the policy names its sources
         if self.kv_source == tuple(range(L)):
             object.__setattr__(self, "kv_mode", "kv")  # nothing is shared: one canonical form
         if self.experts is not None and isinstance(self.experts.top_k, int) and isinstance(self.experts.d_expert, int):
@@ -224,6 +232,8 @@ class ArchConfig:
             return out + numbering
         out += sharing_problems(self.kv_source, self.kv_mode, self.atoms)
         out += expert_problems(self.experts, c.n_layers, self.lora_mlp)
+        out += recursion_problems(self.recursion, c.n_layers, self.block_of_layer, self.kv_source, self.kv_mode,
+                                  self.experts is not None)
         if out:
             return out
         out = sharing_field_problems(self.lora_sharing, self.lora_seed, self.lora_shards, self.lora_private_fraction)
@@ -278,6 +288,10 @@ class ArchConfig:
             del d["lora_sharing"], d["lora_seed"], d["lora_shards"], d["lora_private_fraction"]
         elif self.lora_sharing != "shards":
             del d["lora_shards"], d["lora_private_fraction"]
+        if self.recursion is None:
+            del d["recursion"]
+        else:
+            d["recursion"] = self.recursion.to_dict()
         return d
 
     @classmethod
@@ -348,6 +362,11 @@ class ArchConfig:
         if self.experts is not None:
             e = self.experts
             parts.append(f"experts={len(e.pool_sizes)}x{max(e.pool_sizes)}:k{e.top_k}:w{e.d_expert}")
+        if self.recursion is not None:
+            r = self.recursion
+            caps = "/".join(f"{c:.2g}" for c in r.capacities) if r.capacities else "full"
+            parts.append(f"mor={r.first}+{r.stack}x{r.steps}+{r.last}:{r.router}" + (
+                f":{caps}" if r.router == "expert_choice" else ""))
         ranks = sorted(set(self.lora_attn) | set(self.lora_mlp))
         if ranks != [0]:
             parts.append(f"lora<={max(ranks)}" + ("" if self.lora_sharing == "private" else f":{self.lora_sharing}"))
@@ -363,6 +382,15 @@ def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:
         block_of_layer=tuple(range(L)),
         dtype=dtype,
     )
+
+
+def recursion_config(chassis: Chassis, spec: RecursionSpec, d_ff: int | None = None,
+                     dtype: DType = "float32") -> ArchConfig:
+    """The allocation of a recursion spec on a chassis: its depth, tying map and KV sources set by the
+    spec, every layer at the chassis' MLP width (or `d_ff`)."""
+    L = spec.n_layers
+    return ArchConfig(chassis=dataclasses.replace(chassis, n_layers=L), mlp_widths=(d_ff or chassis.d_ff,) * L,
+                      block_of_layer=spec.block_of_layer(), kv_source=spec.kv_source(), recursion=spec, dtype=dtype)
 
 
 def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]:
@@ -391,6 +419,7 @@ __all__ = [
     "ExpertPool",
     "ExpertRouter",
     "Family",
+    "RecursionSpec",
     "Generator",
     "KvMode",
     "LoraScaling",
@@ -399,6 +428,7 @@ __all__ = [
     "canonical_blocks",
     "llama_problems",
     "lora_scale",
+    "recursion_config",
     "reference_config",
     "rope_scaling_problems",
     "slot_shape",

@@ -35,6 +35,13 @@ from npas.allocation.config import (
 )
 from npas.allocation.lora_sharing import LORA_SHARING
 from npas.allocation.parts import DEFAULT_HASH_TILE, HASH_SEED_LIMIT
+from npas.allocation.recursion import (
+    CapacitySchedule,
+    RecursionGate,
+    RecursionKv,
+    RecursionLayout,
+    RecursionRouter,
+)
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
 # learned: groups clustered from trained weights (npas.allocation.fit.groups_from_similarity); the
@@ -89,6 +96,10 @@ def _hashed(values: dict[str, Any]) -> bool:
 
 def _experts_on(values: dict[str, Any]) -> bool:
     return int(values.get("experts_per_layer", 0) or 0) > 0
+
+
+def _recursion_on(values: dict[str, Any]) -> bool:
+    return int(values.get("recursion_steps", 0) or 0) > 0
 
 
 def _default_unique(values: dict[str, Any]) -> int:
@@ -247,6 +258,40 @@ KNOBS: tuple[KnobSpec, ...] = (
              applies=lambda v: _relaxed(v) and v.get("lora_sharing") in ("vera", "shards"),
              when="relaxation.sharing is vera or shards",
              help="seed of VeRA's frozen projections and of the shards' per-layer indices"),
+    # per-token recursion depth (Mixture-of-Recursions), appended last for the same reason
+    KnobSpec("recursion_steps", "recursion", "steps", int, 0, low=0, high=64,
+             applies=lambda v: not v.get("pools") and not _experts_on(v), when="pools and experts are off",
+             help="N_r: passes through one shared stack, each token's own number chosen by a router; the depth "
+                  "becomes first + stack x steps + last; 0 = off"),
+    KnobSpec("recursion_stack", "recursion", "stack", int, 2, low=1, high="n_layers", applies=_recursion_on,
+             when="recursion.steps > 0", help="U: layers in the shared stack"),
+    KnobSpec("recursion_layout", "recursion", "layout", str, "middle_cycle", allowed=get_args(RecursionLayout),
+             applies=_recursion_on, when="recursion.steps > 0",
+             help="cycle: the stack alone; middle_cycle: a unique first and last layer around it"),
+    KnobSpec("recursion_router", "recursion", "router", str, "expert_choice", allowed=get_args(RecursionRouter),
+             applies=_recursion_on, when="recursion.steps > 0",
+             help="expert_choice: each step keeps its capacity's top tokens (evaluated causally by a threshold); "
+                  "token_choice: one softmax over depths per token"),
+    KnobSpec("recursion_capacities", "recursion", "capacities", str, "linear", allowed=get_args(CapacitySchedule),
+             applies=lambda v: _recursion_on(v) and v.get("recursion_router") == "expert_choice",
+             when="recursion.router is expert_choice",
+             help="share of tokens running each step: linear (N-r)/N, halving 2^-r, full = fixed-depth recursion"),
+    KnobSpec("recursion_kv", "recursion", "kv", str, "per_step", allowed=get_args(RecursionKv),
+             applies=_recursion_on, when="recursion.steps > 0",
+             help="per_step: a step attends over its active tokens' keys/values; shared_first: step 0's, every token's"),
+    KnobSpec("recursion_gate", "recursion", "gate", str, "sigmoid", allowed=get_args(RecursionGate),
+             applies=_recursion_on, when="recursion.steps > 0",
+             help="sigmoid: a step's update is scaled by the router's score; none: unscaled"),
+    KnobSpec("recursion_aux_weight", "recursion", "aux_weight", float, 0.001, low=0.0, high=100.0,
+             applies=lambda v: _recursion_on(v) and v.get("recursion_router") == "expert_choice",
+             when="recursion.router is expert_choice",
+             help="BCE of the routers' scores against the top-k choice: what the causal threshold separates"),
+    KnobSpec("recursion_balance_weight", "recursion", "balance_weight", float, 0.1, low=0.0, high=100.0,
+             applies=lambda v: _recursion_on(v) and v.get("recursion_router") == "token_choice",
+             when="recursion.router is token_choice", help="balance loss over depths"),
+    KnobSpec("recursion_z_weight", "recursion", "z_weight", float, 1e-5, low=0.0, high=100.0,
+             applies=lambda v: _recursion_on(v) and v.get("recursion_router") == "token_choice",
+             when="recursion.router is token_choice", help="router z-loss"),
 )
 
 # Settings of a space that shape every candidate but are never searched: fixed values only.

@@ -22,6 +22,7 @@ from npas.allocation.parts import (
     Generator,
     LoraScaling,
 )
+from npas.allocation.recursion import read_recursion
 from npas.errors import ConfigError
 
 SCHEMA_VERSION = 2  # 2: attention as four slots attn_q/k/v/o (1: fused attn_qkv + attn_out); 1 still loads
@@ -101,6 +102,8 @@ def read_fields(d: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     if d.get("experts") is not None:
         out["experts"] = read_experts(d["experts"], problems)
     out.update(read_sharing_fields(d, problems))
+    if d.get("recursion") is not None:
+        out["recursion"] = read_recursion(d["recursion"], problems)
     version = d.get("version", SCHEMA_VERSION)
     if version not in (1, SCHEMA_VERSION) or not _is_int(version):
         problems.append(f"version: {version!r} is not a schema version this npas reads (1 or {SCHEMA_VERSION})")

@@ -48,8 +48,9 @@ from npas.allocation.knob_table import (
 )
 from npas.allocation.knobs import Knob
 from npas.allocation.lora_sharing import equal_private_rank, knob_fields
+from npas.allocation.recursion import RecursionSpec, capacity_schedule
 from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
-from npas.errors import BudgetError, NpasError, SampleError, SpaceError
+from npas.errors import BudgetError, ConfigError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,17 @@ BASELINES: dict[str, dict[str, Any]] = {
     "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True,
                     **_PLAIN},
 }
+
+
+def recursion_from_values(values: dict[str, Any]) -> RecursionSpec:
+    """The recursion spec that a sample's recursion knobs describe."""
+    steps, router = int(value(values, "recursion_steps")), value(values, "recursion_router")
+    ends = 1 if value(values, "recursion_layout") == "middle_cycle" else 0
+    caps = capacity_schedule(value(values, "recursion_capacities"), steps) if router == "expert_choice" else ()
+    return RecursionSpec(steps, int(value(values, "recursion_stack")), ends, ends, caps, router,
+                         value(values, "recursion_kv"), value(values, "recursion_gate"),
+                         float(value(values, "recursion_aux_weight")), float(value(values, "recursion_balance_weight")),
+                         float(value(values, "recursion_z_weight")))
 
 
 @dataclass(frozen=True)
@@ -306,6 +318,8 @@ class Space:
 
         if int(value(values, "experts_per_layer")) > 0:
             return self._experts_candidate(values, chassis, make, budget)
+        if int(value(values, "recursion_steps")) > 0:
+            return self._recursion_candidate(values, chassis, budget)
 
         if not value(values, "pools"):
             fit = fit_width(make, chassis, profile, budget, self._width_fit(values),
@@ -361,6 +375,42 @@ class Space:
                           self.budget_scope)
         return self._filled(values, fit, budget)
 
+    def _recursion_candidate(self, values: dict[str, Any], chassis: Chassis, budget: int) -> Candidate:
+        """A shared stack run up to N_r times per token (npas.allocation.recursion): the spec fixes the
+        depth, the tying map and the KV sources, so tying, KV sharing and atoms must be left off; the
+        fit solves the widths as for any dense model."""
+        if value(values, "tying") != "none" or int(value(values, "kv_group")) > 1 or value(values, "atom_slots") != "none":
+            return Candidate(values, Fit(None, "recursion sets the tying and the KV sources itself; leave tying.mode "
+                                               "none, kv_sharing.group 1 and atoms.slots none"), budget)
+        spec = recursion_from_values(values)
+        ch = replace(chassis, n_layers=spec.n_layers)
+        profile = taper_profile(value(values, "taper"), spec.n_layers, float(value(values, "taper_ratio")))
+
+        def make(c: Chassis, widths: tuple[int, ...]) -> ArchConfig:
+            return ArchConfig(chassis=c, mlp_widths=widths, block_of_layer=spec.block_of_layer(),
+                              kv_source=spec.kv_source(), dtype=self.dtype, recursion=spec)
+
+        try:
+            fit = fit_width(make, ch, profile, budget, self._width_fit(values), self.max_width_scale, self.budget_scope)
+        except ConfigError as e:
+            return Candidate(values, Fit(None, str(e)), budget)
+        return self._filled(values, fit, budget)
+
+    def _recursion_baselines(self, out: dict[str, dict[str, Any]]) -> None:
+        """What per-token depth is measured against, both at the same stored parameters: the vanilla
+        model (narrow_untied, recursion off) and fixed-depth recursion -- the space's first stack, steps
+        and layout with every token running every step and no gate, which computes what cycle tying of
+        that stack computes (its router is stored but never read)."""
+        for vals in out.values():
+            vals["recursion_steps"] = 0
+        first = {n: self.knobs[n].default for n in ("recursion_steps", "recursion_stack", "recursion_layout")
+                 if n in self.knobs}
+        if int(first.get("recursion_steps", 0)) <= 0:
+            return
+        out["fixed_depth_recursion"] = {**BASELINES["narrow_untied"], **first, "recursion_router": "expert_choice",
+                                        "recursion_capacities": "full", "recursion_kv": "per_step",
+                                        "recursion_gate": "none"}
+
     def baselines(self) -> dict[str, dict[str, Any]]:
         """Knob values of the hand-crafted baselines, completed for this space's depth."""
         L = self.reference_chassis.n_layers
@@ -380,6 +430,8 @@ class Space:
             out["per_layer_moe"] = moe
         if (private := self._private_lora()) is not None:
             out["private_lora"] = private
+        if "recursion_steps" in self.knobs:
+            self._recursion_baselines(out)
         return out
 
     def _private_lora(self) -> dict[str, Any] | None:

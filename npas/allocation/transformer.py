@@ -45,6 +45,7 @@ from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, ArchConfig, block_slot
 from npas.allocation.experts import ExpertPools, PerForward
 from npas.allocation.hashing import HashedBank
 from npas.allocation.layer_ops import apply_rotary, causal_mask, norm_for, padded_mask, repeat_kv, rotary
+from npas.allocation.recursing import Recursion
 from npas.allocation.shared_lora import SharedFactors, relaxation, shared_factors
 from npas.allocation.sharing import INIT_STD, RESIDUAL_SLOTS, BankModule
 from npas.errors import ConfigError
@@ -204,6 +205,9 @@ class TransformerLM(nn.Module):
         self.h = nn.ModuleList(Layer(cfg, i, self.lora_shared) for i in range(c.n_layers))
         self.ln_f = norm_for(c)
         self._init_direct(resid_std)
+        # drawn last, so the other weights get the draws they get without recursion (same init as the
+        # fixed-depth stack of the same seed)
+        self.recursion = None if cfg.recursion is None else Recursion(cfg.recursion, c.d_model, INIT_STD)
 
     def _init_direct(self, resid_std: float) -> None:
         nn.init.normal_(self.wte.weight, std=INIT_STD)
@@ -265,7 +269,9 @@ class TransformerLM(nn.Module):
         kv: dict[int, tuple[Tensor, Tensor]] = {}
         if self.experts is not None:
             self.experts.reset()
-        for i, (layer, b) in enumerate(zip(self.h, self.block_of_layer, strict=True)):
+
+        def run(i: int, x: Tensor, rope: Any, attn: Any) -> Tensor:
+            layer, b = self.h[i], self.block_of_layer[i]
             norms = layer if hasattr(layer, "ln_1") else self.blocks[b]
             w = weights[b]
             if atoms:
@@ -277,15 +283,43 @@ class TransformerLM(nn.Module):
             x, kv_i = layer(x, w, norms.ln_1, norms.ln_2, kv.get(src), self.experts, i, rope, cache, attn)
             if src == i:
                 kv[i] = kv_i
+            return x
+
+        if self.recursion is None:
+            for i in range(c.n_layers):
+                x = run(i, x, rope, attn)
+        else:
+            x = self._recurse(x, run, rope, attn, cache, idx.device)
         if self.experts is not None:
             # the training loop adds this to the LM loss (proxy._loop); evaluation reads the LM loss only
             self._last = PerForward([self.cfg.experts.balance_weight * self.experts.balance_loss()])
+        elif self.recursion is not None:
+            self._last = PerForward([self.recursion.aux_loss])  # the router losses, trained like the balance loss
         head = self.wte.weight if getattr(self, "lm_head", None) is None else self.lm_head.weight
         logits = F.linear(self.ln_f(x), head)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def _recurse(self, x: Tensor, run: Any, rope: Any, attn: Any, cache: Any, device: torch.device) -> Tensor:
+        """The unique first layers, the recursion's passes over the stack, the unique last layers."""
+        if cache is not None or attn is not None:
+            raise ValueError("a recursion allocation runs whole unpadded sequences without a KV cache (each "
+                             "token's depth is its own); decode by running the full prefix")
+        spec, c = self.cfg.recursion, self.cfg.chassis
+        for i in range(spec.first):
+            x = run(i, x, rope, None)
+
+        def rope_at(positions: Tensor | None) -> Any:
+            if not c.llama or positions is None:
+                return rope
+            return rotary(c, positions.shape[1], device, 0, positions)
+
+        x = self.recursion(x, run, rope_at)
+        for i in range(spec.n_layers - spec.last, spec.n_layers):
+            x = run(i, x, rope, None)
+        return x
 
     @property
     def aux_loss(self) -> Tensor:

@@ -80,6 +80,10 @@ def convertible_problems(src: ArchConfig, dst: ArchConfig) -> list[str]:
     if b.context > a.context and not a.llama:  # llama: rotary positions, no table that ends
         out.append(f"the allocation's context={b.context} is longer than the trained model's {a.context}, whose "
                    f"position embeddings end there; use context <= {a.context}")
+    if src.recursion is not None:
+        out.append("the trained model routes each token through its shared stack a number of times of its own "
+                   "(recursion), so no layer's weights are what every token computed with; convert from a model "
+                   "without recursion")
     if src.kv_source != tuple(range(a.n_layers)):
         out.append("the trained model shares keys/values across layers (kv_source), so some layers have no "
                    "key/value weights of their own to convert; convert from a model without KV sharing")
@@ -284,6 +288,10 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
             mlp = [s for i in readers[p] for s in src.layers[i]["mlp_up"].sources]
             prov.add(f"experts.routers.{r}", mlp, "each expert's row: the normalised centroid of its up-projection rows")
 
+    # ---- recursion: the stack came from the dense layers as tying's; the router lets every token run
+    if cfg.recursion is not None:
+        _open_router(model, prov)
+
     # ---- norms and embeddings -----------------------------------------------------------------
     for i in range(cfg.chassis.n_layers):
         for ln in ("ln_1", "ln_2"):
@@ -339,6 +347,21 @@ def _convert(source: TransformerLM, cfg: ArchConfig, tie_init: TieInit, seed: in
     if missing:
         raise RuntimeError(f"conversion wrote no provenance for {missing}")  # a bug, never a user error
     return Conversion(model, cfg, prov, errors)
+
+
+@torch.no_grad()
+def _open_router(model: TransformerLM, prov: ProvenanceRecord) -> None:
+    """A dense model routes no tokens, so the router starts at zero with the causal rule's threshold
+    below it: under evaluation every token scores 0, clears -1 and runs every step (the depth of the
+    dense model), until training moves scores and threshold (its first update sets the threshold)."""
+    rec = model.recursion
+    rec.router.zero_()
+    rec.threshold.fill_(-1.0)
+    rec.updates.zero_()
+    prov.add("recursion.router", [], "zeros: every token scores 0 at every step",
+             "every row (a dense model routes no tokens)")
+    prov.add("recursion.threshold", [], "-1 below every score: under evaluation every token runs every step")
+    prov.add("recursion.updates", [], "0: the first training step sets the threshold from its top-k")
 
 
 def _trained(w: Tensor, fresh: Tensor | None) -> Tensor:

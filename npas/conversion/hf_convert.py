@@ -30,7 +30,7 @@ from npas.allocation.transformer import export_state
 from npas.conversion.calibration import calibration_ids
 from npas.conversion.convert import Conversion, convert_model, convertible_problems
 from npas.conversion.directory import PROVENANCE_FILE, ConvertResult, read_allocation
-from npas.conversion.hf_export import unroll_problems, write_hf
+from npas.conversion.hf_export import RECURSION_NOT_HF, unroll_problems, write_hf
 from npas.conversion.hf_source import fingerprint_hf_weights, read_hf_dir, require_transformers
 from npas.conversion.tying import TieInit
 from npas.errors import ConfigError, DataError, NpasError
@@ -56,7 +56,10 @@ def check_format(fmt: str, unroll: bool) -> None:
 
 def check_output(cfg: ArchConfig, fmt: str, unroll: bool) -> None:
     """Refuse an output `cfg` cannot be written as, before any training or conversion writes the
-    directory: `--unroll` of an allocation a stock LlamaForCausalLM cannot express."""
+    directory: `--unroll` of an allocation a stock LlamaForCausalLM cannot express, and any Hugging Face
+    format of a recursion allocation."""
+    if fmt == "hf" and cfg.recursion is not None:
+        raise ConfigError(RECURSION_NOT_HF)
     if fmt == "hf" and unroll:
         if problems := unroll_problems(cfg):
             raise ConfigError("cannot write a stock LlamaForCausalLM: " + "; ".join(problems))

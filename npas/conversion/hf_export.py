@@ -37,6 +37,9 @@ from npas.conversion.source import read_source
 from npas.errors import ConfigError
 
 MODEL_TYPE = "npas"
+RECURSION_NOT_HF = ("cannot write --format hf: the allocation routes each token through its shared stack a number of "
+                    "times of its own (recursion), which no Hugging Face architecture expresses; write the npas "
+                    "format (--format npas)")
 
 
 def is_plain_llama(cfg: ArchConfig) -> bool:
@@ -105,6 +108,8 @@ def write_hf(model: TransformerLM, cfg: ArchConfig, out: str | Path, tokenizer: 
     """Write `model` (of allocation `cfg`) to `out` as a Hugging Face checkpoint; returns what was written
     ({"kind": "llama" | "npas", "params", "bytes"}). Refuses in one line what cannot be written."""
     require_transformers("--format hf")
+    if cfg.recursion is not None:
+        raise ConfigError(RECURSION_NOT_HF)
     out = Path(out)
     dtype = TORCH_DTYPES[cfg.dtype]
     if unroll or is_plain_llama(cfg):

@@ -57,6 +57,7 @@ from npas.training.proxy import (
     to_bpb,
 )
 from npas.training.recipe import Recipe
+from npas.training.recursion_eval import recursion_report
 from npas.training.trainer import Check, Stream, Trainer, stop_if_not_finite
 
 __all__ = ["SCHEDULES", "ForkResult", "Stream", "Trainer", "build", "fork_loss", "make_trainer", "run_proxy",
@@ -241,6 +242,9 @@ def train_model(cfg: Any, recipe: Recipe, corpus: Corpus, report: Report | None 
         val_bpb=to_bpb(val, eval_tokens_per_byte(corpus, recipe)),
         train_bpb=to_bpb(run.train_loss, 1.0 / corpus.bytes_per_token("train")),
     )
+    if getattr(cfg, "recursion", None) is not None and val is not None:
+        fields["recursion"] = recursion_report(model, evals, dev, recipe)
+        fields["flops_per_token"] = fields["recursion"]["flops_per_token"]  # what the causal rule realised
     if not isinstance(run, WsdRunLog):
         result = ProxyResult(**fields)
         log.info("proxy %s %s: %s val_loss=%s steps=%d %.0f tok/s %.1fs", result.config_hash, recipe.name,

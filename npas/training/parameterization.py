@@ -41,6 +41,11 @@ expert gate (SwiGLU)  as its sibling ``up`` of the same pool: same shape, same r
                       the two multiply each other elementwise, so one rule keeps their      sqrt(w)
                       steps in proportion (a gate at another rate would skew the product)
 router                as an input-slot matrix read by its layers (one, or a pool's)       std x sqrt(w)
+recursion router      as an expert router read once per token (k = 1): each of its rows    std x sqrt(w)
+                      scores a token once per step, an input slot of fan-in d_model
+stack (recursion)     a recursion stack's block is a matrix whose ``k`` counts expected    as matrix
+                      reads: its layers' reads weighted by the share of tokens that run
+                      each step (the capacities), since a token routed out never reads it
 atom dictionary       as a template_mix bank whose templates are the K atoms (MASA): each  std x
                       reading layer's weight mixes every atom, so every atom element is    sqrt(w)
                       read by every layer that reads the slot, ``k`` = those layers; ``w``
@@ -179,7 +184,23 @@ def _shared_norm_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
 def _matrix_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
     b, slot = int(m[1]), m[2]
     read, wdf, w = _use_factors(s.cfg, s.ref, [(layer, slot) for layer in s.cfg.members_of(b)])
-    return Rule("matrix", sharing_factor(read / p.numel()) * wdf, math.sqrt(w))
+    return Rule("matrix", sharing_factor(read / p.numel() * _read_share(s.cfg, b)) * wdf, math.sqrt(w))
+
+
+def _read_share(cfg: ArchConfig, block: int) -> float:
+    """Mean share of tokens that read a block per use: 1, or with per-token recursion the capacities
+    of the steps its layers belong to (a token routed out of a step never reads the stack there)."""
+    if cfg.recursion is None:
+        return 1.0
+    members = cfg.members_of(block)
+    share = cfg.recursion.layer_share()
+    return sum(share[i] for i in members) / len(members)
+
+
+def _recursion_router_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
+    """The recursion router (steps x d_model): an input-slot matrix each token reads once per step."""
+    w = s.ref.d_model / s.cfg.chassis.d_model
+    return Rule("router", width_factor(w) * depth_factor("mlp_up", s.depth_ratio), math.sqrt(w))
 
 
 def _bank_rule(s: _Scope, m: re.Match[str], p: nn.Parameter) -> Rule:
@@ -282,6 +303,7 @@ RULES: tuple[tuple[re.Pattern[str], Callable[[_Scope, re.Match[str], nn.Paramete
     (re.compile(r"experts\.pools\.(\d+)\.(up|gate|down)$"), _expert_rule),
     (re.compile(r"experts\.routers\.(\d+)$"), _router_rule),
     (re.compile(r"atoms\.(\w+)\.(atoms|coef)$"), _atom_rule),
+    (re.compile(r"recursion\.router$"), _recursion_router_rule),
     (re.compile(r"(?:h\.\d+\.)?ln_\w+\.weight$"), _norm_rule),
     (re.compile(r"(?:wte|wpe|lm_head)\.weight$"), _embedding_rule),
 )

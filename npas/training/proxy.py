@@ -64,6 +64,9 @@ class ProxyResult:
     config_hash: str = ""
     val_bpb: float | None = None  # bits per byte of the validation text (None in results from older npas)
     train_bpb: float | None = None  # train_loss over the train split's mean bytes per token
+    # per-token recursion (npas.training.recursion_eval): both rules' losses, the realised depth and its
+    # FLOPs / KV cache per token; flops_per_token above is then the realised one. None otherwise
+    recursion: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None, the curve a list of [step, loss] pairs."""
@@ -72,6 +75,8 @@ class ProxyResult:
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = _finite(v)
+        if d["recursion"] is None:  # results without recursion keep their keys
+            del d["recursion"]
         return d
 
     @classmethod

@@ -273,3 +273,22 @@ def test_conversion_quick_trains_each_phase_once_and_starts_from_the_dense_weigh
     # 5 seeds x 4 arms, plus seed 99's dense model and 3 rates for each recursive arm: one plan for all phases
     assert plan.returncode == 0 and re.search(r"^plan: 30 runs, \d+ cached .*-> ~[\d.]+ CPU-hours", plan.stdout, re.M)
     assert not list((tmp_path / "plan").iterdir()), plan.stdout
+
+
+@pytest.mark.slow
+def test_recursion_plan_fits_the_cap_and_quick_reports_both_rules_claim_line_form_only(tmp_path):
+    script = str(ROOT / "experiments" / "evidence" / "recursion.py")
+    plan = subprocess.run([sys.executable, script, "--plan", "--out", str(tmp_path / "plan")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    m = re.search(r"^plan: 40 runs, \d+ cached .*-> ~([\d.]+) CPU-hours", plan.stdout, re.M)
+    assert m and float(m.group(1)) <= 8.0, plan.stdout  # the issue's cap: <= 8 core-hours
+    # equal stored params for the MoR arms and the fixed-depth stack; equal training FLOPs by more steps
+    for arm in ("fixed_depth", "mor_equal_tokens", "mor_equal_flops"):
+        assert re.search(rf"^{arm}\s+206,336\s+206,336\s+0\s", plan.stdout, re.M), plan.stdout
+    assert re.search(r"^mor_equal_flops\s+[\d,]+\s+1,343\s+4\.13M\s+1\.47\s+1\.000$", plan.stdout, re.M), plan.stdout
+    assert "claim" not in plan.stdout and not list((tmp_path / "plan").iterdir())
+    out = _run("recursion.py", tmp_path)
+    assert re.search(r"^mor_equal_flops\s+1\s+\d\.\d{4}\s+\d\.\d{4}\s+[+-]\d\.\d{4}\s+\d\.\d{2}\s", out, re.M), out
+    assert len(re.findall(r"^claim .*: unresolved \(too few seeds\)$", out, re.M)) == 3, out
+    assert (tmp_path / "recursion_quick.json").is_file()

@@ -376,3 +376,24 @@ def test_live_serves_optuna_dashboard_on_the_same_storage(failed_db, tmp_path):
         out, _ = proc.communicate(timeout=10)
     assert f"http://127.0.0.1:{port}" in out
 
+
+
+def test_allocation_map_shows_how_many_tokens_run_each_layer_of_a_recursion():
+    from npas.allocation.config import Chassis, recursion_config
+    from npas.allocation.recursion import RecursionSpec
+    from npas.presentation.dashboard.allocations import AllocationInfo, allocation_row
+    from npas.presentation.dashboard.render import render_allocation
+    from npas.service.study.record import TrialAttr
+
+    ch = Chassis(vocab_size=68, context=32, d_model=32, n_layers=6, n_heads=4, d_ff=64)
+    cfg = recursion_config(ch, RecursionSpec(steps=2, stack=2, first=1, last=1, capacities=(1.0, 0.5)))
+    cells, text = _map_text(cfg)  # no realised depth stored: the capacities
+    assert [c.depth_share for c in cells] == [1.0, 1.0, 1.0, 0.5, 0.5, 1.0]
+    assert text[3].splitlines()[-1] == "runs 50% of tokens"
+    proxy = {"recursion": {"step_share": [1.0, 0.25]}}  # what the causal rule realised on the validation windows
+    t = create_trial(values=[1.0, 2.0], user_attrs={TrialAttr.ALLOC: cfg.to_dict(), TrialAttr.PROXY: proxy,
+                                                    TrialAttr.ACCOUNTING: count(cfg).to_dict()})
+    row = allocation_row(t)
+    assert [c.depth_share for c in row.cells] == [1.0, 1.0, 1.0, 0.25, 0.25, 1.0]
+    render_allocation(AllocationInfo(6, [row]))
+    assert all(c.depth_share is None for c in _map_text(reference_config(ch))[0])

@@ -222,6 +222,12 @@ CASES: dict[str, Case] = {
     "convert-hf-unroll-without-format": Case(["convert", "{in}/m", "--out", "{in}/o", "--unroll"],
                                              "pass it with --format hf", hf={}),
     "train-unroll-without-format": train("pass it with --format hf", "--unroll"),
+    "train-recursion-format-hf": Case(["train", "{in}/a.yaml", "--recipe", FAST, "--steps", "1", "--out", "{in}/o",
+                                       "--format", "hf"], "no Hugging Face architecture expresses",
+                                      files={"a.yaml": "MOR"}),
+    "convert-into-recursion-format-hf": Case(["convert", "{in}/d", "--to", "{in}/a.yaml", "--out", "{in}/o",
+                                              "--format", "hf"], "no Hugging Face architecture expresses",
+                                             files={"a.yaml": "MOR"}, model=True),
     # ---- --checkpoint-storage --------------------------------------------------------------------
     "ckpt-is-a-file": search("is a file", "--checkpoint-storage", "{in}/f", files={"f": "x"}),
     "ckpt-below-a-file": search("nothing can be created below it", "--checkpoint-storage", "{in}/f/ck",
@@ -296,13 +302,15 @@ FAILED_BEFORE = {
     "train-recipe-cosine-decay-fraction", "locate-lr-one-rung", "locate-lr-only-the-top-rung", "lr-factor-1e300",
     "lr-factor-5000", "lr-factor-1e-300", "lr-factor-stored-5000", "join-with-another-recipe",
     "join-with-another-sampler", "join-with-locate-lr", "join-with-another-budget",
+    "train-recursion-format-hf", "convert-into-recursion-format-hf",
 }
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict:
     """The tiny chassis's allocation and an `npas train`-style directory of it (untrained), built once."""
-    from npas.allocation.config import reference_config
+    from npas.allocation.config import recursion_config, reference_config
+    from npas.allocation.recursion import RecursionSpec
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
     from npas.training.train import save_trained, write_metrics
@@ -318,7 +326,8 @@ def built(tmp_path_factory) -> dict:
     write_metrics(root / "model", result, recipe, corpus)
     db = f"sqlite:///{root / 'study.db'}"
     set_up_study(npas.plan_search(npas.load_space(TINY), recipe=FAST, study="ladder-r3", storage=db))
-    return {"model": root / "model", "ALLOC": cfg.to_yaml(), "db": db, "study": "ladder-r3",
+    mor = recursion_config(cfg.chassis, RecursionSpec(steps=2, stack=2, capacities=(1.0, 0.5)))
+    return {"model": root / "model", "ALLOC": cfg.to_yaml(), "MOR": mor.to_yaml(), "db": db, "study": "ladder-r3",
             "EXPORT 5000": json.dumps({"allocation": cfg.to_dict(), "lr_factor": 5000.0})}
 
 

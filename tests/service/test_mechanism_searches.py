@@ -21,6 +21,7 @@ MECHANISMS = {
     "atoms": ("cycle_tying", lambda cfg: bool(cfg.atoms)),
     "expert_pool": ("per_layer_moe", lambda cfg: cfg.experts is not None),
     "kv_sharing": ("narrow_untied", lambda cfg: any(cfg.kv_consumer(i) for i in range(cfg.chassis.n_layers))),
+    "recursion": ("fixed_depth_recursion", lambda cfg: cfg.recursion is not None),
 }
 
 

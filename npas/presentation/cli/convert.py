@@ -54,7 +54,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from npas.conversion.directory import convert_dir, read_allocation
     from npas.conversion.hf_convert import check_output
 
-    if args.fmt == "hf" and args.unroll:  # before convert_dir writes --out
+    if args.fmt == "hf":  # before convert_dir writes --out
         check_output(read_allocation(args.alloc), args.fmt, args.unroll)
     res = convert_dir(args.dense_dir, args.alloc, args.out, tie_init=args.tie_init, data=args.data,
                       force=args.force, device=args.device, seed=args.seed)

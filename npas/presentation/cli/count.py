@@ -44,12 +44,13 @@ def _rows(acc: Accounting, cfg: ArchConfig) -> list[tuple[str, str]]:
         ("  norms", f"{acc.norm_params:,}"),
         *([("trainable params", f"{acc.trainable_params:,} (stored less {acc.frozen_params:,} frozen)")]
           if acc.frozen_params else []),
+        *([("  recursion router", f"{acc.recursion_params:,}")] if cfg.recursion else []),
         ("non-embedding params", f"{acc.non_embedding_params:,}"),
         ("parameter bytes", f"{acc.param_bytes:,} ({acc.param_bytes / mib:.2f} MiB)"),
         ("materialised params", f"{acc.materialised_params:,}"),
         ("activated params / token", f"{acc.activated_params:,}"
                                      + (" (k experts and the routers, not the whole pool)" if cfg.experts else "")),
-        ("forward FLOPs / token", f"{acc.flops_per_token:,}"),
+        ("forward FLOPs / token", f"{acc.flops_per_token:,}{_recursion_note(cfg, acc)}"),
         ("weight generation FLOPs / step", f"{acc.generation_flops_per_step:,}"),
         ("KV cache bytes / token", f"{acc.kv_cache_bytes_per_token:,}{_kv_note(cfg)}"),
         ("inference bytes (full context)", f"{acc.inference_bytes:,}"),
@@ -64,6 +65,15 @@ def _lora_note(cfg: ArchConfig, acc: Accounting) -> str:
     extra = {"vera": f", {acc.frozen_params:,} frozen (lora_seed {cfg.lora_seed})",
              "shards": f", {cfg.lora_shards} shards per factor pool, {cfg.lora_private_fraction:g} private"}
     return f" ({cfg.lora_sharing}: factors shared across layers{extra.get(cfg.lora_sharing, '')})"
+def _recursion_note(cfg: ArchConfig, acc: Accounting) -> str:
+    """Which depth the FLOPs assume: the capacities (what training pays, and what the causal rule's
+    threshold aims at); a trained run stores the depth its causal rule realised on the validation windows."""
+    r = cfg.recursion
+    if r is None:
+        return ""
+    depth = sum(r.active_share())
+    return (f" (at the capacities' expected depth, {depth:.2f} of {r.steps} passes through the stack of {r.stack}: "
+            f"training FLOPs; a trained run stores the realised depth's)")
 
 
 def _experts_note(cfg: ArchConfig) -> str:

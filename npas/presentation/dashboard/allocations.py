@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
+from npas.allocation.budget import layer_shares
 from npas.allocation.config import ArchConfig
 from npas.allocation.space_parser import parse_space
 from npas.errors import NpasError
@@ -42,6 +43,9 @@ class LayerCell:
     # the shared expert pool this layer's router reads (UniPool / MoEUT): (pool index, experts in it,
     # top_k, d_expert); None for a dense MLP
     experts: tuple[int, int, int, int] | None = None
+    # per-token recursion: the share of tokens that runs this layer (its expected depth), realised by the
+    # causal rule on the validation windows when the trial stored it, else the capacities; None without
+    depth_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ def allocation_row(t: FrozenTrial) -> AllocationRow | None:
     for k, bank in enumerate(cfg.banks):
         for blk, slot in bank.members:
             banks_of_block.setdefault(blk, {}).setdefault(k, []).append(slot)
+    shares = _depth_shares(cfg, t)
     cells = []
     for i, b in enumerate(cfg.block_of_layer):
         banks = tuple((k, tuple(slots)) for k, slots in sorted(banks_of_block.get(b, {}).items()))
@@ -81,8 +86,17 @@ def allocation_row(t: FrozenTrial) -> AllocationRow | None:
         cells.append(LayerCell(stored=float(stored[i]), block=b, shared=cfg.block_is_shared(b), banks=banks,
                                lora_attn=cfg.lora_attn[i], lora_mlp=cfg.lora_mlp[i], width=cfg.mlp_widths[i],
                                atoms=atoms, kv_source=cfg.kv_source[i] if cfg.kv_consumer(i) else None,
-                               kv_consumers=consumers, kv_mode=cfg.kv_mode, experts=_experts_of(cfg, i)))
+                               kv_consumers=consumers, kv_mode=cfg.kv_mode, experts=_experts_of(cfg, i),
+                               depth_share=None if shares is None else shares[i]))
     return AllocationRow(t.number, label(t), cfg.summary(), cells)
+
+
+def _depth_shares(cfg: ArchConfig, t: FrozenTrial) -> tuple[float, ...] | None:
+    """Each layer's share of tokens under per-token recursion: the trial's realised one, else the capacities."""
+    if getattr(cfg, "recursion", None) is None:
+        return None
+    realised = ((t.user_attrs.get(TrialAttr.PROXY) or {}).get("recursion") or {}).get("step_share")
+    return layer_shares(cfg, tuple(realised) if realised else None)
 
 
 def _experts_of(cfg: ArchConfig, layer: int) -> tuple[int, int, int, int] | None:

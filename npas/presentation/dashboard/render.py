@@ -267,6 +267,8 @@ def _cell_lines(c: LayerCell) -> list[str]:
         lines.append(f"{shared} source → {','.join(map(str, c.kv_consumers))}")
     if c.lora_attn or c.lora_mlp:
         lines.append(f"LoRA {c.lora_attn}/{c.lora_mlp}")
+    if c.depth_share is not None:  # per-token recursion: how many of the tokens run this layer
+        lines.append(f"runs {c.depth_share:.0%} of tokens")
     return lines
 
 

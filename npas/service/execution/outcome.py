@@ -41,6 +41,8 @@ def objective_values(objectives: Sequence[str], accounting: Mapping[str, Any], p
     byte is derived from ``loss`` with it, so an early-stopped trial gets one from its last report.
     """
     metrics: dict[str, Any] = {**accounting, **(proxy or {}), "val_loss": loss, "val_bpc": loss / math.log(2)}
+    if (proxy or {}).get("recursion"):  # per-token recursion: the KV cache at the causal rule's realised depth
+        metrics["kv_cache_bytes_per_token"] = proxy["recursion"]["kv_cache_bytes_per_token"]
     if tokens_per_byte is not None:
         metrics["val_bpb"] = loss * tokens_per_byte / math.log(2)
     for objective, stand_in in ANALYTIC_STAND_IN.items():
@@ -113,6 +115,11 @@ def combine_repeats(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> 
         out["rung_losses"] = {t: None if any(g[t] is None for g in rungs) else statistics.fmean(g[t] for g in rungs)
                               for t in sorted(set.intersection(*(set(g) for g in rungs)))}
         out["steps_trained"] = sum(int(r.get("steps_trained") or 0) for r in runs)  # the trial's cost, like wall_s
+    if all(r.get("recursion") for r in runs):  # both rules' losses, the realised depth and its costs: seed means
+        out["recursion"] = {k: [statistics.fmean(x) for x in zip(*(r["recursion"][k] for r in runs), strict=True)]
+                            if isinstance(v, list) else statistics.fmean(r["recursion"][k] for r in runs)
+                            for k, v in runs[0]["recursion"].items()}
+        out["flops_per_token"] = round(out["recursion"]["flops_per_token"])
     out["seeds"] = [int(s) for s in seeds]
     out["seed_losses"] = losses
     return out
