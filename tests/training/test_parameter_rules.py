@@ -29,14 +29,23 @@ DOCUMENTED = {"embedding", "norm", "matrix", "bank", "coef", "lora", "expert", "
 SAMPLES = 20
 
 
-def _models(text: str, source: str, seed: int = 0):
-    """The models of a space's feasible samples among SAMPLES draws."""
+def _models(text: str, source: str, seed: int = 0, must: tuple[str, ...] = ()):
+    """The models of a space's feasible samples among SAMPLES draws; then, while a mechanism in `must`
+    ("atoms", "experts") has not appeared, the first feasible samples that use it among up to 200 more
+    draws (a space with many knobs can miss one in SAMPLES draws, and the test is about every one)."""
     space = parse_space(text, source)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    for _ in range(SAMPLES):
+    seen: set[str] = set()
+    uses = {"atoms": lambda cfg: bool(cfg.atoms), "experts": lambda cfg: cfg.experts is not None}
+    for i in range(SAMPLES + 200):
+        missing = [m for m in must if m not in seen]
+        if i >= SAMPLES and not missing:
+            return
         cand = space.sample(study.ask())
-        if cand.feasible:
-            yield build_model(cand.config)
+        if not cand.feasible or (i >= SAMPLES and not any(uses[m](cand.config) for m in missing)):
+            continue
+        seen |= {m for m in must if uses[m](cand.config)}
+        yield build_model(cand.config)
 
 
 def _space_activations() -> list:
@@ -57,7 +66,9 @@ def test_every_parameter_of_every_shipped_space_has_a_documented_rule(path, acti
         text = text.replace("activation: gelu", f"activation: {activation}")
     seen: set[str] = set()
     n = 0
-    for model in _models(text, str(path)):
+    must = tuple(m for m, stems in (("atoms", ("atoms", "full")), ("experts", ("expert_pool", "full")))
+                 if path.stem in stems)
+    for model in _models(text, str(path), must=must):
         n += 1
         ch = model.cfg.chassis
         # its own chassis, and a reference of another width and depth (every width/depth factor moves)
