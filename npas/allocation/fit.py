@@ -19,7 +19,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from npas.allocation.budget import embedding_params, stored_params
+from npas.allocation.budget import stored_params
+from npas.allocation.budget_scope import embedding_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, canonical_blocks
 from npas.allocation.knob_table import BANK_RULES, TAPERS, TYING
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Literal, get_args
 
-from npas.allocation.budget import BUDGET_SCOPES
+from npas.allocation.budget_scope import BUDGET_SCOPES
 from npas.allocation.config import (
     CHASSIS_MAX,
     DEFAULT_LORA_ALPHA,
