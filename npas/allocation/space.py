@@ -24,17 +24,7 @@ from npas.allocation.budget import reference_params
 from npas.allocation.budget_scope import BUDGET_SCOPES, below_embeddings, embedding_params, parse_budget
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
 from npas.allocation.fill import FILL_TARGET, FIT_VERSION, grow_pooled, shortfall
-from npas.allocation.fit import (
-    Fit,
-    Similarity,
-    bank_members,
-    expert_pools,
-    fit_banks,
-    fit_experts,
-    fit_width,
-    taper_profile,
-    tying_map,
-)
+from npas.allocation.fit import Fit, expert_pools, fit_banks, fit_experts, fit_width
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
     KNOBS,
@@ -43,6 +33,7 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob
+from npas.allocation.layer_maps import Similarity, bank_members, taper_profile, tying_map
 from npas.allocation.lora_sharing import knob_fields
 from npas.allocation.recursion_allocation import recursion_from_values
 from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
