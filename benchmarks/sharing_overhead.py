@@ -63,9 +63,11 @@ import torch
 
 import npas
 from npas import ArchConfig, Bank, Chassis, reference_config
-from npas.allocation.config import AtomSpec, ExpertPool, recursion_config
-from npas.allocation.fit import bank_members, fit_banks, taper_profile, tying_map
+from npas.allocation.config import AtomSpec, ExpertPool
+from npas.allocation.fit import fit_banks
+from npas.allocation.layer_maps import bank_members, taper_profile, tying_map
 from npas.allocation.recursion import RecursionSpec
+from npas.allocation.recursion_allocation import recursion_config
 
 TARGET = 1.10
 HASH_TARGET = 1.25  # hashed sharing: one gather of every weight per step (see `hashed_variants`)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from npas.allocation.budget import Accounting, count, parse_budget
+from npas.allocation.budget import Accounting, count
+from npas.allocation.budget_scope import parse_budget
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.errors import (
     BudgetError,

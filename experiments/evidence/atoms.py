@@ -39,7 +39,8 @@ import stats
 import npas
 from npas import ArchConfig, Bank, Chassis
 from npas.allocation.config import ATTN_SLOTS, MLP_SLOTS, AtomSpec, slot_shape
-from npas.allocation.fit import fit_width, tying_map
+from npas.allocation.fit import fit_width
+from npas.allocation.layer_maps import tying_map
 
 REF = "untied"
 ARMS = ("untied", "atoms", "cycle_attn", "sequential_attn")

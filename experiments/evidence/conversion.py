@@ -47,7 +47,7 @@ import stats
 from experiments.harness import jobs as harness_jobs  # runs put the checkout on sys.path
 from experiments.harness import store
 from npas import ArchConfig, Recipe, reference_config
-from npas.allocation.fit import tying_map
+from npas.allocation.layer_maps import tying_map
 
 RANK = 16
 UPTRAIN_FRACTION = 4  # uptraining = a quarter of the recipe's steps

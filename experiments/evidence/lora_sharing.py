@@ -60,7 +60,7 @@ import runs
 import stats
 
 from npas import ArchConfig, Chassis, Recipe, count
-from npas.allocation.fit import tying_map
+from npas.allocation.layer_maps import tying_map
 
 
 def relaxation(cfg: ArchConfig) -> int:

@@ -48,8 +48,8 @@ import stats
 
 import npas
 from npas import ArchConfig, Chassis
-from npas.allocation.config import recursion_config
 from npas.allocation.recursion import RecursionSpec
+from npas.allocation.recursion_allocation import recursion_config
 
 STACK, STEPS = 2, 3
 CAPACITIES = (1.0, 2 / 3, 1 / 3)  # the "linear" schedule of search_spaces/recursion.yaml at N_r = 3

@@ -34,7 +34,7 @@ import stats
 
 import npas
 from npas import ArchConfig, reference_config
-from npas.allocation.fit import tying_map
+from npas.allocation.layer_maps import tying_map
 
 RANKS = (0, 4, 16, 64)
 REF = "untied"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from npas.allocation.budget import embedding_params
+from npas.allocation.budget_scope import embedding_params
 from npas.allocation.config import ATTN_SLOTS, Chassis
 from npas.allocation.knob_table import BY_NAME, CHASSIS_KEYS, TYING_WITH_U
 from npas.errors import BudgetError, NpasError

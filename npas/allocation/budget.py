@@ -4,14 +4,17 @@
 check this on random samples of every shipped space. Everything else (bytes, FLOPs, KV cache,
 training memory) derives from the same walk over blocks, banks and layers, so the search can rank
 and reject thousands of candidates per second before any of them is built.
+
+What a budget's text means and which parameters its scope caps are `npas.allocation.budget_scope`'s;
+what routed recursion depth costs per token is `npas.allocation.recursion_allocation`'s.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 
+from npas.allocation.budget_scope import embedding_params
 from npas.allocation.config import (
     ATTN_SLOTS,
     DTYPE_BYTES,
@@ -22,32 +25,7 @@ from npas.allocation.config import (
     reference_config,
 )
 from npas.allocation.lora_sharing import relaxation_params
-from npas.errors import BudgetError
-
-_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgb]?|x)\s*$", re.IGNORECASE)
-MAX_BUDGET = 10**15  # a cap no allocation npas builds comes near; above it a budget is a typo (1e400 is inf)
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
-
-
-def parse_budget(spec: str | int | float, reference_params: int) -> int:
-    """`1.5M`, `250k`, `120000` (absolute) or `0.25x`, `2x` (relative to the reference) -> params."""
-    if isinstance(spec, bool):
-        raise BudgetError(f"budget {spec!r} is not a number; write e.g. 1.5M, 250k or 0.25x")
-    if isinstance(spec, int | float):
-        text = str(spec)
-    else:
-        text = str(spec)
-    m = _BUDGET_RE.match(text)
-    if not m:
-        raise BudgetError(f"budget {spec!r} does not parse; write an absolute count (1.5M, 250k) or a ratio (0.25x)")
-    value, unit = float(m.group(1)), m.group(2).lower()
-    params = value * reference_params if unit == "x" else value * _SUFFIX[unit]
-    if not math.isfinite(params) or params > MAX_BUDGET:
-        raise BudgetError(f"budget {spec!r} is more than {MAX_BUDGET:.0e} parameters; write a realistic budget "
-                          f"such as 1.5M or 2x")
-    if params < 1:
-        raise BudgetError(f"budget {spec!r} is {params:.3g} parameters; it must be at least 1")
-    return int(params)
+from npas.allocation.recursion_allocation import layer_shares, recursion_flops, recursion_gather_bytes
 
 
 @dataclass(frozen=True)
@@ -392,55 +370,6 @@ def hash_step_bytes(cfg: ArchConfig) -> int:
     return total
 
 
-def layer_shares(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None) -> tuple[float, ...]:
-    """Share of tokens running each depth position: 1 everywhere without recursion; with it the
-    spec's capacities, or `depth_shares` (one per recursion step, e.g. realised in an evaluation)."""
-    spec = cfg.recursion
-    if spec is None:
-        return (1.0,) * cfg.chassis.n_layers
-    steps = tuple(depth_shares) if depth_shares is not None else spec.active_share()
-    return (1.0,) * spec.first + tuple(steps[r] for r in range(spec.steps) for _ in range(spec.stack)) \
-        + (1.0,) * spec.last
-
-
-def recursion_flops(cfg: ArchConfig, share: tuple[float, ...], matmul: list[int], T: int) -> int:
-    """Forward FLOPs per token (without the head) of a recursion allocation: a position's matmuls for
-    its share s of tokens; attention over s x T / 2 kept keys on average (per_step: s^2 of the full
-    cost), or over every token's step-0 keys (shared_first: s), plus the router's d per token for each
-    step whose score is read."""
-    c, spec = cfg.chassis, cfg.recursion
-    flops = 0.0
-    for i, s in enumerate(share):
-        keys = s if (spec.kv == "shared_first" and spec.step_of(i)) else s * s
-        flops += 2 * matmul[i] * s + 2 * T * c.q_dim * keys
-    caps = [1.0, *(spec.capacity(r) for r in range(spec.steps))]
-    scored = spec.steps if spec.router == "token_choice" or spec.gate == "sigmoid" else \
-        sum(caps[r + 1] < caps[r] for r in range(spec.steps))  # a step's score is computed where it is read
-    return round(flops + 2 * c.d_model * scored)  # a scored step scores every token
-
-
-def recursion_gather_bytes(cfg: ArchConfig, depth_shares: tuple[float, ...] | None = None) -> float:
-    """Activation bytes per token the per-step gathers add: a routed step saves the gathered slice
-    (s x d), the gated slice and the scattered full-size result (d), fp32."""
-    spec = cfg.recursion
-    if spec is None:
-        return 0.0
-    steps = depth_shares if depth_shares is not None else spec.active_share()
-    return sum(4 * cfg.chassis.d_model * (2 * s + 1) for s in steps if s < 1)
-
-
-BUDGET_SCOPES = ("all", "non_embedding")
-
-
-def embedding_params(chassis) -> int:
-    """What ``non_embedding`` leaves out: token and position embeddings, ``(vocab + context) * d_model``,
-    on a classic chassis; on a llama chassis (rotary positions, no table) the token embedding and, when
-    the head is untied, the output head (``vocab * d_model`` each)."""
-    if getattr(chassis, "family", "classic") == "llama":
-        return chassis.vocab_size * chassis.d_model * (1 if chassis.tie_embeddings else 2)
-    return (chassis.vocab_size + chassis.context) * chassis.d_model
-
-
 def scoped_params(cfg: ArchConfig, scope: str = "all") -> int:
     """Stored parameters as a budget of ``scope`` counts them (``all``, or ``non_embedding``)."""
     return stored_params(cfg) - (embedding_params(cfg.chassis) if scope == "non_embedding" else 0)
@@ -450,14 +379,3 @@ def reference_params(cfg_or_chassis) -> int:
     """N_ref: stored parameters of the untied uniform model of this chassis."""
     chassis = getattr(cfg_or_chassis, "chassis", cfg_or_chassis)
     return stored_params(reference_config(chassis))
-
-
-def below_embeddings(ch: Chassis, spec: str, cap: int) -> str | None:
-    """Why a budget cannot fit anything, or None: embeddings are never shared or narrowed below
-    d_model, so a cap at or under them leaves every candidate infeasible."""
-    floor = embedding_params(ch) + ch.d_model
-    if cap > floor:
-        return None
-    return (f"budget {spec} is {cap:,} params, not more than the {floor:,} the embeddings alone need at "
-            f"d_model={ch.d_model} and vocab_size={ch.vocab_size}; raise the budget, lower d_model, or cap only "
-            f"the non-embedding parameters with `budget_scope: non_embedding` (--budget-scope non_embedding)")

@@ -14,7 +14,6 @@ a file (`schema`) and the parts' checks (`validation`); the public names are re-
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -51,7 +50,7 @@ from npas.allocation.parts import (
     lora_scale,
 )
 from npas.allocation.recursion import RecursionSpec, recursion_problems
-from npas.allocation.schema import SCHEMA_VERSION, read_fields, upgrade_v1
+from npas.allocation.schema import SCHEMA_VERSION, json_mapping, read_allocation, yaml_mapping
 from npas.allocation.slots import ATTN_SLOTS, MLP_SLOTS, block_slots, slot_shape
 from npas.allocation.validation import (
     PER_LAYER,
@@ -298,29 +297,14 @@ class ArchConfig:
     def from_dict(cls, d: dict[str, Any]) -> ArchConfig:
         """Read an allocation strictly: a wrongly typed field is refused, never coerced ("false" is
         not False, 64.0 is not 64), and every problem is named at once. Schema 1 files upgrade."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"an allocation must be a mapping, got {type(d).__name__}")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown allocation keys {unknown}; allowed: {sorted(known)}")
-        problems: list[str] = []
-        kwargs = read_fields(d, problems)
-        if problems:
-            raise ConfigError("invalid allocation: " + "; ".join(problems))
-        if kwargs["version"] == 1:
-            kwargs = upgrade_v1(kwargs)
-        return cls(**kwargs)
+        return cls(**read_allocation(d, [f.name for f in fields(cls)]))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ArchConfig:
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"allocation JSON does not parse: {e}") from None
+        return cls.from_dict(json_mapping(text))
 
     def to_yaml(self) -> str:
         return "# npas allocation; rebuild with npas.build_model(ArchConfig.from_yaml(text))\n" + yaml.safe_dump(
@@ -329,13 +313,7 @@ class ArchConfig:
 
     @classmethod
     def from_yaml(cls, text: str) -> ArchConfig:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"allocation YAML does not parse: {e}") from None
-        if isinstance(data, dict) and "allocation" in data:  # an export with metrics beside it
-            data = data["allocation"]
-        return cls.from_dict(data)
+        return cls.from_dict(yaml_mapping(text))
 
     @property
     def hash(self) -> str:
@@ -384,21 +362,6 @@ def reference_config(chassis: Chassis, dtype: DType = "float32") -> ArchConfig:
     )
 
 
-def recursion_config(chassis: Chassis, spec: RecursionSpec, d_ff: int | None = None,
-                     dtype: DType = "float32") -> ArchConfig:
-    """The allocation of a recursion spec on a chassis: its depth, tying map and KV sources set by the
-    spec, every layer at the chassis' MLP width (or `d_ff`)."""
-    L = spec.n_layers
-    return ArchConfig(chassis=dataclasses.replace(chassis, n_layers=L), mlp_widths=(d_ff or chassis.d_ff,) * L,
-                      block_of_layer=spec.block_of_layer(), kv_source=spec.kv_source(), recursion=spec, dtype=dtype)
-
-
-def canonical_blocks(assignment: list[int] | tuple[int, ...]) -> tuple[int, ...]:
-    """Renumber a layer -> group assignment so blocks are 0..U-1 in order of first use."""
-    ids: dict[int, int] = {}
-    return tuple(ids.setdefault(a, len(ids)) for a in assignment)
-
-
 __all__ = [
     "ATTN_SLOTS",
     "CHASSIS_MAX",
@@ -425,10 +388,8 @@ __all__ = [
     "LoraScaling",
     "LoraSharing",
     "block_slots",
-    "canonical_blocks",
     "llama_problems",
     "lora_scale",
-    "recursion_config",
     "reference_config",
     "rope_scaling_problems",
     "slot_shape",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Literal, get_args
 
-from npas.allocation.budget import BUDGET_SCOPES
+from npas.allocation.budget_scope import BUDGET_SCOPES
 from npas.allocation.config import (
     CHASSIS_MAX,
     DEFAULT_LORA_ALPHA,
@@ -44,7 +44,7 @@ from npas.allocation.recursion import (
 )
 
 Taper = Literal["uniform", "linear", "cosine", "step", "reverse", "hourglass"]
-# learned: groups clustered from trained weights (npas.allocation.fit.groups_from_similarity); the
+# learned: groups clustered from trained weights (npas.allocation.layer_maps.groups_from_similarity); the
 # similarity comes with the study (--init-from, or one pretraining of the reference), not the space file
 Tying = Literal["none", "all", "sequential", "cycle", "middle_loop", "explicit", "learned"]
 BankRule = Literal["by_type", "by_type_and_shape", "all", "explicit", "learned"]

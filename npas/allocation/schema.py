@@ -1,14 +1,18 @@
 """Reading an allocation file: strict field types, and the upgrade from older schema versions.
 
-`ArchConfig.from_dict` calls these; `SCHEMA_VERSION` is the version this npas writes. A wrongly typed field is refused with its name rather than
-coerced (`bool("false")` is True, `int(5.7)` is 5), because a coerced file would build a different
-model than the one its author wrote; every problem is collected so one pass fixes a file.
+`ArchConfig.from_dict`, `from_json` and `from_yaml` call these; `SCHEMA_VERSION` is the version this
+npas writes. A wrongly typed field is refused with its name rather than coerced (`bool("false")` is
+True, `int(5.7)` is 5), because a coerced file would build a different model than the one its author
+wrote; every problem is collected so one pass fixes a file.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from typing import Any, get_args
+
+import yaml
 
 from npas.allocation.chassis import CHASSIS_MAX, LLAMA_DEFAULTS, LLAMA_MAX, Chassis
 from npas.allocation.lora_sharing import read_sharing_fields
@@ -201,3 +205,41 @@ def upgrade_v1(kw: dict[str, Any]) -> dict[str, Any]:
     if mlp_ranks:  # alpha = r makes the scale exactly 1: the same function as the unscaled v1 delta
         kw = {**kw, "lora_alpha": float(mlp_ranks.pop()), "lora_scaling": "standard"}
     return {**kw, "banks": tuple(banks), "version": SCHEMA_VERSION}
+
+
+def read_allocation(d: Any, known: list[str]) -> dict[str, Any]:
+    """An allocation mapping's keyword arguments (`ArchConfig.from_dict`), read strictly: an unknown key
+    or a wrongly typed field is refused, every problem named at once; schema 1 is upgraded. `known`: the
+    allocation's field names."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"an allocation must be a mapping, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown allocation keys {unknown}; allowed: {sorted(known)}")
+    problems: list[str] = []
+    kwargs = read_fields(d, problems)
+    if problems:
+        raise ConfigError("invalid allocation: " + "; ".join(problems))
+    if kwargs["version"] == 1:
+        kwargs = upgrade_v1(kwargs)
+    return kwargs
+
+
+def json_mapping(text: str) -> Any:
+    """What an allocation's JSON text holds, for `read_allocation` to check."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"allocation JSON does not parse: {e}") from None
+
+
+def yaml_mapping(text: str) -> Any:
+    """What an allocation's YAML text holds, for `read_allocation` to check: the file itself, or the
+    `allocation` of an export that writes its metrics beside it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"allocation YAML does not parse: {e}") from None
+    if isinstance(data, dict) and "allocation" in data:  # an export with metrics beside it
+        data = data["allocation"]
+    return data

@@ -19,26 +19,12 @@ from typing import Any
 
 import optuna
 
-from npas.allocation.budget import (
-    BUDGET_SCOPES,
-    below_embeddings,
-    embedding_params,
-    parse_budget,
-    reference_params,
-)
+from npas.allocation.baselines import baselines
+from npas.allocation.budget import reference_params
+from npas.allocation.budget_scope import BUDGET_SCOPES, below_embeddings, embedding_params, parse_budget
 from npas.allocation.config import ArchConfig, AtomSpec, Chassis, ExpertPool
 from npas.allocation.fill import FILL_TARGET, FIT_VERSION, grow_pooled, shortfall
-from npas.allocation.fit import (
-    Fit,
-    Similarity,
-    bank_members,
-    expert_pools,
-    fit_banks,
-    fit_experts,
-    fit_width,
-    taper_profile,
-    tying_map,
-)
+from npas.allocation.fit import Fit, expert_pools, fit_banks, fit_experts, fit_width
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,
     KNOBS,
@@ -47,33 +33,13 @@ from npas.allocation.knob_table import (
     value,
 )
 from npas.allocation.knobs import Knob
-from npas.allocation.lora_sharing import equal_private_rank, knob_fields
-from npas.allocation.recursion import RecursionSpec, capacity_schedule
+from npas.allocation.layer_maps import Similarity, bank_members, taper_profile, tying_map
+from npas.allocation.lora_sharing import knob_fields
+from npas.allocation.recursion_allocation import recursion_from_values
 from npas.allocation.space_file import LOSS_OBJECTIVES, OBJECTIVES, pin_chassis  # noqa: F401 - objectives re-exported
 from npas.errors import BudgetError, ConfigError, NpasError, SampleError, SpaceError
 
 log = logging.getLogger(__name__)
-
-_PLAIN = {"kv_group": 1, "atom_slots": "none"}  # baselines share no K/V and use no atoms
-BASELINES: dict[str, dict[str, Any]] = {
-    # hand-crafted sharing every study enqueues first, so each front shows what hand-made sharing gives;
-    # narrow_untied is also the unshared model KV sharing is measured against, cycle_tying the one atoms are
-    "narrow_untied": {"taper": "uniform", "tying": "none", "pools": False, "width_fit": "all", **_PLAIN},
-    "full_tying": {"taper": "uniform", "tying": "all", "pools": False, "lora_rank": 0, "untied_norms": True, **_PLAIN},
-    "cycle_tying": {"taper": "uniform", "tying": "cycle", "pools": False, "lora_rank": 0, "untied_norms": True,
-                    **_PLAIN},
-}
-
-
-def recursion_from_values(values: dict[str, Any]) -> RecursionSpec:
-    """The recursion spec that a sample's recursion knobs describe."""
-    steps, router = int(value(values, "recursion_steps")), value(values, "recursion_router")
-    ends = 1 if value(values, "recursion_layout") == "middle_cycle" else 0
-    caps = capacity_schedule(value(values, "recursion_capacities"), steps) if router == "expert_choice" else ()
-    return RecursionSpec(steps, int(value(values, "recursion_stack")), ends, ends, caps, router,
-                         value(values, "recursion_kv"), value(values, "recursion_gate"),
-                         float(value(values, "recursion_aux_weight")), float(value(values, "recursion_balance_weight")),
-                         float(value(values, "recursion_z_weight")))
 
 
 @dataclass(frozen=True)
@@ -396,82 +362,9 @@ class Space:
             return Candidate(values, Fit(None, str(e)), budget)
         return self._filled(values, fit, budget)
 
-    def _recursion_baselines(self, out: dict[str, dict[str, Any]]) -> None:
-        """What per-token depth is measured against, both at the same stored parameters: the vanilla
-        model (narrow_untied, recursion off) and fixed-depth recursion -- the space's first stack, steps
-        and layout with every token running every step and no gate, which computes what cycle tying of
-        that stack computes (its router is stored but never read)."""
-        for vals in out.values():
-            vals["recursion_steps"] = 0
-        first = {n: self.knobs[n].default for n in ("recursion_steps", "recursion_stack", "recursion_layout")
-                 if n in self.knobs}
-        if int(first.get("recursion_steps", 0)) <= 0:
-            return
-        out["fixed_depth_recursion"] = {**BASELINES["narrow_untied"], **first, "recursion_router": "expert_choice",
-                                        "recursion_capacities": "full", "recursion_kv": "per_step",
-                                        "recursion_gate": "none"}
-
     def baselines(self) -> dict[str, dict[str, Any]]:
-        """Knob values of the hand-crafted baselines, completed for this space's depth."""
-        L = self.reference_chassis.n_layers
-        out = {}
-        for name, vals in BASELINES.items():
-            vals = dict(vals)
-            if vals["tying"] == "cycle":
-                if L < 4:
-                    continue
-                vals["unique_blocks"] = L // 2
-            if "experts_per_layer" in self.knobs:
-                vals["experts_per_layer"] = 0  # the dense, hand-crafted models
-            out[name] = vals
-        experts = [e for e in self.knobs["experts_per_layer"].options() if e > 0] if "experts_per_layer" in self.knobs \
-            else []
-        if experts and (moe := self._per_layer_moe(max(experts))) is not None:
-            out["per_layer_moe"] = moe
-        if (private := self._private_lora()) is not None:
-            out["private_lora"] = private
-        if "recursion_steps" in self.knobs:
-            self._recursion_baselines(out)
-        return out
-
-    def _private_lora(self) -> dict[str, Any] | None:
-        """Where the space shares LoRA factors across layers: the private LoRA that stores as many
-        relaxation parameters as its first sharing mode does at its largest rank (cycle tying, U = L/2,
-        every slot relaxed), so a shared relaxation is always seen beside private LoRA of equal
-        relaxation parameters. None when the space offers no sharing mode, rank or cycle."""
-        sharing, rank = self.knobs.get("lora_sharing"), self.knobs.get("lora_rank")
-        modes = [m for m in sharing.options() if m != "private"] if sharing else []
-        ranks = [r for r in rank.options() if r > 0] if rank else []
-        L = self.reference_chassis.n_layers
-        if not modes or not ranks or L < 4:
-            return None
+        """Knob values of the hand-crafted baselines (`npas.allocation.baselines`), completed for this
+        space's depth and each fitted on its reference chassis."""
         chassis = {name: knob.default for name, knob in self.chassis.items()}
-        vals = {**BASELINES["cycle_tying"], "unique_blocks": L // 2, "lora_rank": max(ranks), "lora_targets": "both",
-                "lora_sharing": modes[0], **({"experts_per_layer": 0} if "experts_per_layer" in self.knobs else {})}
-        if self.per_position:
-            vals.update({f"lora_rank_{i}": max(ranks) for i in range(L)})
-        cfg = self.candidate({**chassis, **vals}).config
-        if cfg is None:
-            return None
-        r = equal_private_rank(cfg)
-        return {**vals, "lora_sharing": "private", "lora_rank": r,
-                **({f"lora_rank_{i}": r for i in range(L)} if self.per_position else {})}
-
-    def _per_layer_moe(self, most: int) -> dict[str, Any] | None:
-        """The natural baseline of an expert pool, as a careful person would hand-build it at this budget:
-        each layer its own experts, nothing shared, top-1 routing (the space's sparsest top-k), and the
-        most experts per layer (at most the space's largest E) whose fitted width is still at least
-        d_model / 2. Splitting a budget into ever narrower experts (width 4 at d_model 104 was what the
-        fixed E gave at full.yaml's 0.25x) makes a strawman, not a baseline; where not even
-        top_k + 1 experts per layer keep that width, there is no per-layer MoE to compare with (None).
-        The width is judged on the reference chassis, the one every baseline is counted on."""
-        topk = self.knobs.get("experts_topk")
-        k = min(topk.options()) if topk is not None else int(value({}, "experts_topk"))
-        chassis = {name: knob.default for name, knob in self.chassis.items()}
-        for e in range(most, k, -1):
-            vals = {**BASELINES["narrow_untied"], "width_fit": self.width_fit, "experts_per_layer": e,
-                    "expert_scope": "window", "expert_window": 1, "expert_pool_fraction": 1.0, "experts_topk": k}
-            cfg = self.candidate({**chassis, **vals}).config
-            if cfg is not None and 2 * cfg.experts.d_expert >= cfg.chassis.d_model:
-                return vals
-        return None
+        return baselines(self.knobs, self.reference_chassis.n_layers, self.per_position, self.width_fit,
+                         lambda vals: self.candidate({**chassis, **vals}).config)

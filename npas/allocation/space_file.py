@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from npas.allocation.budget import below_embeddings, parse_budget, reference_params
+from npas.allocation.budget import reference_params
+from npas.allocation.budget_scope import below_embeddings, parse_budget
 from npas.allocation.config import Chassis
 from npas.allocation.knob_table import (
     CHASSIS_KEYS,

@@ -12,7 +12,7 @@ the caller's knob; groups need not be contiguous.
 it once per study (`similarity_of` on the --init-from model, or on the reference it pretrains once,
 see `npas.service.search.learned`), stores the matrix in the study record, and the space carries it
 (`Space.with_similarity`) so a candidate stays a pure function of the space and its knob values. The
-clustering itself (`npas.allocation.fit.groups_from_similarity`) needs no torch.
+clustering itself (`npas.allocation.layer_maps.groups_from_similarity`) needs no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from npas.allocation.fit import Similarity, groups_from_similarity
+from npas.allocation.layer_maps import Similarity, groups_from_similarity
 from npas.conversion.source import read_source
 from npas.training.train import load_trained
 

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npas
-from npas.allocation.budget import count, parse_budget, stored_params
+from npas.allocation.budget import count, stored_params
+from npas.allocation.budget_scope import parse_budget
 from npas.allocation.config import ArchConfig, Bank, Chassis, reference_config
 from npas.allocation.space_parser import load_space
 from npas.errors import BudgetError

@@ -12,8 +12,9 @@ import torch
 import npas
 from npas.allocation.budget import count, hash_step_bytes, reference_params, stored_params
 from npas.allocation.config import ArchConfig, Bank, Chassis, block_slots, reference_config
-from npas.allocation.fit import bank_members, fit_banks
+from npas.allocation.fit import fit_banks
 from npas.allocation.hashing import element_index, loads, mapping_checksum, tile_layout
+from npas.allocation.layer_maps import bank_members
 from npas.errors import ConfigError
 from npas.training.parameterization import SHARING_EXPONENT, rules
 from tests.conftest import ROOT

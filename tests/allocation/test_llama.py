@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import yaml
 
 import npas
-from npas.allocation.budget import count, embedding_params, stored_params
+from npas.allocation.budget import count, stored_params
+from npas.allocation.budget_scope import embedding_params
 from npas.allocation.config import ArchConfig, AtomSpec, Bank, Chassis, ExpertPool, reference_config
 from npas.allocation.space_parser import load_space, parse_space
 from npas.errors import ConfigError

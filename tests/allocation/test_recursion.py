@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from npas.allocation.budget import stored_params
-from npas.allocation.config import ArchConfig, Chassis, recursion_config
+from npas.allocation.config import ArchConfig, Chassis
 from npas.allocation.recursion import RecursionSpec
+from npas.allocation.recursion_allocation import recursion_config
 from npas.allocation.transformer import build_model
 from npas.errors import ConfigError
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npas.allocation.fit import taper_profile, tying_map
+from npas.allocation.layer_maps import taper_profile, tying_map
 from npas.allocation.space_parser import load_space, parse_space
 from npas.errors import NpasError, SpaceError
 from tests.conftest import SPACES, space_refusal

@@ -14,7 +14,7 @@ import torch
 import npas
 from npas.allocation.budget import count, stored_params
 from npas.allocation.config import reference_config
-from npas.allocation.fit import groups_from_similarity
+from npas.allocation.layer_maps import groups_from_similarity
 from npas.allocation.space_parser import parse_space
 from npas.errors import SpaceError, StudyError
 from npas.service.study.record import StudyAttr, StudyRecord, TrialAttr

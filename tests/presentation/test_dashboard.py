@@ -379,8 +379,9 @@ def test_live_serves_optuna_dashboard_on_the_same_storage(failed_db, tmp_path):
 
 
 def test_allocation_map_shows_how_many_tokens_run_each_layer_of_a_recursion():
-    from npas.allocation.config import Chassis, recursion_config
+    from npas.allocation.config import Chassis
     from npas.allocation.recursion import RecursionSpec
+    from npas.allocation.recursion_allocation import recursion_config
     from npas.presentation.dashboard.allocations import AllocationInfo, allocation_row
     from npas.presentation.dashboard.render import render_allocation
     from npas.service.study.record import TrialAttr

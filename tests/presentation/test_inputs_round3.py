@@ -309,8 +309,9 @@ FAILED_BEFORE = {
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict:
     """The tiny chassis's allocation and an `npas train`-style directory of it (untrained), built once."""
-    from npas.allocation.config import recursion_config, reference_config
+    from npas.allocation.config import reference_config
     from npas.allocation.recursion import RecursionSpec
+    from npas.allocation.recursion_allocation import recursion_config
     from npas.training.data import load_corpus
     from npas.training.recipe import load_recipe
     from npas.training.train import save_trained, write_metrics

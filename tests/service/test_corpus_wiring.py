@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from npas.allocation.budget import count, embedding_params
+from npas.allocation.budget import count
+from npas.allocation.budget_scope import embedding_params
 from npas.allocation.config import Chassis, reference_config
 from npas.allocation.space_parser import load_space
 from npas.allocation.transformer import build_model

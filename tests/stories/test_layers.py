@@ -3,7 +3,8 @@
 inside service, search | certify > export > execution > study; no circle inside allocation, conversion,
 presentation, service or training; presentation's docs > cli > dashboard; counting
 free of torch), and an npas module imported inside a function appears only in an entry point (the
-package root, the CLI), whose lazy imports keep `import npas` and `npas --help` fast.
+package root, the CLI), whose lazy imports keep `import npas` and `npas --help` fast. No module is over
+`MAX_LINES` long: one that grows past it holds more than one concept, and the next one moves out.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ NPAS = ROOT / "npas"
 # torch import; a search loads its corpus with torch before Ray starts anyway, and the CLI, an entry point,
 # imports the plan lazily, so `npas --help` stays fast. A count only falls.)
 FUNCTION_LEVEL: dict[str, int] = {}
+
+MAX_LINES = 400  # one concept per module; a module this long holds a second one to move into its own
 
 
 def entry_point(rel: str) -> bool:
@@ -70,6 +73,13 @@ def test_npas_modules_are_imported_inside_functions_only_in_the_entry_points():
     assert not over, ("imports of npas modules inside functions outside the entry points (npas/__init__.py, "
                       "npas/presentation/cli/); import at the top, moving what closes a circle to where it "
                       "belongs:\n" + "\n".join(over))
+
+
+def test_no_npas_module_is_over_max_lines():
+    long = {path.relative_to(ROOT).as_posix(): n for path in sorted(NPAS.rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, (f"modules over {MAX_LINES} lines: move a coherent concept of each into its own module "
+                      f"(a docstring saying why it is its own): " + ", ".join(f"{p} ({n})" for p, n in long.items()))
 
 
 def test_the_version_module_is_the_projects_version():

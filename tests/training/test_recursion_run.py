@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npas.allocation.config import Chassis, recursion_config
+from npas.allocation.config import Chassis
 from npas.allocation.recursion import RecursionSpec
+from npas.allocation.recursion_allocation import recursion_config
 from npas.allocation.transformer import build_model
 from npas.training.data import load_corpus
 from npas.training.forks import run_proxy

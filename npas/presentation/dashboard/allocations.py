@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
-from npas.allocation.budget import layer_shares
 from npas.allocation.config import ArchConfig
+from npas.allocation.recursion_allocation import layer_shares
 from npas.allocation.space_parser import parse_space
 from npas.errors import NpasError
 from npas.presentation.dashboard.info import front, label
