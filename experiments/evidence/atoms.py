@@ -176,12 +176,7 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
     plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     report.loss_bars(a, setup, summary)
-    for k, c in enumerate(claims):
-        iv = c["interval"]
-        if iv["value"] is None:
-            continue
-        err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
-        b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4, color="C1" if c["reproduced"] else "C3")
+    report.claim_bars(b, claims, [c["reproduced"] for c in claims])
     b.axvline(0, color="k", lw=1)
     b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
     b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])

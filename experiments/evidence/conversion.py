@@ -353,13 +353,7 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict], at0: floa
     report.loss_bars(a, setup, summary)
     a.axhline(at0, color="k", ls=":", label=f"converted, before uptraining ({at0:.3f})")
     a.legend(fontsize=7)
-    for k, c in enumerate(claims):
-        iv = c["interval"]
-        if iv["value"] is None:
-            continue
-        err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
-        b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4,
-                   color="C1" if c["verdict"] == "reproduced" else "C3")
+    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims])
     b.axvline(0, color="k", lw=1)
     b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
     b.legend(fontsize=7)

@@ -188,13 +188,7 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], budgets
     a.set(xlabel="stored params", ylabel="val loss (nats/char)",
           title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     a.legend(fontsize=7)
-    for k, c in enumerate(claims):
-        iv = c["interval"]
-        if iv["value"] is None:
-            continue
-        err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
-        b.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4,
-                   color="C1" if c["verdict"] == "reproduced" else "C3")
+    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims])
     b.axvline(0, color="k", lw=1)
     b.axvspan(-MARGIN, MARGIN, color="0.9", label=f"±{MARGIN:g} nats (C4)")
     b.set_yticks(range(len(claims)), [f"{c['id']} {c['first']} - {c['second']}" for c in claims], fontsize=7)

@@ -131,6 +131,17 @@ def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
             label.set_horizontalalignment("right")
 
 
+def claim_bars(ax, claims: Sequence[dict[str, Any]], reproduced: Sequence[bool]) -> None:
+    """Each claim's paired interval as a horizontal error bar on row k (orange when reproduced, red
+    otherwise; a claim without an interval is left out): the claims panel several scripts draw."""
+    for k, (c, ok) in enumerate(zip(claims, reproduced, strict=True)):
+        iv = c["interval"]
+        if iv["value"] is None:
+            continue
+        err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
+        ax.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4, color="C1" if ok else "C3")
+
+
 def finish(setup: Setup) -> None:
     print(f"wall: {setup.elapsed():.1f} s ({setup.name}, {'quick' if setup.quick else 'full'})", flush=True)
 
