@@ -81,6 +81,7 @@ class Setup:
     plan_only: bool = False
     only: tuple[str, ...] = ()  # --arms: train just these arms (a partial, cached step of a long report)
     lr_factor: float = 1.0  # --lr-factor: the reported seeds at this multiple of the recipe's rate
+    lr_bracket: bool = False  # --lr-bracket: with --lr-factor, the check around the new rate too
 
     def recipe_for(self, seed: int, **changes: Any) -> Recipe:
         return Recipe.from_dict({**self.recipe.to_dict(), "seed": seed, **changes})
@@ -113,7 +114,11 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--lr-factor", type=float, default=1.0,
                    help="train the reported seeds at this multiple of the recipe's learning rate (and min lr): the "
                         "second rate the report must give for arms whose optimum moved in the learning-rate check; "
-                        "its report is NAME_lrF.json and the check is not repeated around the new rate")
+                        "its report is NAME_lrF.json and the check is not repeated around the new rate (see --lr-bracket)")
+    p.add_argument("--lr-bracket", action="store_true",
+                   help="with --lr-factor: check the rate again around the new one on seed 99 (x0.5, x1, x2 of it; "
+                        "the first check's runs at the same rates are read from the cache) before the reported seeds, "
+                        "so the report says whether the new rate is interior to the grid")
     return p
 
 
@@ -126,6 +131,9 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
     lr_factor = float(getattr(args, "lr_factor", 1.0))
     if lr_factor <= 0:
         raise SystemExit(f"--lr-factor must be positive, got {lr_factor:g}")
+    lr_bracket = bool(getattr(args, "lr_bracket", False))
+    if lr_bracket and lr_factor == 1.0:
+        raise SystemExit("--lr-bracket checks around the rate --lr-factor moved to; give --lr-factor too")
     if lr_factor != 1.0:
         recipe = recipe.with_lr_factor(lr_factor)
         name = f"{name}_lr{lr_factor:g}"
@@ -142,7 +150,7 @@ def setup_from(args: argparse.Namespace, name: str) -> Setup:
               seeds=tuple(range(n_seeds)), workers=max(1, args.workers), out_dir=out, fig_dir=figs,
               cache=None if quick else RUNS_DIR, plan_only=bool(getattr(args, "plan", False)),
               only=tuple(a.strip() for a in (getattr(args, "arms", "") or "").split(",") if a.strip()),
-              lr_factor=lr_factor)
+              lr_factor=lr_factor, lr_bracket=lr_bracket)
     print(s.describe(), flush=True)
     return s
 

@@ -108,7 +108,7 @@ def main() -> None:
         j, c = runs.arm_jobs({n: cfg}, setup, r.with_steps(steps[n]) if steps[n] != r.steps else None)
         jobs, checks = jobs + j, checks + c
     jobs.sort(key=lambda j: j["recipe"]["seed"])  # seed-major (stable): a cut-short run keeps whole seeds
-    results = runs.run_jobs(jobs + checks, setup.workers, runs.code_version(setup.name), setup.cache,
+    results = runs.run_jobs(checks + jobs if setup.lr_bracket else jobs + checks, setup.workers, runs.code_version(setup.name), setup.cache,
                             setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)

@@ -143,7 +143,8 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         configs = {a: configs[a] for a in setup.only}
     jobs, checks = arm_jobs(configs, setup, recipe, lr_check)
     base = recipe or setup.recipe
-    results = run_jobs(jobs + checks, setup.workers, code_version(setup.name), setup.cache, setup.plan_only)
+    ordered = checks + jobs if setup.lr_bracket else jobs + checks  # a moved optimum shows before the seeds
+    results = run_jobs(ordered, setup.workers, code_version(setup.name), setup.cache, setup.plan_only)
     if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)  # a plan or an export trains nothing, so it must not write a report either
     main = [r for r in results if r.get("seed") != LR_CHECK_SEED or not checks]
@@ -158,9 +159,11 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
 
 def arm_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
              lr_check: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(every arm x every seed, and in full mode the learning-rate check's runs on seed 99)."""
+    """(every arm x every seed, and in full mode the learning-rate check's runs on seed 99): the check
+    brackets the recipe's rate; after --lr-factor only with --lr-bracket (the first check's points at the
+    same rates are cached, so it adds the runs beyond the old grid's edge)."""
     checks = []
-    if lr_check and not setup.quick and setup.lr_factor == 1.0:  # the check brackets the base rate; --lr-factor reuses it
+    if lr_check and not setup.quick and (setup.lr_factor == 1.0 or setup.lr_bracket):
         for f in LR_CHECK_FACTORS:
             checks += make_jobs(configs, setup, (recipe or setup.recipe).with_lr_factor(f), seeds=(LR_CHECK_SEED,))
     return make_jobs(configs, setup, recipe), checks
