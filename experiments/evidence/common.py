@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,20 @@ def fit_pools(chassis: Chassis, budget: str, tolerance: float = 0.02):
         if cand.budget - cand.fit.stored <= tolerance * cand.budget:
             return cand
     return fit(chassis, budget, templates=2, **POOL_KNOBS)
+
+
+def budget_arms(budgets: Sequence[str], fitters: dict[str, Callable[[str], Any]], ref: ArchConfig,
+                recipe: Recipe | None = None) -> tuple[dict[str, ArchConfig], dict[str, dict[str, Any]], dict[str, Any]]:
+    """Every arm fitted at every budget, named "{budget} {arm}" budget-major (the report's order): the
+    allocations, their accounting rows against ``ref``, and the fitted candidates (for per-arm extras)."""
+    configs, acc, cands = {}, {}, {}
+    for budget in budgets:
+        for arm, fit_arm in fitters.items():
+            cand = fit_arm(budget)
+            name = f"{budget} {arm}"
+            configs[name], cands[name] = cand.config, cand
+            acc[name] = accounting_row(name, cand.config, ref, cand.budget, cand.fit.step, recipe)
+    return configs, acc, cands
 
 
 def accounting_row(name: str, cfg: ArchConfig, ref: ArchConfig, budget: int | None = None, step: int = 0,

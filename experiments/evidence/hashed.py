@@ -22,11 +22,15 @@ Grid, fixed before any run (budgets relative to the d_model 64 x 8 reference, `c
 FLOPs per token (printed per arm): hashed, pools and dense run the reference's shapes (1.00x); narrow
 runs fewer (about 0.1-0.5x). Stored parameters match the budget within each fit's step (printed).
 
-Rules (second edition): 5 seeds (0-4) per arm; each arm's learning rate checked on seed 99 (never
-reported) at x0.5, x1, x2 of the recipe's rate under the fair parameterization, its optimum counted
-as located only when interior to that grid (an arm whose optimum sits at an edge is rerun with
-`--lr-factor` and reported there); claims read from paired (same-seed) differences with 95%
-t-intervals, on validation and test splits alike (`stats.split_verdict`).
+Rules (second edition): 5 seeds (0-4) per arm; each arm's learning rate is located first on seed 99
+(never reported) under the fair parameterization: x0.5, x1, x2 of the recipe's rate, extended outward
+by factors of 2 (to x1/8 or x8 at most) while the best sits at the grid's edge (`runs.locate_rates`);
+the arm's seeds run at its best rate, and a verdict involving an arm whose best stayed at an edge says
+"not located". (Changed from "check at x0.5-x2, rerun an edge arm with --lr-factor" before any check or
+claim run: every second-edition CPU row found its optimum at x2 or beyond, so the fixed grid would only
+defer the rerun. The two runs cached before the change, seed 0 of 1x dense and 1x hashed at x1, are
+reused only if x1 is where those arms are located.) Claims read from paired (same-seed) differences
+with 95% t-intervals, on validation and test splits alike (`stats.split_verdict`).
 
 Claims tested (paired Δ = loss(first) - loss(second)):
   C1  at each of 0.5x, 0.25x, 0.1x: hashed beats narrow_untied (Δ interval below 0)   [the row's claim]
@@ -64,21 +68,20 @@ HASH_KNOBS = {"tying": "none", "pools": True, "bank_rule": "all", "n_banks": 1, 
 def arms(setup: common.Setup, budgets: tuple[str, ...]) -> tuple[dict[str, ArchConfig], dict[str, dict]]:
     ch = setup.chassis
     ref = npas.reference_config(ch)
+    fitters = {"hashed": lambda b: common.fit(ch, b, **HASH_KNOBS),
+               "narrow_untied": lambda b: common.fit(ch, b, tying="none", width_fit="all"),
+               "pools_tmix": lambda b: common.fit_pools(ch, b)}
     configs: dict[str, ArchConfig] = {"1x dense": ref}
     acc = {"1x dense": common.accounting_row("1x dense", ref, ref, recipe=setup.recipe)}
-    for budget in ("1x", *budgets):
-        chosen = {"hashed": common.fit(ch, budget, **HASH_KNOBS)}
-        if budget != "1x":
-            chosen["narrow_untied"] = common.fit(ch, budget, tying="none", width_fit="all")
-            chosen["pools_tmix"] = common.fit_pools(ch, budget)
-        for arm, cand in chosen.items():
-            name = f"{budget} {arm}"
-            configs[name] = cand.config
-            acc[name] = common.accounting_row(name, cand.config, ref, cand.budget, cand.fit.step, setup.recipe)
-            if arm == "hashed":
-                bank = cand.config.banks[0]
-                acc[name]["array"] = bank.size
-                acc[name]["reads_per_element"] = sum(cand.config.member_numels(bank)) / bank.size
+    for some, arms_ in ((("1x",), ("hashed",)), (budgets, tuple(fitters))):  # 1x: only the hashed arm
+        c, a, _ = common.budget_arms(some, {k: fitters[k] for k in arms_}, ref, setup.recipe)
+        configs.update(c)
+        acc.update(a)
+    for name, cfg in configs.items():
+        if name.endswith(" hashed"):
+            bank = cfg.banks[0]
+            acc[name]["array"] = bank.size
+            acc[name]["reads_per_element"] = sum(cfg.member_numels(bank)) / bank.size
     return configs, acc
 
 
@@ -122,19 +125,36 @@ def main() -> None:
                   f"from each (tile {TILE}, seed {SEED})")
     hours = plan_hours(setup, configs)
     print(f"plan: {len(configs)} arms x ({len(setup.seeds)} seeds"
-          f"{'' if setup.quick else f' + {len(common.LR_CHECK_FACTORS)} rate-check runs'}) "
+          f"{'' if setup.quick else f' + {len(common.LR_CHECK_FACTORS)} rate-check runs, more where an edge moves'}) "
           f"~{hours:.2f} CPU-hours (cap {CAP_CPU_HOURS:g}): "
           + ("within the cap" if hours <= CAP_CPU_HOURS else "OVER the cap: drop 0.5x first (--budgets 0.25x,0.1x)"),
           flush=True)
-    results = runs.run_arms(configs, setup)  # --plan: prints the cache-aware plan and exits
+    if setup.lr_factor != 1.0:
+        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
+    version = runs.code_version(setup.name)
+    if setup.only:
+        unknown = [a for a in setup.only if a not in configs]
+        if unknown:
+            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
+        configs = {a: configs[a] for a in setup.only}
+    if setup.plan_only:
+        runs.plan_located(configs, setup, version)
+        raise SystemExit(0)
+    rates = {n: (1.0, False) for n in configs} if setup.quick else runs.locate_rates(configs, setup, version)
+    results = runs.run_at_rates(configs, setup, version, rates)
     names = list(configs)
-    summary = report.print_results(setup, results, names, "1x dense", acc)
+    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
+    summary = report.print_results(setup, results, names, "1x dense" if "1x dense" in names else names[0], acc, extra)
+    if setup.only:
+        raise SystemExit(0)  # a partial run writes no report
     print("\nclaims: paired Δ = loss(first) - loss(second), mean [95% t-interval] over shared seeds, validation "
           "split (a verdict needs the test split to agree: `stats.split_verdict`)")
     claims = []
 
     def record(cid: str, first: str, second: str, words: str, kind: str, verdict: str, why: str = "") -> None:
         iv = stats.paired_interval(results, first, second)
+        if not setup.quick and not (rates[first][1] and rates[second][1]):
+            verdict += " (a rate at its grid's edge: not located)"
         claims.append({"id": cid, "first": first, "second": second, "claim": words, "kind": kind,
                        "interval": iv.to_dict(), "test_interval": stats.paired_interval(
                            results, first, second, "test_loss").to_dict(), "verdict": verdict})
@@ -160,11 +180,12 @@ def main() -> None:
     record("C4", "1x hashed", "1x dense", f"the collision-free 1x point is within {MARGIN:g} nats of dense",
            "two-sided parity", "reproduced" if ok else "unresolved (too few seeds)" if c4.low is None
            else "not reproduced", why)
-    row = all(c["verdict"] == "reproduced" for c in claims if c["id"] == "C1")
+    row = all(c["verdict"] == "reproduced" for c in claims if c["id"] == "C1")  # an unlocated rate reads as not
     print(f"\nrow claim (hashed beats narrow untied at equal stored params at {', '.join(budgets)}): "
           f"{'REPRODUCED' if row else 'NOT REPRODUCED'}")
     report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
-                             "row_reproduced": row, "tile": TILE, "hash_seed": SEED, "plan_cpu_hours": hours,
+                             "row_reproduced": row, "tile": TILE,
+                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()}, "hash_seed": SEED, "plan_cpu_hours": hours,
                              "budgets": list(budgets)})
     plot(setup, summary, acc, budgets, claims)
     report.finish(setup)

@@ -59,7 +59,7 @@ import report
 import runs
 import stats
 
-from npas import ArchConfig, Chassis, Recipe, count
+from npas import ArchConfig, Chassis, count
 from npas.allocation.layer_maps import tying_map
 
 
@@ -70,8 +70,6 @@ def relaxation(cfg: ArchConfig) -> int:
 RANK, QUICK_RANK = 16, 4  # private LoRA's rank (P is its relaxation parameters)
 SHARD_RANK, QUICK_SHARD_RANK = 8, 2  # every shards arm's rank; one private rank vector with private shards
 FRACTIONS = (2, 4, 8)  # P/k
-GRID = (0.5, 1.0, 2.0)  # the rate check's first grid (x the recipe's rate), seed 99
-EDGES = (0.125, 8.0)  # how far the check extends while its best is at an edge
 TIED, PRIVATE = "tied r=0", "private r={r}"
 
 
@@ -146,56 +144,6 @@ def print_relaxation(acc: dict[str, dict], P: int, setup: common.Setup) -> None:
     print(report.format_table(["arm", "relaxation", "x P", "frozen", "trainable params", "merge"], rows), flush=True)
 
 
-def _jobs(configs: dict[str, ArchConfig], setup: common.Setup, factor: float, seeds) -> list[dict[str, Any]]:
-    recipe: Recipe = setup.recipe.with_lr_factor(factor) if factor != 1.0 else setup.recipe
-    return runs.make_jobs(configs, setup, recipe, seeds=seeds)
-
-
-def locate(configs: dict[str, ArchConfig], setup: common.Setup, version: str) -> dict[str, tuple[float, bool]]:
-    """Each arm's best rate factor on seed 99 and whether it is interior to the grid it was checked on,
-    extending the grid outward while the best sits at an edge (see the docstring)."""
-    grid = {name: list(GRID) for name in configs}
-    losses: dict[str, dict[float, float]] = {name: {} for name in configs}
-    while True:
-        todo = [(n, f) for n in configs for f in grid[n] if f not in losses[n]]
-        if todo:
-            jobs = [j for n, f in todo for j in _jobs({n: configs[n]}, setup, f, (common.LR_CHECK_SEED,))]
-            for (n, f), rec in zip(todo, runs.run_jobs(jobs, setup.workers, version, setup.cache), strict=True):
-                losses[n][f] = rec["val_loss"] if rec.get("val_loss") is not None else float("inf")
-        grown = False
-        for n in configs:
-            best = min(grid[n], key=lambda f: losses[n][f])
-            if best == min(grid[n]) and best > EDGES[0]:
-                grid[n].insert(0, best / 2)
-                grown = True
-            elif best == max(grid[n]) and best < EDGES[1]:
-                grid[n].append(best * 2)
-                grown = True
-        if not grown:
-            break
-    out = {}
-    rows = []
-    for n in configs:
-        best = min(grid[n], key=lambda f: losses[n][f])
-        out[n] = (best, stats.optimum_located(best, grid[n]))
-        rows.append([n, ", ".join(f"x{f:g} {losses[n][f]:.4f}" for f in grid[n]), stats.optimum_words(best, grid[n])])
-    print(f"learning-rate location (seed {common.LR_CHECK_SEED}, val loss):")
-    print(report.format_table(["arm", "rates tried", "optimum"], rows), flush=True)
-    return out
-
-
-def plan(configs: dict[str, ArchConfig], setup: common.Setup, version: str) -> None:
-    """The runs a report needs: the check's first grid and the reported seeds (at x1: the cost does not
-    depend on the rate), plus the most the edge extensions could add."""
-    jobs = [j for f in GRID for j in _jobs(configs, setup, f, (common.LR_CHECK_SEED,))]
-    jobs += _jobs(configs, setup, 1.0, setup.seeds)
-    runs.run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
-    per_run = common.cpu_seconds(max(count(c).flops_per_token for c in configs.values()),
-                                 setup.recipe.steps * setup.recipe.tokens_per_step)
-    worst = 2 * len(configs)  # x0.25 then x0.125, or x4 then x8, per arm at most (in practice a few arms)
-    print(f"plan: edge extensions add at most {worst} runs (~{worst * per_run / 3600:.2f} CPU-hours); cap ~10 core-hours")
-
-
 def main() -> None:
     p = common.arg_parser(__doc__)
     args = p.parse_args()
@@ -213,13 +161,11 @@ def main() -> None:
             raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
         configs = {a: configs[a] for a in setup.only}
     if setup.plan_only:
-        plan(configs, setup, version)
+        runs.plan_located(configs, setup, version)
+        print("plan: cap ~10 core-hours")
         raise SystemExit(0)
-    rates = {n: (1.0, False) for n in configs} if setup.quick else locate(configs, setup, version)
-    results = []
-    for factor in sorted({f for f, _ in rates.values()}):
-        group = {n: c for n, c in configs.items() if rates[n][0] == factor}
-        results += runs.run_jobs(_jobs(group, setup, factor, setup.seeds), setup.workers, version, setup.cache)
+    rates = {n: (1.0, False) for n in configs} if setup.quick else runs.locate_rates(configs, setup, version)
+    results = runs.run_at_rates(configs, setup, version, rates)
     names = list(configs)
     private = PRIVATE.format(r=QUICK_RANK if setup.quick else RANK)
     extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}

@@ -51,18 +51,15 @@ def main() -> None:
     setup = common.setup_from(args, "low_budget")
     ch = setup.chassis
     ref = common.fit(ch, "1x", width_fit="mlp").config
-    configs, acc, arms = {}, {}, arm_knobs(ch.n_layers)
-    for budget in budgets:
-        for arm, knobs in arms.items():
-            cand = common.fit_pools(ch, budget) if arm == "pools_tmix" else common.fit(ch, budget, **knobs)
-            name = f"{budget} {arm}"
-            configs[name] = cand.config
-            acc[name] = common.accounting_row(name, cand.config, ref, cand.budget, cand.fit.step)
-            if cand.config.banks:
-                b0 = cand.config.banks[0]
-                full = max(cand.config.member_numels(b0))
-                acc[name]["templates"] = b0.templates
-                acc[name]["template_fraction"] = b0.size / full  # < 1: shortened templates, tiled
+    arms = arm_knobs(ch.n_layers)
+    fitters = {arm: (lambda b: common.fit_pools(ch, b)) if arm == "pools_tmix"
+               else (lambda b, knobs=knobs: common.fit(ch, b, **knobs)) for arm, knobs in arms.items()}
+    configs, acc, _ = common.budget_arms(budgets, fitters, ref)
+    for name, cfg in configs.items():
+        if cfg.banks:
+            b0 = cfg.banks[0]
+            acc[name]["templates"] = b0.templates
+            acc[name]["template_fraction"] = b0.size / max(cfg.member_numels(b0))  # < 1: shortened, tiled
     common.print_accounting(list(acc.values()))
     for name, a in acc.items():
         if "templates" in a:

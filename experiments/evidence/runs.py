@@ -4,7 +4,9 @@ record in ``experiments/evidence/results/runs/`` (``experiments/harness/store.py
 version, so a killed or time-boxed script resumes where it stopped and only what is missing trains.
 
 ``run_arms`` is what an experiment calls: its arms x its seeds, plus (full mode) each arm's 3-point
-learning-rate check on seed 99, which is never a reported seed.
+learning-rate check on seed 99, which is never a reported seed. ``locate_rates`` + ``run_at_rates`` is the
+stricter form the later rows use: the check first, extended outward while its best sits at an edge, then
+each arm's seeds at its own located rate.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from common import CPU_FLOPS, LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, Setup, cpu_seconds
 from report import format_table
-from stats import optimum_words, paired_interval, summarize
+from stats import optimum_located, optimum_words, paired_interval, summarize
 
 import npas
 from experiments.harness.jobs import Runs, run_missing, run_spec
@@ -193,3 +195,65 @@ def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: fl
         table.append([name, *("-" if v is None else f"{v:.4f}" for v in cells), optimum_words(best, LR_CHECK_FACTORS)])
     return f"learning-rate check (seed {LR_CHECK_SEED}, val loss):\n" + format_table(
         ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
+
+
+RATE_EDGES = (0.125, 8.0)  # how far ``locate_rates`` extends the check while its best is at an edge
+
+
+def _at(setup: Setup, factor: float) -> Recipe:
+    return setup.recipe.with_lr_factor(factor) if factor != 1.0 else setup.recipe
+
+
+def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str) -> dict[str, tuple[float, bool]]:
+    """Each arm's best rate factor on seed 99 (never reported) and whether it is interior to the grid it
+    was checked on: the check starts at ``LR_CHECK_FACTORS`` and grows by a factor of 2 past whichever edge
+    holds the best, up to ``RATE_EDGES``, so an optimum beyond the first grid is located, not assumed."""
+    grid = {name: list(LR_CHECK_FACTORS) for name in configs}
+    losses: dict[str, dict[float, float]] = {name: {} for name in configs}
+    while True:
+        todo = [(n, f) for n in configs for f in grid[n] if f not in losses[n]]
+        if todo:
+            jobs = [j for n, f in todo for j in make_jobs({n: configs[n]}, setup, _at(setup, f), (LR_CHECK_SEED,))]
+            for (n, f), rec in zip(todo, run_jobs(jobs, setup.workers, version, setup.cache), strict=True):
+                losses[n][f] = rec["val_loss"] if rec.get("val_loss") is not None else float("inf")
+        grown = False
+        for n in configs:
+            best = min(grid[n], key=lambda f: losses[n][f])
+            if best == min(grid[n]) and best > RATE_EDGES[0]:
+                grid[n].insert(0, best / 2)
+                grown = True
+            elif best == max(grid[n]) and best < RATE_EDGES[1]:
+                grid[n].append(best * 2)
+                grown = True
+        if not grown:
+            break
+    out, rows = {}, []
+    for n in configs:
+        best = min(grid[n], key=lambda f: losses[n][f])
+        out[n] = (best, optimum_located(best, grid[n]))
+        rows.append([n, ", ".join(f"x{f:g} {losses[n][f]:.4f}" for f in grid[n]), optimum_words(best, grid[n])])
+    print(f"learning-rate location (seed {LR_CHECK_SEED}, val loss):")
+    print(format_table(["arm", "rates tried", "optimum"], rows), flush=True)
+    return out
+
+
+def run_at_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
+                 rates: dict[str, tuple[float, bool]]) -> list[dict[str, Any]]:
+    """Every arm's reported seeds at its own rate factor (``locate_rates``'s first element)."""
+    results = []
+    for factor in sorted({f for f, _ in rates.values()}):
+        group = {n: c for n, c in configs.items() if rates[n][0] == factor}
+        results += run_jobs(make_jobs(group, setup, _at(setup, factor)), setup.workers, version, setup.cache)
+    return results
+
+
+def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str) -> None:
+    """The runs a located report needs: the check's first grid and the reported seeds (at x1: a run's cost
+    does not depend on its rate), plus the most the edge extensions could add."""
+    jobs = [j for f in LR_CHECK_FACTORS for j in make_jobs(configs, setup, _at(setup, f), (LR_CHECK_SEED,))]
+    jobs += make_jobs(configs, setup)
+    run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
+    per_run = cpu_seconds(max(npas.count(c).flops_per_token for c in configs.values()),
+                          setup.recipe.steps * setup.recipe.tokens_per_step)
+    worst = 2 * len(configs)  # x4 then x8 (or x0.25 then x0.125) per arm at most; in practice a few arms
+    print(f"plan: edge extensions add at most {worst} runs (~{worst * per_run / 3600:.2f} CPU-hours)")

@@ -172,6 +172,57 @@ def test_lr_factor_scales_both_rates_renames_the_report_and_does_not_repeat_the_
         common.setup_from(bad, "relaxed")
 
 
+def test_lr_bracket_checks_around_the_moved_rate_first_and_needs_lr_factor(tmp_path, capsys, evidence, monkeypatch):
+    from npas.allocation.config import reference_config
+
+    common, runs = evidence.common, evidence.runs
+    args = common.arg_parser("x").parse_args(["--plan", "--lr-factor", "2", "--lr-bracket", "--out", str(tmp_path)])
+    setup = common.setup_from(args, "relaxed")
+    seen = []
+    monkeypatch.setattr(runs, "run_jobs", lambda jobs, *a, **k: seen.extend(jobs) or [])
+    with pytest.raises(SystemExit):
+        runs.run_arms({"a": reference_config(setup.chassis)}, setup)
+    checks = [j for j in seen if j["recipe"]["seed"] == common.LR_CHECK_SEED]
+    # the check brackets x2 (x1, x2, x4 of the recipe's rate), ahead of the 5 reported seeds
+    base = common.FULL_RECIPE.lr
+    assert sorted(round(j["recipe"]["lr"] / base, 6) for j in checks) == [1.0, 2.0, 4.0]
+    assert seen[:3] == checks and len(seen) == 8
+    bad = common.arg_parser("x").parse_args(["--lr-bracket", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="give --lr-factor too"):
+        common.setup_from(bad, "relaxed")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("optimum", "tried", "located"), [
+    (4.0, [0.5, 1.0, 2.0, 4.0, 8.0], True),  # past the first grid's top: walked up until the loss turned
+    (0.25, [0.125, 0.25, 0.5, 1.0, 2.0], True),
+    (1.0, [0.5, 1.0, 2.0], True),
+    (64.0, [0.5, 1.0, 2.0, 4.0, 8.0], False),  # still falling at the walk's last edge: not located
+])
+def test_locate_rates_walks_past_an_edge_until_the_loss_turns(evidence, monkeypatch, capsys, optimum, tried, located):
+    import math
+
+    from npas.allocation.config import reference_config
+
+    common, runs = evidence.common, evidence.runs
+    setup = common.setup_from(common.arg_parser("x").parse_args(["--out", "/tmp"]), "relaxed")
+    base = setup.recipe.lr
+    ran = []
+
+    def fake(jobs, *a, **k):  # a loss convex in log(rate), lowest at `optimum`
+        out = []
+        for j in jobs:
+            f = j["recipe"]["lr"] / base
+            ran.append(round(f, 6))
+            out.append({"val_loss": 1.5 + (math.log2(f) - math.log2(optimum)) ** 2})
+        return out
+
+    monkeypatch.setattr(runs, "run_jobs", fake)
+    rates = runs.locate_rates({"a": reference_config(setup.chassis)}, setup, "v")
+    assert rates == {"a": (min(tried, key=lambda f: abs(math.log2(f / optimum))), located)}
+    assert sorted(ran) == tried  # each rate trained once
+
+
 def test_claim_verdicts_need_the_whole_interval_on_the_claims_side(evidence):
     stats = evidence.stats
     from npas.service.study.fidelity import Interval
