@@ -129,19 +129,7 @@ def main() -> None:
           f"~{hours:.2f} CPU-hours (cap {CAP_CPU_HOURS:g}): "
           + ("within the cap" if hours <= CAP_CPU_HOURS else "OVER the cap: drop 0.5x first (--budgets 0.25x,0.1x)"),
           flush=True)
-    if setup.lr_factor != 1.0:
-        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
-    version = runs.code_version(setup.name)
-    if setup.only:
-        unknown = [a for a in setup.only if a not in configs]
-        if unknown:
-            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
-        configs = {a: configs[a] for a in setup.only}
-    if setup.plan_only:
-        runs.plan_located(configs, setup, version)
-        raise SystemExit(0)
-    rates = {n: (1.0, False) for n in configs} if setup.quick else runs.locate_rates(configs, setup, version)
-    results = runs.run_at_rates(configs, setup, version, rates)
+    configs, rates, results = runs.run_located(configs, setup)  # --plan: prints the plan and exits
     names = list(configs)
     extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
     summary = report.print_results(setup, results, names, "1x dense" if "1x dense" in names else names[0], acc, extra)

@@ -148,24 +148,13 @@ def main() -> None:
     p = common.arg_parser(__doc__)
     args = p.parse_args()
     setup = common.setup_from(args, "lora_sharing")
-    if setup.lr_factor != 1.0:
-        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
     configs, P = arms(setup.chassis, setup.quick)
     acc = accounting(configs, P, setup)
     common.print_accounting(list(acc.values()))
     print_relaxation(acc, P, setup)
-    version = runs.code_version(setup.name)
-    if setup.only:
-        unknown = [a for a in setup.only if a not in configs]
-        if unknown:
-            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
-        configs = {a: configs[a] for a in setup.only}
     if setup.plan_only:
-        runs.plan_located(configs, setup, version)
-        print("plan: cap ~10 core-hours")
-        raise SystemExit(0)
-    rates = {n: (1.0, False) for n in configs} if setup.quick else runs.locate_rates(configs, setup, version)
-    results = runs.run_at_rates(configs, setup, version, rates)
+        print("plan: the cap is ~10 core-hours")
+    configs, rates, results = runs.run_located(configs, setup)  # --plan: prints the plan and exits
     names = list(configs)
     private = PRIVATE.format(r=QUICK_RANK if setup.quick else RANK)
     extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}

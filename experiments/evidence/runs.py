@@ -138,11 +138,7 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
 
     With ``--arms`` only those arms train; their table is printed and the script exits without a report
     (one with missing arms would be wrong), so a long report can be built up a few arms per session."""
-    if setup.only:
-        unknown = [a for a in setup.only if a not in configs]
-        if unknown:
-            raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
-        configs = {a: configs[a] for a in setup.only}
+    configs = selected(configs, setup)
     jobs, checks = arm_jobs(configs, setup, recipe, lr_check)
     base = recipe or setup.recipe
     ordered = checks + jobs if setup.lr_bracket else jobs + checks  # a moved optimum shows before the seeds
@@ -157,6 +153,16 @@ def run_arms(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None
         _print_partial(main, list(configs))
         raise SystemExit(0)
     return main
+
+
+def selected(configs: dict[str, ArchConfig], setup: Setup) -> dict[str, ArchConfig]:
+    """The arms ``--arms`` names (all without it); an unknown name ends the script in one line."""
+    if not setup.only:
+        return configs
+    unknown = [a for a in setup.only if a not in configs]
+    if unknown:
+        raise SystemExit(f"--arms: unknown arm(s) {unknown}; this script's arms are {list(configs)}")
+    return {a: configs[a] for a in setup.only}
 
 
 def arm_jobs(configs: dict[str, ArchConfig], setup: Setup, recipe: Recipe | None = None,
@@ -245,6 +251,22 @@ def run_at_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
         group = {n: c for n, c in configs.items() if rates[n][0] == factor}
         results += run_jobs(make_jobs(group, setup, _at(setup, factor)), setup.workers, version, setup.cache)
     return results
+
+
+def run_located(configs: dict[str, ArchConfig], setup: Setup
+                ) -> tuple[dict[str, ArchConfig], dict[str, tuple[float, bool]], list[dict[str, Any]]]:
+    """``run_arms`` for the rows that locate each arm's rate (``locate_rates``) before its seeds: the arms
+    run (``--arms`` applied), each one's (rate factor, located), and the seeds' records. ``--plan`` prints
+    the plan and exits; quick mode skips the walk (x1, "not located" is not claimed there)."""
+    if setup.lr_factor != 1.0:
+        raise SystemExit("--lr-factor: this experiment locates each arm's rate itself (seed 99); drop --lr-factor")
+    configs = selected(configs, setup)
+    version = code_version(setup.name)
+    if setup.plan_only:
+        plan_located(configs, setup, version)
+        raise SystemExit(0)
+    rates = {n: (1.0, False) for n in configs} if setup.quick else locate_rates(configs, setup, version)
+    return configs, rates, run_at_rates(configs, setup, version, rates)
 
 
 def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str) -> None:
