@@ -25,8 +25,13 @@ middle-cycle stack (a unique first layer, U = 2 shared layers run N_r = 3 times,
 Every reported loss is the causal rule's (npas.allocation.recursing: each token's depth from its own
 prefix, the expert-choice threshold tracked on the training windows); the training rule's (sequence-
 level top-k, not causal) is reported beside it, and so are the depth the causal rule realised and its
-FLOPs per token. Claims, as paired same-seed differences with 95% t-intervals over 5 seeds, each arm's
-learning rate checked on seed 99 (x0.5, x1, x2; an optimum at a grid edge is "not located"):
+FLOPs per token. Claims, as paired same-seed differences with 95% t-intervals over 5 seeds, each arm at
+its own learning rate, located on seed 99 (never reported) by `runs.locate_rates`: x0.5, x1, x2 of the
+recipe's rate, extended by factors of 2 past the edge holding the best (to x1/8 or x8), an optimum at the
+walk's last edge "not located". (The first report, at x1 with a fixed x0.5-x2 check, found every arm
+best at x2; the walk replaced "rerun at x2 with --lr-factor", whose own bracket found two arms best at
+x4, before any reported seed ran at a moved rate. The x1 report stays in git history and in
+docs/results/recursion.md.)
   1. mor_equal_flops beats fixed_depth (equal stored params, equal training FLOPs)  -- the evidence row
   2. mor_equal_tokens reaches fixed_depth (parity: worse by less than the margin) at equal tokens and
      about three quarters of the FLOPs
@@ -101,23 +106,15 @@ def main() -> None:
             for n in configs]
     print(report.format_table(["arm", "FLOPs/token", "steps", "tokens", "epochs", "FLOPs x fixed"], rows))
 
-    jobs, checks = [], []
-    for n, cfg in configs.items():  # each arm at its own length (the same recipe otherwise)
-        if setup.only and n not in setup.only:
-            continue
-        j, c = runs.arm_jobs({n: cfg}, setup, r.with_steps(steps[n]) if steps[n] != r.steps else None)
-        jobs, checks = jobs + j, checks + c
-    jobs.sort(key=lambda j: j["recipe"]["seed"])  # seed-major (stable): a cut-short run keeps whole seeds
-    results = runs.run_jobs(checks + jobs if setup.lr_bracket else jobs + checks, setup.workers, runs.code_version(setup.name), setup.cache,
-                            setup.plan_only)
-    if setup.plan_only or os.environ.get("NPAS_EVIDENCE_EXPORT"):
+    recipes = {n: r.with_steps(steps[n]) for n in configs if steps[n] != r.steps}  # each arm at its own length
+    configs, rates, main_rows = runs.run_located(configs, setup, recipes)  # --plan: prints the plan and exits
+    if os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)
-    main_rows = [x for x in results if x.get("seed") != common.LR_CHECK_SEED or not checks]
-    lr_rows = [x for x in results if x.get("seed") == common.LR_CHECK_SEED and checks]
-    if lr_rows:
-        print(runs.lr_check_table(lr_rows, list(configs), r.lr))
     names = list(configs)
-    summary = report.print_results(setup, main_rows, names, REF, acc)
+    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
+    summary = report.print_results(setup, main_rows, names, REF if REF in names else names[0], acc, extra)
+    if setup.only:
+        raise SystemExit(0)  # a partial run writes no report
     rule_gap = rules_table(main_rows)
     print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
           "(negative = the arm is better)")
@@ -126,10 +123,13 @@ def main() -> None:
         iv = stats.paired_interval(main_rows, arm, ref)
         verdicts.append({"arm": arm, "reference": ref, "claim": words, "kind": kind, "delta": iv.value,
                          "low": iv.low, "high": iv.high, "n": iv.n,
-                         "verdict": stats.split_verdict(main_rows, arm, ref, kind)})
+                         "verdict": stats.split_verdict(main_rows, arm, ref, kind)
+                         + ("" if setup.quick or (rates[arm][1] and rates[ref][1]) else " (a rate at its grid's edge: "
+                                                                                          "not located)")})
         print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdicts[-1]['verdict']}")
-    report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "steps": steps,
+    report.save_json(setup, {"accounting": acc, "results": main_rows, "summary": summary, "steps": steps,
                              "train_flops_per_token": train_flops, "stored_params": stored, "rules": rule_gap,
+                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()},
                              "claims": verdicts})
     report.finish(setup)
 

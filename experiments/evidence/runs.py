@@ -206,21 +206,28 @@ def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: fl
 RATE_EDGES = (0.125, 8.0)  # how far ``locate_rates`` extends the check while its best is at an edge
 
 
-def _at(setup: Setup, factor: float) -> Recipe:
-    return setup.recipe.with_lr_factor(factor) if factor != 1.0 else setup.recipe
+def _at(recipe: Recipe, factor: float) -> Recipe:
+    return recipe.with_lr_factor(factor) if factor != 1.0 else recipe
 
 
-def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str) -> dict[str, tuple[float, bool]]:
+def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
+                 recipes: dict[str, Recipe] | None = None) -> dict[str, tuple[float, bool]]:
     """Each arm's best rate factor on seed 99 (never reported) and whether it is interior to the grid it
     was checked on: the check starts at ``LR_CHECK_FACTORS`` and grows by a factor of 2 past whichever edge
-    holds the best, up to ``RATE_EDGES``, so an optimum beyond the first grid is located, not assumed."""
+    holds the best, up to ``RATE_EDGES``, so an optimum beyond the first grid is located, not assumed.
+    ``recipes``: an arm's own recipe at x1 where it differs from the setup's (a longer run at equal FLOPs)."""
+    base = {n: (recipes or {}).get(n, setup.recipe) for n in configs}
     grid = {name: list(LR_CHECK_FACTORS) for name in configs}
     losses: dict[str, dict[float, float]] = {name: {} for name in configs}
     while True:
         todo = [(n, f) for n in configs for f in grid[n] if f not in losses[n]]
         if todo:
-            jobs = [j for n, f in todo for j in make_jobs({n: configs[n]}, setup, _at(setup, f), (LR_CHECK_SEED,))]
-            for (n, f), rec in zip(todo, run_jobs(jobs, setup.workers, version, setup.cache), strict=True):
+            jobs = [j for n, f in todo for j in make_jobs({n: configs[n]}, setup, _at(base[n], f), (LR_CHECK_SEED,))]
+            recs = run_jobs(jobs, setup.workers, version, setup.cache)
+            if len(recs) < len(todo):  # an export: the walk's next step needs these runs' losses
+                print("the rate walk stops here: its next step needs the exported check runs' losses", flush=True)
+                raise SystemExit(0)
+            for (n, f), rec in zip(todo, recs, strict=True):
                 losses[n][f] = rec["val_loss"] if rec.get("val_loss") is not None else float("inf")
         grown = False
         for n in configs:
@@ -243,17 +250,17 @@ def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str) -> 
     return out
 
 
-def run_at_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
-                 rates: dict[str, tuple[float, bool]]) -> list[dict[str, Any]]:
-    """Every arm's reported seeds at its own rate factor (``locate_rates``'s first element)."""
-    results = []
-    for factor in sorted({f for f, _ in rates.values()}):
-        group = {n: c for n, c in configs.items() if rates[n][0] == factor}
-        results += run_jobs(make_jobs(group, setup, _at(setup, factor)), setup.workers, version, setup.cache)
-    return results
+def run_at_rates(configs: dict[str, ArchConfig], setup: Setup, version: str, rates: dict[str, tuple[float, bool]],
+                 recipes: dict[str, Recipe] | None = None) -> list[dict[str, Any]]:
+    """Every arm's reported seeds at its own rate factor (``locate_rates``'s first element), seed-major so
+    a cut-short run keeps whole seeds."""
+    jobs = [j for n, c in configs.items()
+            for j in make_jobs({n: c}, setup, _at((recipes or {}).get(n, setup.recipe), rates[n][0]))]
+    jobs.sort(key=lambda j: j["recipe"]["seed"])  # stable: the arms' order within a seed
+    return run_jobs(jobs, setup.workers, version, setup.cache)
 
 
-def run_located(configs: dict[str, ArchConfig], setup: Setup
+def run_located(configs: dict[str, ArchConfig], setup: Setup, recipes: dict[str, Recipe] | None = None
                 ) -> tuple[dict[str, ArchConfig], dict[str, tuple[float, bool]], list[dict[str, Any]]]:
     """``run_arms`` for the rows that locate each arm's rate (``locate_rates``) before its seeds: the arms
     run (``--arms`` applied), each one's (rate factor, located), and the seeds' records. ``--plan`` prints
@@ -263,19 +270,22 @@ def run_located(configs: dict[str, ArchConfig], setup: Setup
     configs = selected(configs, setup)
     version = code_version(setup.name)
     if setup.plan_only:
-        plan_located(configs, setup, version)
+        plan_located(configs, setup, version, recipes)
         raise SystemExit(0)
-    rates = {n: (1.0, False) for n in configs} if setup.quick else locate_rates(configs, setup, version)
-    return configs, rates, run_at_rates(configs, setup, version, rates)
+    rates = {n: (1.0, False) for n in configs} if setup.quick else locate_rates(configs, setup, version, recipes)
+    return configs, rates, run_at_rates(configs, setup, version, rates, recipes)
 
 
-def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str) -> None:
+def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str,
+                 recipes: dict[str, Recipe] | None = None) -> None:
     """The runs a located report needs: the check's first grid and the reported seeds (at x1: a run's cost
     does not depend on its rate), plus the most the edge extensions could add."""
-    jobs = [j for f in LR_CHECK_FACTORS for j in make_jobs(configs, setup, _at(setup, f), (LR_CHECK_SEED,))]
-    jobs += make_jobs(configs, setup)
+    base = {n: (recipes or {}).get(n, setup.recipe) for n in configs}
+    jobs = [j for f in LR_CHECK_FACTORS for n, c in configs.items()
+            for j in make_jobs({n: c}, setup, _at(base[n], f), (LR_CHECK_SEED,))]
+    jobs += [j for n, c in configs.items() for j in make_jobs({n: c}, setup, base[n])]
     run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
-    per_run = cpu_seconds(max(npas.count(c).flops_per_token for c in configs.values()),
-                          setup.recipe.steps * setup.recipe.tokens_per_step)
+    per_run = max(cpu_seconds(npas.count(c).flops_per_token, base[n].steps * base[n].tokens_per_step)
+                  for n, c in configs.items())
     worst = 2 * len(configs)  # x4 then x8 (or x0.25 then x0.125) per arm at most; in practice a few arms
     print(f"plan: edge extensions add at most {worst} runs (~{worst * per_run / 3600:.2f} CPU-hours)")
