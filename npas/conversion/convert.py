@@ -358,7 +358,10 @@ def _open_router(model: TransformerLM, prov: ProvenanceRecord) -> None:
     rec.router.zero_()
     rec.threshold.fill_(-1.0)
     rec.updates.zero_()
-    prov.add("recursion.router", [], "zeros: every token scores 0 at every step",
+    gated = rec.spec.gate == "sigmoid"  # the gate scales each pass's update by sigmoid(score): 0.5 at a zero score
+    prov.add("recursion.router", [], "zeros: every token scores 0 at every step" + (
+        "; with gate: sigmoid each pass's update starts halved (sigmoid(0) = 0.5) until training moves the "
+        "scores, so only gate: none starts at the tied conversion's function" if gated else ""),
              "every row (a dense model routes no tokens)")
     prov.add("recursion.threshold", [], "-1 below every score: under evaluation every token runs every step")
     prov.add("recursion.updates", [], "0: the first training step sets the threshold from its top-k")
