@@ -89,7 +89,12 @@ def arms(ch: Chassis) -> tuple[dict[str, ArchConfig], int]:
 
 
 def main() -> None:
-    args = common.arg_parser(__doc__).parse_args()
+    p = common.arg_parser(__doc__)
+    p.add_argument("--also-at", type=float, action="append", default=[],
+                   help="a secondary table: every arm's reported seeds at this common rate factor too (cached runs "
+                        "read), its claims printed and saved beside the located ones; the verdicts stay the "
+                        "located rates'")
+    args = p.parse_args()
     setup = common.setup_from(args, "recursion")
     configs, stored = arms(setup.chassis)
     r = setup.recipe
@@ -118,20 +123,33 @@ def main() -> None:
     rule_gap = rules_table(main_rows)
     print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
           "(negative = the arm is better)")
-    verdicts = []
-    for arm, ref, kind, words in CLAIMS:
-        iv = stats.paired_interval(main_rows, arm, ref)
-        verdicts.append({"arm": arm, "reference": ref, "claim": words, "kind": kind, "delta": iv.value,
-                         "low": iv.low, "high": iv.high, "n": iv.n,
-                         "verdict": stats.split_verdict(main_rows, arm, ref, kind)
-                         + ("" if setup.quick or (rates[arm][1] and rates[ref][1]) else " (a rate at its grid's edge: "
-                                                                                          "not located)")})
-        print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdicts[-1]['verdict']}")
+    verdicts = claim_lines(main_rows, rates, setup.quick)
+    secondary = {}
+    for factor in args.also_at:  # every arm at one rate: what the located rates' comparison looks like without them
+        common_rates = {n: (factor, True) for n in names}
+        rows = runs.run_at_rates(configs, setup, runs.code_version(setup.name), common_rates, recipes)
+        print(f"\nsecondary (not a verdict): every arm at x{factor:g}")
+        secondary[f"x{factor:g}"] = {"claims": claim_lines(rows, common_rates, True), "results": rows}
     report.save_json(setup, {"accounting": acc, "results": main_rows, "summary": summary, "steps": steps,
                              "train_flops_per_token": train_flops, "stored_params": stored, "rules": rule_gap,
                              "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()},
-                             "claims": verdicts})
+                             "claims": verdicts, "secondary": secondary})
     report.finish(setup)
+
+
+def claim_lines(rows: list[dict], rates: dict[str, tuple[float, bool]], quick: bool) -> list[dict]:
+    """The docstring's claims on these runs, printed: paired interval and verdict (an arm's rate at its
+    grid's edge is said beside the verdict)."""
+    verdicts = []
+    for arm, ref, kind, words in CLAIMS:
+        iv = stats.paired_interval(rows, arm, ref)
+        verdicts.append({"arm": arm, "reference": ref, "claim": words, "kind": kind, "delta": iv.value,
+                         "low": iv.low, "high": iv.high, "n": iv.n, "rates": [rates[arm][0], rates[ref][0]],
+                         "verdict": stats.split_verdict(rows, arm, ref, kind)
+                         + ("" if quick or (rates[arm][1] and rates[ref][1]) else " (a rate at its grid's edge: "
+                                                                                  "not located)")})
+        print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdicts[-1]['verdict']}")
+    return verdicts
 
 
 def rules_table(results: list[dict]) -> dict[str, dict[str, float]]:
