@@ -122,6 +122,20 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def budgets_arg(p: argparse.ArgumentParser, choices: Sequence[str], what: str) -> None:
+    """``--budgets``: the comma-separated subset of ``choices`` a budget sweep runs (``what`` says more)."""
+    p.add_argument("--budgets", default=",".join(choices),
+                   help=f"comma-separated budgets to run, of {', '.join(choices)}; {what}")
+
+
+def budgets_of(p: argparse.ArgumentParser, args: argparse.Namespace, choices: Sequence[str]) -> tuple[str, ...]:
+    """The budgets ``--budgets`` named, in its order; an empty or unknown one ends the script in one line."""
+    budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
+    if not budgets or any(b not in choices for b in budgets):
+        p.error(f"--budgets {args.budgets!r}: choose from {', '.join(choices)}")
+    return budgets
+
+
 def setup_from(args: argparse.Namespace, name: str) -> Setup:
     quick = bool(args.quick)
     recipe = QUICK_RECIPE if quick else FULL_RECIPE

@@ -110,12 +110,9 @@ def within(interval, margin: float = MARGIN) -> tuple[bool, str]:
 
 def main() -> None:
     p = common.arg_parser(__doc__)
-    p.add_argument("--budgets", default=",".join(BUDGETS),
-                   help=f"comma-separated budgets below 1x to run, of {', '.join(BUDGETS)} (1x always runs)")
+    common.budgets_arg(p, BUDGETS, "below 1x (1x always runs)")
     args = p.parse_args()
-    budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
-    if not budgets or any(b not in BUDGETS for b in budgets):
-        p.error(f"--budgets {args.budgets!r}: choose from {', '.join(BUDGETS)}")
+    budgets = common.budgets_of(p, args, BUDGETS)
     setup = common.setup_from(args, "hashed")
     configs, acc = arms(setup, budgets)
     common.print_accounting(list(acc.values()))

@@ -42,12 +42,9 @@ def arm_knobs(L: int) -> dict[str, dict]:
 
 def main() -> None:
     p = common.arg_parser(__doc__)
-    p.add_argument("--budgets", default=",".join(BUDGETS),
-                   help=f"comma-separated budgets to run, of {', '.join(BUDGETS)}; the report covers only these")
+    common.budgets_arg(p, BUDGETS, "the report covers only these")
     args = p.parse_args()
-    budgets = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
-    if not budgets or any(b not in BUDGETS for b in budgets):
-        p.error(f"--budgets {args.budgets!r}: choose from {', '.join(BUDGETS)}")
+    budgets = common.budgets_of(p, args, BUDGETS)
     setup = common.setup_from(args, "low_budget")
     ch = setup.chassis
     ref = common.fit(ch, "1x", width_fit="mlp").config
