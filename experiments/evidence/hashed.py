@@ -24,7 +24,7 @@ runs fewer (about 0.1-0.5x). Stored parameters match the budget within each fit'
 
 Rules (second edition): 5 seeds (0-4) per arm; each arm's learning rate is located first on seed 99
 (never reported) under the fair parameterization: x0.5, x1, x2 of the recipe's rate, extended outward
-by factors of 2 (to x1/8 or x8 at most) while the best sits at the grid's edge (`runs.locate_rates`);
+by factors of 2 (to x1/32 or x32 at most) while the best sits at the grid's edge (`runs.locate_rates`);
 the arm's seeds run at its best rate, and a verdict involving an arm whose best stayed at an edge says
 "not located". (Changed from "check at x0.5-x2, rerun an edge arm with --lr-factor" before any check or
 claim run: every second-edition CPU row found its optimum at x2 or beyond, so the fixed grid would only

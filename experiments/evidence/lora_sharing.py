@@ -29,7 +29,7 @@ for k in 2, 4, 8: 2 + 5 x 3 = 17 arms. "Relaxation parameters" are the stored on
 each arm prints its exact count and its fraction of P.
 
 Second-edition rules. 5 reported seeds (0-4). Each arm's learning rate is located first on seed 99 (never
-reported) over x0.5, x1, x2 of the recipe's rate, extended outward by factors of 2 (to x1/8 or x8 at most)
+reported) over x0.5, x1, x2 of the recipe's rate, extended outward by factors of 2 (to x1/32 or x32 at most)
 while the best is at the grid's edge; the arm's seeds run at its best rate, and an arm whose best stayed
 at an edge is reported as "not located". Paired 95% t-intervals over the shared seeds, each verdict
 confirmed on the test split (`stats.split_verdict`).

@@ -27,7 +27,7 @@ prefix, the expert-choice threshold tracked on the training windows); the traini
 level top-k, not causal) is reported beside it, and so are the depth the causal rule realised and its
 FLOPs per token. Claims, as paired same-seed differences with 95% t-intervals over 5 seeds, each arm at
 its own learning rate, located on seed 99 (never reported) by `runs.locate_rates`: x0.5, x1, x2 of the
-recipe's rate, extended by factors of 2 past the edge holding the best (to x1/8 or x8), an optimum at the
+recipe's rate, extended by factors of 2 past the edge holding the best (to x1/32 or x32), an optimum at the
 walk's last edge "not located". (The first report, at x1 with a fixed x0.5-x2 check, found every arm
 best at x2; the walk replaced "rerun at x2 with --lr-factor", whose own bracket found two arms best at
 x4, before any reported seed ran at a moved rate. The x1 report stays in git history and in

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -203,7 +204,9 @@ def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: fl
         ["arm", *(f"lr x{f:g}" for f in LR_CHECK_FACTORS), "optimum"], table)
 
 
-RATE_EDGES = (0.125, 8.0)  # how far ``locate_rates`` extends the check while its best is at an edge
+# how far ``locate_rates`` extends the check while its best is at an edge: only a bound on cost (the
+# hashed row's low-budget arms were still improving at x8, so x8 was too near)
+RATE_EDGES = (1 / 32, 32.0)
 
 
 def _at(recipe: Recipe, factor: float) -> Recipe:
@@ -287,5 +290,6 @@ def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str,
     run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
     per_run = max(cpu_seconds(npas.count(c).flops_per_token, base[n].steps * base[n].tokens_per_step)
                   for n, c in configs.items())
-    worst = 2 * len(configs)  # x4 then x8 (or x0.25 then x0.125) per arm at most; in practice a few arms
+    steps = round(math.log2(RATE_EDGES[1] / max(LR_CHECK_FACTORS)))  # x4 .. x32 (or down to x1/32) per arm at most
+    worst = steps * len(configs)  # in practice one or two per arm
     print(f"plan: edge extensions add at most {worst} runs (~{worst * per_run / 3600:.2f} CPU-hours)")

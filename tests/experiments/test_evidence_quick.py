@@ -197,7 +197,7 @@ def test_lr_bracket_checks_around_the_moved_rate_first_and_needs_lr_factor(tmp_p
     (4.0, [0.5, 1.0, 2.0, 4.0, 8.0], True),  # past the first grid's top: walked up until the loss turned
     (0.25, [0.125, 0.25, 0.5, 1.0, 2.0], True),
     (1.0, [0.5, 1.0, 2.0], True),
-    (64.0, [0.5, 1.0, 2.0, 4.0, 8.0], False),  # still falling at the walk's last edge: not located
+    (64.0, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0], False),  # still falling at the last edge (x32): not located
 ])
 def test_locate_rates_walks_past_an_edge_until_the_loss_turns(evidence, monkeypatch, capsys, optimum, tried, located):
     import math
