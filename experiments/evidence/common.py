@@ -213,17 +213,17 @@ def fit_pools(chassis: Chassis, budget: str, tolerance: float = 0.02):
 
 
 def budget_arms(budgets: Sequence[str], fitters: dict[str, Callable[[str], Any]], ref: ArchConfig,
-                recipe: Recipe | None = None) -> tuple[dict[str, ArchConfig], dict[str, dict[str, Any]], dict[str, Any]]:
+                recipe: Recipe | None = None) -> tuple[dict[str, ArchConfig], dict[str, dict[str, Any]]]:
     """Every arm fitted at every budget, named "{budget} {arm}" budget-major (the report's order): the
-    allocations, their accounting rows against ``ref``, and the fitted candidates (for per-arm extras)."""
-    configs, acc, cands = {}, {}, {}
+    allocations and their accounting rows against ``ref``."""
+    configs, acc = {}, {}
     for budget in budgets:
         for arm, fit_arm in fitters.items():
             cand = fit_arm(budget)
             name = f"{budget} {arm}"
-            configs[name], cands[name] = cand.config, cand
+            configs[name] = cand.config
             acc[name] = accounting_row(name, cand.config, ref, cand.budget, cand.fit.step, recipe)
-    return configs, acc, cands
+    return configs, acc
 
 
 def accounting_row(name: str, cfg: ArchConfig, ref: ArchConfig, budget: int | None = None, step: int = 0,

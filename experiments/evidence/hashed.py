@@ -71,12 +71,10 @@ def arms(setup: common.Setup, budgets: tuple[str, ...]) -> tuple[dict[str, ArchC
     fitters = {"hashed": lambda b: common.fit(ch, b, **HASH_KNOBS),
                "narrow_untied": lambda b: common.fit(ch, b, tying="none", width_fit="all"),
                "pools_tmix": lambda b: common.fit_pools(ch, b)}
-    configs: dict[str, ArchConfig] = {"1x dense": ref}
-    acc = {"1x dense": common.accounting_row("1x dense", ref, ref, recipe=setup.recipe)}
-    for some, arms_ in ((("1x",), ("hashed",)), (budgets, tuple(fitters))):  # 1x: only the hashed arm
-        c, a, _ = common.budget_arms(some, {k: fitters[k] for k in arms_}, ref, setup.recipe)
-        configs.update(c)
-        acc.update(a)
+    at_1x, acc_1x = common.budget_arms(("1x",), {"hashed": fitters["hashed"]}, ref, setup.recipe)  # 1x: hashed only
+    below, acc_below = common.budget_arms(budgets, fitters, ref, setup.recipe)
+    configs: dict[str, ArchConfig] = {"1x dense": ref, **at_1x, **below}
+    acc = {"1x dense": common.accounting_row("1x dense", ref, ref, recipe=setup.recipe), **acc_1x, **acc_below}
     for name, cfg in configs.items():
         if name.endswith(" hashed"):
             bank = cfg.banks[0]
@@ -128,8 +126,8 @@ def main() -> None:
           flush=True)
     configs, rates, results = runs.run_located(configs, setup)  # --plan: prints the plan and exits
     names = list(configs)
-    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
-    summary = report.print_results(setup, results, names, "1x dense" if "1x dense" in names else names[0], acc, extra)
+    summary = report.print_results(setup, results, names, "1x dense" if "1x dense" in names else names[0], acc,
+                                   runs.rate_column(rates, setup.quick))
     if setup.only:
         raise SystemExit(0)  # a partial run writes no report
     print("\nclaims: paired Δ = loss(first) - loss(second), mean [95% t-interval] over shared seeds, validation "
@@ -138,8 +136,7 @@ def main() -> None:
 
     def record(cid: str, first: str, second: str, words: str, kind: str, verdict: str, why: str = "") -> None:
         iv = stats.paired_interval(results, first, second)
-        if not setup.quick and not (rates[first][1] and rates[second][1]):
-            verdict += " (a rate at its grid's edge: not located)"
+        verdict += runs.unlocated_note(rates, first, second, setup.quick)
         claims.append({"id": cid, "first": first, "second": second, "claim": words, "kind": kind,
                        "interval": iv.to_dict(), "test_interval": stats.paired_interval(
                            results, first, second, "test_loss").to_dict(), "verdict": verdict})
@@ -169,9 +166,8 @@ def main() -> None:
     print(f"\nrow claim (hashed beats narrow untied at equal stored params at {', '.join(budgets)}): "
           f"{'REPRODUCED' if row else 'NOT REPRODUCED'}")
     report.save_json(setup, {"accounting": acc, "results": results, "summary": summary, "claims": claims,
-                             "row_reproduced": row, "tile": TILE,
-                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()}, "hash_seed": SEED, "plan_cpu_hours": hours,
-                             "budgets": list(budgets)})
+                             "row_reproduced": row, "tile": TILE, "hash_seed": SEED, "plan_cpu_hours": hours,
+                             "budgets": list(budgets), "rates": runs.rates_record(rates)})
     plot(setup, summary, acc, budgets, claims)
     report.finish(setup)
 

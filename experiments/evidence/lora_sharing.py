@@ -157,23 +157,21 @@ def main() -> None:
     configs, rates, results = runs.run_located(configs, setup)  # --plan: prints the plan and exits
     names = list(configs)
     private = PRIVATE.format(r=QUICK_RANK if setup.quick else RANK)
-    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
-    summary = report.print_results(setup, results, names, private if private in names else names[0], acc, extra)
+    summary = report.print_results(setup, results, names, private if private in names else names[0], acc,
+                                   runs.rate_column(rates, setup.quick))
     print("\nclaims: paired Δ = loss(arm) - loss(reference), mean [95% t-interval] over shared seeds "
           "(negative = the arm is better); each arm at its located rate")
     verdicts = []
     for arm, ref, kind, words in claims(names, private):
         iv = stats.paired_interval(results, arm, ref)
-        verdict = stats.split_verdict(results, arm, ref, kind)
-        if not setup.quick and not (rates[arm][1] and rates[ref][1]):
-            verdict += " (a rate at its grid's edge: not located)"
+        verdict = stats.split_verdict(results, arm, ref, kind) + runs.unlocated_note(rates, arm, ref, setup.quick)
         verdicts.append({"arm": arm, "reference": ref, "kind": kind, "claim": words, "interval": iv.to_dict(),
                          "verdict": verdict})
         print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdict}")
     if setup.only:
         raise SystemExit(0)  # a partial run writes no report
     report.save_json(setup, {"accounting": acc, "P": P, "results": results, "summary": summary, "claims": verdicts,
-                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()}})
+                             "rates": runs.rates_record(rates)})
     plot(setup, summary, acc)
     report.finish(setup)
 

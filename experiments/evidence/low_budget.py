@@ -51,7 +51,7 @@ def main() -> None:
     arms = arm_knobs(ch.n_layers)
     fitters = {arm: (lambda b: common.fit_pools(ch, b)) if arm == "pools_tmix"
                else (lambda b, knobs=knobs: common.fit(ch, b, **knobs)) for arm, knobs in arms.items()}
-    configs, acc, _ = common.budget_arms(budgets, fitters, ref)
+    configs, acc = common.budget_arms(budgets, fitters, ref)
     for name, cfg in configs.items():
         if cfg.banks:
             b0 = cfg.banks[0]

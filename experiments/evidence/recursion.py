@@ -116,8 +116,8 @@ def main() -> None:
     if os.environ.get("NPAS_EVIDENCE_EXPORT"):
         raise SystemExit(0)
     names = list(configs)
-    extra = {n: {"lr": f"x{rates[n][0]:g}" + ("" if rates[n][1] or setup.quick else " (edge)")} for n in names}
-    summary = report.print_results(setup, main_rows, names, REF if REF in names else names[0], acc, extra)
+    summary = report.print_results(setup, main_rows, names, REF if REF in names else names[0], acc,
+                                   runs.rate_column(rates, setup.quick))
     if setup.only:
         raise SystemExit(0)  # a partial run writes no report
     rule_gap = rules_table(main_rows)
@@ -132,7 +132,7 @@ def main() -> None:
         secondary[f"x{factor:g}"] = {"claims": claim_lines(rows, common_rates, True), "results": rows}
     report.save_json(setup, {"accounting": acc, "results": main_rows, "summary": summary, "steps": steps,
                              "train_flops_per_token": train_flops, "stored_params": stored, "rules": rule_gap,
-                             "rates": {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()},
+                             "rates": runs.rates_record(rates),
                              "claims": verdicts, "secondary": secondary})
     report.finish(setup)
 
@@ -145,9 +145,8 @@ def claim_lines(rows: list[dict], rates: dict[str, tuple[float, bool]], quick: b
         iv = stats.paired_interval(rows, arm, ref)
         verdicts.append({"arm": arm, "reference": ref, "claim": words, "kind": kind, "delta": iv.value,
                          "low": iv.low, "high": iv.high, "n": iv.n, "rates": [rates[arm][0], rates[ref][0]],
-                         "verdict": stats.split_verdict(rows, arm, ref, kind)
-                         + ("" if quick or (rates[arm][1] and rates[ref][1]) else " (a rate at its grid's edge: "
-                                                                                  "not located)")})
+                         "verdict": stats.split_verdict(rows, arm, ref, kind) + runs.unlocated_note(rates, arm, ref,
+                                                                                                   quick)})
         print(f"claim {words}: {arm} - {ref} {report.fmt_interval(iv)} over {iv.n} seed(s): {verdicts[-1]['verdict']}")
     return verdicts
 

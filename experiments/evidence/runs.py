@@ -209,8 +209,9 @@ def lr_check_table(rows: list[dict[str, Any]], names: Sequence[str], base_lr: fl
 RATE_EDGES = (1 / 32, 32.0)
 
 
-def _at(recipe: Recipe, factor: float) -> Recipe:
-    return recipe.with_lr_factor(factor) if factor != 1.0 else recipe
+def _bases(configs: dict[str, ArchConfig], setup: Setup, recipes: dict[str, Recipe] | None) -> dict[str, Recipe]:
+    """Each arm's recipe at x1: its own where ``recipes`` has one (a longer run at equal FLOPs), else the setup's."""
+    return {n: (recipes or {}).get(n, setup.recipe) for n in configs}
 
 
 def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
@@ -219,13 +220,13 @@ def locate_rates(configs: dict[str, ArchConfig], setup: Setup, version: str,
     was checked on: the check starts at ``LR_CHECK_FACTORS`` and grows by a factor of 2 past whichever edge
     holds the best, up to ``RATE_EDGES``, so an optimum beyond the first grid is located, not assumed.
     ``recipes``: an arm's own recipe at x1 where it differs from the setup's (a longer run at equal FLOPs)."""
-    base = {n: (recipes or {}).get(n, setup.recipe) for n in configs}
+    base = _bases(configs, setup, recipes)
     grid = {name: list(LR_CHECK_FACTORS) for name in configs}
     losses: dict[str, dict[float, float]] = {name: {} for name in configs}
     while True:
         todo = [(n, f) for n in configs for f in grid[n] if f not in losses[n]]
         if todo:
-            jobs = [j for n, f in todo for j in make_jobs({n: configs[n]}, setup, _at(base[n], f), (LR_CHECK_SEED,))]
+            jobs = [j for n, f in todo for j in make_jobs({n: configs[n]}, setup, base[n].with_lr_factor(f), (LR_CHECK_SEED,))]
             recs = run_jobs(jobs, setup.workers, version, setup.cache)
             if len(recs) < len(todo):  # an export: the walk's next step needs these runs' losses
                 print("the rate walk stops here: its next step needs the exported check runs' losses", flush=True)
@@ -257,8 +258,8 @@ def run_at_rates(configs: dict[str, ArchConfig], setup: Setup, version: str, rat
                  recipes: dict[str, Recipe] | None = None) -> list[dict[str, Any]]:
     """Every arm's reported seeds at its own rate factor (``locate_rates``'s first element), seed-major so
     a cut-short run keeps whole seeds."""
-    jobs = [j for n, c in configs.items()
-            for j in make_jobs({n: c}, setup, _at((recipes or {}).get(n, setup.recipe), rates[n][0]))]
+    base = _bases(configs, setup, recipes)
+    jobs = [j for n, c in configs.items() for j in make_jobs({n: c}, setup, base[n].with_lr_factor(rates[n][0]))]
     jobs.sort(key=lambda j: j["recipe"]["seed"])  # stable: the arms' order within a seed
     return run_jobs(jobs, setup.workers, version, setup.cache)
 
@@ -279,13 +280,29 @@ def run_located(configs: dict[str, ArchConfig], setup: Setup, recipes: dict[str,
     return configs, rates, run_at_rates(configs, setup, version, rates, recipes)
 
 
+def rate_column(rates: dict[str, tuple[float, bool]], quick: bool) -> dict[str, dict[str, str]]:
+    """The results table's "lr" column (``report.print_results``'s extra): each arm's factor, "(edge)"
+    where the walk ended at its bound."""
+    return {n: {"lr": f"x{f:g}" + ("" if ok or quick else " (edge)")} for n, (f, ok) in rates.items()}
+
+
+def unlocated_note(rates: dict[str, tuple[float, bool]], first: str, second: str, quick: bool) -> str:
+    """What a verdict between two arms adds when either one's rate is not located (quick mode claims none)."""
+    return "" if quick or (rates[first][1] and rates[second][1]) else " (a rate at its grid's edge: not located)"
+
+
+def rates_record(rates: dict[str, tuple[float, bool]]) -> dict[str, dict[str, Any]]:
+    """The report JSON's per-arm rates."""
+    return {n: {"factor": f, "located": ok} for n, (f, ok) in rates.items()}
+
+
 def plan_located(configs: dict[str, ArchConfig], setup: Setup, version: str,
                  recipes: dict[str, Recipe] | None = None) -> None:
     """The runs a located report needs: the check's first grid and the reported seeds (at x1: a run's cost
     does not depend on its rate), plus the most the edge extensions could add."""
-    base = {n: (recipes or {}).get(n, setup.recipe) for n in configs}
+    base = _bases(configs, setup, recipes)
     jobs = [j for f in LR_CHECK_FACTORS for n, c in configs.items()
-            for j in make_jobs({n: c}, setup, _at(base[n], f), (LR_CHECK_SEED,))]
+            for j in make_jobs({n: c}, setup, base[n].with_lr_factor(f), (LR_CHECK_SEED,))]
     jobs += [j for n, c in configs.items() for j in make_jobs({n: c}, setup, base[n])]
     run_jobs(jobs, setup.workers, version, setup.cache, plan_only=True)
     per_run = max(cpu_seconds(npas.count(c).flops_per_token, base[n].steps * base[n].tokens_per_step)
