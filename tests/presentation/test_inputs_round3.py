@@ -1,20 +1,18 @@
 """Adversarial inputs aimed at round three's features: Hugging Face checkpoints, `--format hf`, the
-promotion ladder's recipes, `--locate-lr`, `--checkpoint-storage`, `npas train --lr-factor`, and the
-Python API (`npas.plan_search`, `npas.search`, `npas.resume`).
+promotion ladder's recipes, `--locate-lr`, `--checkpoint-storage`, `npas train --lr-factor`, through the CLI.
 
-Every CLI case ends like the first two corpora (tests/presentation/test_inputs.py, whose `guarded`
-fixture this reuses): exit code 2, exactly one line on stderr that names the problem and the fix, no
-traceback, nothing written under the test's folder, and Ray never started. Every API case raises an
-`NpasError` in one line (never a bare TypeError, KeyError or AttributeError from deep inside), writes
-no database and starts no Ray. Hugging Face checkpoints are written here by hand (a config.json and
-safetensors in the LLaMA layout, no transformers import, nothing downloaded), then damaged.
-`FAILED_BEFORE` lists the cases that failed on the code before this corpus's fixes. The corpus's
-damaged ladder checkpoints are tests/training/test_checkpoint_damaged.py's (counted here).
+Every case ends like the first two corpora (tests/presentation/test_inputs.py, whose `guarded` fixture
+this reuses): exit code 2, exactly one line on stderr that names the problem and the fix, no traceback,
+nothing written under the test's folder, Ray never started and the set-up study of `round3_study.built`
+left as it was. Hugging Face checkpoints are written here by hand (a config.json and safetensors in the
+LLaMA layout, no transformers import, nothing downloaded), then damaged. `FAILED_BEFORE` lists the cases
+that failed on the code before this corpus's fixes. The corpus's Python API cases are
+test_inputs_api_round3.py's and its damaged ladder checkpoints tests/training/test_checkpoint_damaged.py's
+(both counted here).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import socket
@@ -27,19 +25,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import npas
-from npas.errors import NpasError
-from npas.service.search.launch import Launch
-from tests.conftest import ROOT
+from tests.presentation.round3_study import FAST, TINY, built, study_state  # noqa: F401 (built: a fixture)
 from tests.presentation.test_inputs import (
     _tree,
     assert_refused_in_one_line,
     guarded,  # noqa: F401 (a fixture: no Ray, the working folder watched)
 )
+from tests.presentation.test_inputs_api_round3 import API_CASES, API_FAILED_BEFORE
 from tests.training.test_checkpoint_damaged import CHECKPOINT_CASES, CHECKPOINT_FAILED_BEFORE
 
-TINY = str(ROOT / "tests" / "data" / "tiny.yaml")
-FAST = str(ROOT / "tests" / "data" / "fast.yaml")
 FAST_TEXT = Path(FAST).read_text()
 SEARCH = ["search", TINY, "--recipe", FAST]
 
@@ -308,59 +302,6 @@ FAILED_BEFORE = {
 }
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict:
-    """The tiny chassis's allocation and an `npas train`-style directory of it (untrained), built once."""
-    from npas.allocation.config import reference_config
-    from npas.allocation.recursion import RecursionSpec
-    from npas.allocation.recursion_allocation import recursion_config
-    from npas.training.data import load_corpus
-    from npas.training.recipe import load_recipe
-    from npas.training.train import save_trained, write_metrics
-    from tests.presentation.model_dirs import placeholder_result
-
-    root = tmp_path_factory.mktemp("round3")
-    cfg = reference_config(npas.load_space(TINY).reference_chassis)
-    recipe = load_recipe(FAST)
-    corpus = load_corpus(None, recipe.val_fraction, recipe.test_fraction)
-    result = placeholder_result()
-    torch.manual_seed(0)
-    save_trained(npas.build_model(cfg), cfg, corpus.tokenizer, root / "model")
-    write_metrics(root / "model", result, recipe, corpus)
-    db = f"sqlite:///{root / 'study.db'}"
-    set_up_study(npas.plan_search(npas.load_space(TINY), recipe=FAST, study="ladder-r3", storage=db))
-    mor = recursion_config(cfg.chassis, RecursionSpec(steps=2, stack=2, capacities=(1.0, 0.5)))
-    return {"model": root / "model", "ALLOC": cfg.to_yaml(), "MOR": mor.to_yaml(), "db": db, "study": "ladder-r3",
-            "EXPORT 5000": json.dumps({"allocation": cfg.to_dict(), "lr_factor": 5000.0})}
-
-
-def set_up_study(plan) -> None:
-    """A study as `npas.search` leaves it once set up (its record, marked ready), of `plan`, no trial run."""
-    import optuna
-
-    from npas.service.study.record import StudyRecord
-    from npas.service.study.studies import mark_ready, write_record
-
-    space = plan.space
-    study = optuna.create_study(study_name=plan.study_name, storage=plan.storage, directions=["minimize"] * 2)
-    write_record(study, StudyRecord(
-        version=npas.__version__, space_text=space.text, space_hash=space.hash, space_name=space.name,
-        space_source=space.source, budget_params=space.budget_params, budget_spec=space.budget_spec,
-        reference_params=space.reference_params, recipe=plan.recipe.to_dict(), data_source=None,
-        data_fingerprint=plan.corpus.fingerprint, vocab_size=plan.corpus.vocab_size, objectives=tuple(space.objectives),
-        overrides=dict(space.overrides), tokenizer_fingerprint=plan.corpus.tokenizer.fingerprint))
-    mark_ready(study)
-
-
-def _study_state(url: str, name: str) -> tuple[int, dict]:
-    """(trials, attributes) of the set-up study, read through npas's cached read-only handle."""
-    from npas.service.study.storage import open_storage
-
-    storage = open_storage(url, read_only=True).storage
-    sid = storage.get_study_id_from_name(name)
-    return len(storage.get_all_trials(sid, deepcopy=False)), dict(storage.get_study_user_attrs(sid))
-
-
 @pytest.fixture
 def silent_port():
     """A TCP port on this machine that accepts connections and never answers: an endpoint that hangs."""
@@ -399,103 +340,8 @@ def test_round_three_input_is_one_line_exit_2_nothing_written(case: Case, built:
             monkeypatch.setenv(k, v)
         s3 = f"s3://npas-test/ck?endpoint_override=127.0.0.1:{request.getfixturevalue('silent_port')}&scheme=http"
     before = _tree(guarded)
-    study = _study_state(built["db"], built["study"])
+    study = study_state(built["db"], built["study"])
     argv = [a.replace("{in}", str(inputs)).replace("{s3}", s3).replace("{db}", built["db"])
             .replace("{study}", built["study"]) for a in case.argv]
     assert_refused_in_one_line(argv, case.fragment, capsys, guarded, before)
-    assert _study_state(built["db"], built["study"]) == study  # the study is as it was
-
-
-# ---- the Python API -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    """One checked plan of the tiny space (nothing written: planning touches no database)."""
-    db = tmp_path_factory.mktemp("round3-plan") / "never.db"
-    made = npas.plan_search(npas.load_space(TINY), recipe=FAST, study="r3", storage=f"sqlite:///{db}")
-    assert not db.exists()
-    return made
-
-
-def _replace(**changes: Any) -> Callable[[Any, str], Any]:
-    return lambda p, db: npas.search(dataclasses.replace(p, storage=db, **changes))
-
-
-def _plan_search(**kw: Any) -> Callable[[Any, str], Any]:
-    return lambda p, db: npas.plan_search(**({"space": p.space, "recipe": FAST, "storage": db} | kw))
-
-
-def _recipe_of(p: Any, **changes: Any) -> Any:
-    return dataclasses.replace(p.recipe, **changes)
-
-
-# name -> (call(plan, storage URL), fragment of the one-line NpasError)
-API_CASES: dict[str, tuple[Callable[[Any, str], Any], str]] = {
-    "plan-space-a-path": (lambda p, db: npas.plan_search(TINY, recipe=FAST, storage=db), "must be an npas Space"),
-    "plan-trials-string": (_plan_search(trials="3"), "trials must be an int"),
-    "plan-trials-bool": (_plan_search(trials=True), "trials must be an int"),
-    "plan-trials-float": (_plan_search(trials=2.5), "trials must be an int"),
-    "plan-study-int": (_plan_search(study=5), "study must be"),
-    "plan-storage-a-path": (_plan_search(storage=Path("x.db")), "storage must be a URL string"),
-    "plan-launch-a-dict": (_plan_search(launch={"workers": 2}), "launch must be an"),
-    "plan-workers-string": (_plan_search(launch=Launch(workers="2")), "Launch.workers must be an int"),
-    "plan-gpus-string": (_plan_search(launch=Launch(gpus_per_trial="1")), "Launch.gpus_per_trial must be a number"),
-    "plan-early-stop-string": (_plan_search(launch=Launch(early_stop="no")), "Launch.early_stop must be"),
-    "plan-checkpoint-storage-int": (_plan_search(launch=Launch(checkpoint_storage=5)), "Launch.checkpoint_storage"),
-    "plan-seed-negative": (_plan_search(seed=-1), "seed -1 is out of range"),
-    "plan-seed-string": (_plan_search(seed="0"), "seed must be an int"),
-    "plan-sampler-unknown": (_plan_search(sampler="cmaes"), "unknown sampler 'cmaes'"),
-    "plan-tokenizer-int": (_plan_search(tokenizer=5), "tokenizer must be"),
-    "plan-corpus-a-string": (_plan_search(corpus="shakespeare.txt"), "corpus must be a Corpus"),
-    "plan-locate-lr-string": (_plan_search(locate_lr="yes"), "locate_lr must be True, False or None"),
-    "plan-data-int": (_plan_search(data=5), "data must be a corpus path"),
-    "plan-budget-list": (_plan_search(budget=[1]), "budget must be"),
-    "plan-repeats-string": (_plan_search(repeats="2"), "--repeats must be a whole number"),
-    "search-space-a-path": (lambda p, db: npas.search(TINY, recipe=FAST, storage=db), "must be an npas Space"),
-    "search-misspelt-option": (lambda p, db: npas.search(p.space, trails=3, storage=db), "did you mean 'trials'"),
-    "search-plan-and-options": (lambda p, db: npas.search(dataclasses.replace(p, storage=db), trials=3),
-                                "takes no other options"),
-    "replaced-trials-zero": (_replace(trials=0), "--trials must be >= 1"),
-    "replaced-trials-string": (_replace(trials="4"), "trials must be an int"),
-    "replaced-study-name-traversal": (_replace(study_name="../x"), "may hold only letters"),
-    "replaced-seed-negative": (_replace(seed=-1), "seed -1 is out of range"),
-    "replaced-repeats-zero": (_replace(repeats=0), "--repeats must be a whole number"),
-    "replaced-workers-zero": (_replace(launch=Launch(workers=0)), "--workers must be >= 1"),
-    "replaced-locate-lr-on-cosine": (_replace(locate_lr=True), "has schedule 'cosine'"),
-    "replaced-recipe-a-name": (_replace(recipe="smoke"), "recipe must be a Recipe"),
-    "replaced-recipe-longer-than-context": (lambda p, db: _replace(recipe=_recipe_of(p, seq_len=128))(p, db),
-                                            "seq_len=128 > the space's context 64"),
-    "replaced-space-narrower-vocabulary": (lambda p, db: _replace(space=p.space.bind(vocab_size=32))(p, db),
-                                           "the corpus's tokenizer has 68 tokens"),
-    "replaced-storage-in-memory": (lambda p, db: npas.search(dataclasses.replace(p, storage="sqlite://")),
-                                   "in-memory"),
-    "replaced-space-none": (_replace(space=None), "space must be a Space"),
-    "replaced-given-none": (_replace(given=None), "given must be a mapping"),
-    "replaced-checkpoint-storage-relative": (_replace(launch=Launch(checkpoint_storage="ck")), "relative path"),
-    "resume-name-int": (lambda p, db: npas.resume(5, storage=db), "the study name must be a string"),
-    "resume-trials-string": (lambda p, db: npas.resume("x", trials="3", storage=db), "trials must be an int"),
-    "resume-launch-string": (lambda p, db: npas.resume("x", launch="local", storage=db), "launch must be an"),
-    "resume-missing-study": (lambda p, db: npas.resume("x", storage=db), "no database"),
-    "search-joins-with-another-sampler": (lambda p, db: npas.search(p.space, recipe=FAST, sampler="random",
-                                                                    study=JOINED[1], storage=JOINED[0]),
-                                          "was created with other settings: --sampler 'random'"),
-}
-JOINED = ["", "ladder-r3"]  # the set-up study of `built`: its storage URL, set by the test, and its name
-# all but the plan's repeats, checked by type and range before this corpus
-API_FAILED_BEFORE = set(API_CASES) - {"plan-repeats-string"}
-
-
-@pytest.mark.parametrize("name", list(API_CASES))
-def test_the_python_api_refuses_in_one_npas_error_before_ray_and_the_database(name: str, plan, built: dict,
-                                                                               guarded: Path):  # noqa: F811
-    call, fragment = API_CASES[name]
-    JOINED[0] = built["db"]
-    study = _study_state(built["db"], built["study"])
-    db = guarded / "api.db"
-    before = _tree(guarded)
-    with pytest.raises(NpasError) as info:
-        call(plan, f"sqlite:///{db}")
-    message = str(info.value)
-    assert fragment in message and "\n" not in message, message
-    assert not db.exists()
-    assert _tree(guarded) == before, f"files written: {sorted(_tree(guarded) - before)}"
-    assert _study_state(built["db"], built["study"]) == study
+    assert study_state(built["db"], built["study"]) == study  # the study is as it was
