@@ -54,13 +54,17 @@ FULL_RECIPE = Recipe(name="evidence-v2", seq_len=64, batch_size=48, steps=1000, 
 FULL_SEEDS = 5
 LR_CHECK_SEED, LR_CHECK_FACTORS = 99, (0.5, 1.0, 2.0)
 RUNS_DIR = RESULTS_DIR / "runs"
-CPU_FLOPS = 5e10  # training FLOP/s of one thread here (experiments/lr_transfer.py measured 50-70 GFLOP/s)
+# Training FLOP/s of one run while two share the machine's 2 cores (how every row runs: --workers 2):
+# 145 runs of the second edition's d_model 64 rows averaged 27.8 GFLOP/s (3x forward FLOPs x tokens over
+# wall time, evaluation included). A quiet single thread reaches 50-70 (experiments/lr_transfer.py); plans
+# priced at 5e10 came out about half of the time the rows then took.
+CPU_FLOPS = 2.8e10
 QUICK_RECIPE = Recipe(name="evidence-quick", seq_len=32, batch_size=8, steps=60, lr=1e-2, min_lr=1e-3,
                       warmup_steps=6, eval_every=30, eval_batches=2, threads=1)
 
 
 def cpu_seconds(flops_per_token: int, tokens: int) -> float:
-    """Estimated training time on one thread here: forward + backward ~ 3x the forward FLOPs."""
+    """Estimated training time of one run here, two sharing the cores: forward + backward ~ 3x the forward FLOPs."""
     return 3 * flops_per_token * tokens / CPU_FLOPS
 
 
