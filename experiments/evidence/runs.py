@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from common import CPU_FLOPS, LR_CHECK_FACTORS, LR_CHECK_SEED, ROOT, Setup, cpu_seconds
 from report import format_table
@@ -70,7 +71,8 @@ def cache_path(job: dict[str, Any], cache: Path, device_kind: str, version: str)
     recipe = Recipe.from_dict(job["recipe"])
     rhash = hashlib.sha256(json.dumps({**recipe_settings(recipe), "seed": 0}, sort_keys=True).encode()).hexdigest()[:8]
     chash = ArchConfig.from_dict(job["config"]).hash[:12]
-    return cache / f"{job['name']}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
+    name = quote(job["name"], safe=" +=,.-_()")  # an arm named "private P/4" must not become a folder
+    return cache / f"{name}-{chash}-{recipe.name}-{rhash}-s{recipe.seed}-{device_kind}-{version}.json"
 
 
 def device_kind() -> str:

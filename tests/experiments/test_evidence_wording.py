@@ -214,3 +214,15 @@ def test_proxy_fidelity_prints_the_flops_spread_and_compares_a_partial_row_on_th
     assert out["proxy_tau_same_candidates"]["tau"] == pytest.approx(1.0)
     assert re.search(r"on the same 4 candidates the proxy at its own 400 steps gives tau \+1\.000 .*: the 2x row is "
                      r"not above it$", capsys.readouterr().out, re.M)
+
+
+def test_an_arm_named_with_a_slash_caches_in_the_cache_folder_and_other_keys_are_unchanged(tmp_path, ev):
+    from npas.allocation.config import reference_config
+
+    common, runs = ev.common, ev.runs
+    setup = common.setup_from(common.arg_parser("x").parse_args(["--out", str(tmp_path)]), "lora_sharing")
+    ref = reference_config(setup.chassis)
+    jobs = runs.make_jobs({"private P/4": ref, "shards+private r=16 (x)": ref}, setup, setup.recipe, seeds=[0])
+    slash, plain = (runs.cache_path(j, tmp_path, "cpu", "0123456789") for j in jobs)
+    assert slash.parent == tmp_path and slash.name.startswith("private P%2F4-")  # was a folder "private P"
+    assert plain.name.startswith("shards+private r=16 (x)-")  # every name used before keeps its key
