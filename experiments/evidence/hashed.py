@@ -56,6 +56,7 @@ import stats
 
 import npas
 from npas import ArchConfig
+from npas.service.study.fidelity import Interval
 
 BUDGETS = ("0.5x", "0.25x", "0.1x")
 CONTINUITY = ("1x", "0.5x", "0.25x", "0.1x")  # the hashed arm's budgets, largest first
@@ -108,6 +109,16 @@ def within(interval, margin: float = MARGIN) -> tuple[bool, str]:
     return False, f"the interval reaches outside ±{margin:g}"
 
 
+def c4_parity(rows: list[dict]) -> tuple[bool, str, Interval, Interval]:
+    """C4 on ``rows``: 1x hashed within the margin of 1x dense on the validation split and, where it has
+    runs, the test split too (as `stats.split_verdict` asks of every verdict); (ok, why, val, test)."""
+    iv, test = (stats.paired_interval(rows, "1x hashed", "1x dense", split) for split in ("val_loss", "test_loss"))
+    ok, why = within(iv)
+    if ok and test.value is not None and not within(test)[0]:
+        ok, why = False, f"validation: {why}; test split {report.fmt_interval(test)}: {within(test)[1]}"
+    return ok, why, iv, test
+
+
 def main() -> None:
     p = common.arg_parser(__doc__)
     common.budgets_arg(p, BUDGETS, "below 1x (1x always runs)")
@@ -156,11 +167,7 @@ def main() -> None:
         record("C3", small, large, "Pareto-continuity (a smaller array is never significantly better)",
                "continuity", "contradicted" if wrong else ("reproduced" if iv.high is not None else
                                                             "unresolved (too few seeds)"))
-    c4 = stats.paired_interval(results, "1x hashed", "1x dense")
-    ok, why = within(c4)
-    test = stats.paired_interval(results, "1x hashed", "1x dense", "test_loss")
-    if ok and test.value is not None and not within(test)[0]:  # both splits, as `stats.split_verdict` asks
-        ok, why = False, f"validation: {why}; test split {report.fmt_interval(test)}: {within(test)[1]}"
+    ok, why, c4, _ = c4_parity(results)
     record("C4", "1x hashed", "1x dense", f"the collision-free 1x point is within {MARGIN:g} nats of dense",
            "two-sided parity", "reproduced" if ok else "unresolved (too few seeds)" if c4.low is None
            else "not reproduced", why)
@@ -187,8 +194,7 @@ def c4_at_dense_rate(setup: common.Setup, configs: dict[str, ArchConfig], rates:
     rows = runs.run_at_rates({"1x hashed": configs["1x hashed"]}, setup, runs.code_version(setup.name),
                              {"1x hashed": (factor, True)})
     pair = rows + [r for r in results if r["name"] == "1x dense"]
-    iv, test = (stats.paired_interval(pair, "1x hashed", "1x dense", split) for split in ("val_loss", "test_loss"))
-    ok = within(iv)[0] and within(test)[0]
+    ok, _, iv, test = c4_parity(pair)
     print(f"secondary (not a verdict): C4 with 1x hashed at x{factor:g}, the dense model's located rate: "
           f"1x hashed - 1x dense {report.fmt_interval(iv)} over {iv.n} seed(s) (test {report.fmt_interval(test)}): "
           f"{'inside' if ok else 'not inside'} ±{MARGIN:g} on both splits")

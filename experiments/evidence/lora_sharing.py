@@ -25,8 +25,9 @@ attention and MLP (alpha / r). P = private LoRA's relaxation parameters at rank 
   shards P/k           rank-8 factors from shard pools, no private shards (pure sharing); the pool size solved
   shards+private P/k   rank-8 factors, 1 of the 8 rank vectors a layer's private shard (lora_private_fraction
                        1/8, costing P/16), the pool solved for the rest
-for k in 4, 8: 2 + 5 x 2 = 12 arms (the issue's grid has k = 2 too: cut before any run, see Budget). "Relaxation parameters" are the stored ones (npas's budget) and
-each arm prints its exact count and its fraction of P.
+for k in 4, 8: 2 + 5 x 2 = 12 arms (the issue's grid has k = 2 too: cut before any run, see Budget).
+"Relaxation parameters" are the stored ones (npas's budget) and each arm prints its exact count and its
+fraction of P.
 
 Second-edition rules. 5 reported seeds (0-4). Each arm's learning rate is located first on seed 99 (never
 reported) over x0.5, x1, x2 of the recipe's rate, extended outward by factors of 2 (to x1/32 or x32 at most)
