@@ -177,13 +177,15 @@ def main() -> None:
         raise SystemExit(0)  # a partial run writes no report
     report.save_json(setup, {"accounting": acc, "P": P, "results": results, "summary": summary, "claims": verdicts,
                              "rates": runs.rates_record(rates)})
-    plot(setup, summary, acc)
+    plot(setup, summary, acc, verdicts)
     report.finish(setup)
 
 
-def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None:
+def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], verdicts: list[dict]) -> None:
+    """Left: loss against each arm's fraction of P, one line per mode, pure tying as the floor line.
+    Right: every claim's paired interval, parity claims against their +0.02 margin."""
     plt = report.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, b) = plt.subplots(1, 2, figsize=(12, 6), gridspec_kw={"width_ratios": [1, 1.2]})
     for k, mode in enumerate(("private", "shared_a", "vera", "shards", "shards+private")):
         rows = [r for r in summary if r["name"].startswith(mode + " ") or (mode == "private"
                                                                             and r["name"].startswith("private r="))]
@@ -196,8 +198,15 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict]) -> None
         ax.axhline(tied["mean"], color="k", ls="--", label=TIED)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="relaxation parameters / P (private LoRA at its rank)", ylabel="val loss (nats/char)",
-           title=f"cycle U = L/2, {setup.recipe.steps} steps, {len(setup.seeds)} seed(s)")
+           title=f"cycle U = L/2, {setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     ax.legend(fontsize=7)
+    report.claim_bars(b, verdicts, [v["verdict"].startswith("reproduced") for v in verdicts])
+    b.axvline(0, color="k", lw=1)
+    b.axvline(stats.PARITY_MARGIN, color="0.6", ls=":", label=f"+{stats.PARITY_MARGIN:g} nats (parity claims)")
+    b.set_yticks(range(len(verdicts)), [f"{v['arm']} - {v['reference']}" for v in verdicts], fontsize=6)
+    b.invert_yaxis()
+    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
+    b.legend(fontsize=7)
     report.save_figure(setup, fig)
 
 
