@@ -176,11 +176,8 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict]) -> None:
     plt = report.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     report.loss_bars(a, setup, summary)
-    report.claim_bars(b, claims, [c["reproduced"] for c in claims])
-    b.axvline(0, color="k", lw=1)
-    b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
-    b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
-    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
+    report.claim_bars(b, claims, [c["reproduced"] for c in claims],
+                      [f"{c['arm']} - {c['reference']}" for c in claims], margin=stats.PARITY_MARGIN)
     b.legend(fontsize=7)
     report.save_figure(setup, fig)
 

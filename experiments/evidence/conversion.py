@@ -353,12 +353,9 @@ def plot(setup: common.Setup, summary: list[dict], claims: list[dict], at0: floa
     report.loss_bars(a, setup, summary)
     a.axhline(at0, color="k", ls=":", label=f"converted, before uptraining ({at0:.3f})")
     a.legend(fontsize=7)
-    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims])
-    b.axvline(0, color="k", lw=1)
-    b.axvline(stats.PARITY_MARGIN, color="k", lw=1, ls=":", label=f"parity margin +{stats.PARITY_MARGIN}")
+    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims],
+                      [f"{c['arm']} - {c['reference']}" for c in claims], margin=stats.PARITY_MARGIN)
     b.legend(fontsize=7)
-    b.set_yticks(range(len(claims)), [f"{c['arm']} - {c['reference']}" for c in claims])
-    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
     report.save_figure(setup, fig)
 
 

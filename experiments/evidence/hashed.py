@@ -220,11 +220,9 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], budgets
     a.set(xlabel="stored params", ylabel="val loss (nats/char)",
           title=f"{setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     a.legend(fontsize=7)
-    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims])
-    b.axvline(0, color="k", lw=1)
+    report.claim_bars(b, claims, [c["verdict"] == "reproduced" for c in claims],
+                      [f"{c['id']} {c['first']} - {c['second']}" for c in claims], fontsize=7)
     b.axvspan(-MARGIN, MARGIN, color="0.9", label=f"±{MARGIN:g} nats (C4)")
-    b.set_yticks(range(len(claims)), [f"{c['id']} {c['first']} - {c['second']}" for c in claims], fontsize=7)
-    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
     b.legend(fontsize=7)
     report.save_figure(setup, fig)
 

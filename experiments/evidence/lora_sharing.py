@@ -200,12 +200,9 @@ def plot(setup: common.Setup, summary: list[dict], acc: dict[str, dict], verdict
     ax.set(xlabel="relaxation parameters / P (private LoRA at its rank)", ylabel="val loss (nats/char)",
            title=f"cycle U = L/2, {setup.recipe.steps} steps, {len(setup.seeds)} seed(s), mean ± std")
     ax.legend(fontsize=7)
-    report.claim_bars(b, verdicts, [v["verdict"].startswith("reproduced") for v in verdicts])
-    b.axvline(0, color="k", lw=1)
-    b.axvline(stats.PARITY_MARGIN, color="0.6", ls=":", label=f"+{stats.PARITY_MARGIN:g} nats (parity claims)")
-    b.set_yticks(range(len(verdicts)), [f"{v['arm']} - {v['reference']}" for v in verdicts], fontsize=6)
+    report.claim_bars(b, verdicts, [v["verdict"].startswith("reproduced") for v in verdicts],
+                      [f"{v['arm']} - {v['reference']}" for v in verdicts], margin=stats.PARITY_MARGIN, fontsize=6)
     b.invert_yaxis()
-    b.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
     b.legend(fontsize=7)
     report.save_figure(setup, fig)
 

@@ -131,15 +131,22 @@ def loss_bars(ax, setup: Setup, summary: Sequence[dict[str, Any]]) -> None:
             label.set_horizontalalignment("right")
 
 
-def claim_bars(ax, claims: Sequence[dict[str, Any]], reproduced: Sequence[bool]) -> None:
-    """Each claim's paired interval as a horizontal error bar on row k (orange when reproduced, red
-    otherwise; a claim without an interval is left out): the claims panel several scripts draw."""
+def claim_bars(ax, claims: Sequence[dict[str, Any]], reproduced: Sequence[bool], labels: Sequence[str],
+               margin: float | None = None, fontsize: float | None = None) -> None:
+    """The claims panel several scripts draw: each claim's paired interval as a horizontal error bar on row
+    k (orange when reproduced, red otherwise; a claim without an interval is left out), labelled
+    ``labels[k]``, with the zero line, a parity ``margin`` line when given, and the axis titles."""
     for k, (c, ok) in enumerate(zip(claims, reproduced, strict=True)):
         iv = c["interval"]
         if iv["value"] is None:
             continue
         err = [[iv["value"] - iv["low"]], [iv["high"] - iv["value"]]] if iv["low"] is not None else None
         ax.errorbar([iv["value"]], [k], xerr=err, fmt="o", capsize=4, color="C1" if ok else "C3")
+    ax.axvline(0, color="k", lw=1)
+    if margin is not None:
+        ax.axvline(margin, color="k", lw=1, ls=":", label=f"parity margin +{margin}")
+    ax.set_yticks(range(len(labels)), labels, fontsize=fontsize)
+    ax.set(xlabel="paired Δ val loss (nats/char), 95% t-interval", title="claims (orange: reproduced)")
 
 
 def finish(setup: Setup) -> None:
